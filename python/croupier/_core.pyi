@@ -1,0 +1,25 @@
+"""Type stubs of the compiled module ``croupier._core`` (private; use the ``croupier`` package)."""
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+MAX_LEN: int
+"""The largest dataset length accepted: 2**63 - 1."""
+
+def permutation(n: int, seed: int, epoch: int) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
+    """The epoch's permutation of ``[0, n)``: ``uint32`` when ``n <= 2**32``, else ``int64``."""
+
+def layout(n: int, num_replicas: int, drop_last: bool) -> tuple[int, int]:
+    """``(num_samples, total_size)`` of torch's ``DistributedSampler`` for these arguments."""
+
+def rank_indices(
+    n: int,
+    num_replicas: int,
+    rank: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    drop_last: bool,
+) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
+    """The indices ``rank`` receives in ``epoch``, in order, padded or cut as torch does."""

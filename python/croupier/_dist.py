@@ -1,0 +1,95 @@
+"""Where a sampler learns its rank and the number of ranks (the ``dist_info`` argument)."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional, Tuple, Union
+
+from croupier._validate import check_int
+
+__all__ = ["DistInfo", "resolve_ranks"]
+
+DistInfo = Union[None, str, Callable[[], Tuple[int, int]]]
+"""``None``, ``"torch"``, ``"jax"`` or a callable returning ``(rank, world_size)``."""
+
+
+def _from_torch(required: bool) -> Optional[Tuple[int, int]]:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        if required:
+            raise ValueError("dist_info='torch' needs torch installed") from None
+        return None
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if required:
+        raise ValueError(
+            "dist_info='torch' but torch.distributed is not initialised "
+            "(call torch.distributed.init_process_group first)"
+        )
+    return None
+
+
+def _from_jax() -> Tuple[int, int]:
+    try:
+        import jax
+    except ImportError:
+        raise ValueError("dist_info='jax' needs jax installed") from None
+    return int(jax.process_index()), int(jax.process_count())
+
+
+def _from_env() -> Optional[Tuple[int, int]]:
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None and world is None:
+        return None
+    if rank is None or world is None:
+        missing = "RANK" if rank is None else "WORLD_SIZE"
+        raise ValueError(f"the environment sets only one of RANK and WORLD_SIZE; {missing} is unset")
+    try:
+        return int(rank), int(world)
+    except ValueError:
+        raise ValueError(
+            f"RANK and WORLD_SIZE must be integers, got RANK={rank!r} WORLD_SIZE={world!r}"
+        ) from None
+
+
+def _query(dist_info: DistInfo) -> Tuple[int, int]:
+    if dist_info is None:
+        return _from_torch(required=False) or _from_env() or (0, 1)
+    if isinstance(dist_info, str):
+        if dist_info == "torch":
+            found = _from_torch(required=True)
+            assert found is not None
+            return found
+        return _from_jax()
+    result = dist_info()
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise TypeError(
+            f"dist_info() must return a (rank, world_size) tuple, got {type(result).__name__}"
+        )
+    return result
+
+
+def resolve_ranks(
+    num_replicas: Optional[int], rank: Optional[int], dist_info: DistInfo
+) -> Tuple[int, int]:
+    """``(num_replicas, rank)``: explicit values win; whatever is ``None`` comes from ``dist_info``.
+
+    ``dist_info=None`` asks ``torch.distributed`` when it is initialised, then the ``RANK`` and
+    ``WORLD_SIZE`` environment variables, and falls back to rank 0 of 1.
+    """
+    if isinstance(dist_info, str) and dist_info not in ("torch", "jax"):
+        raise ValueError(f"dist_info must be None, 'torch', 'jax' or a callable, got {dist_info!r}")
+    if not (dist_info is None or isinstance(dist_info, str) or callable(dist_info)):
+        raise TypeError(
+            f"dist_info must be None, 'torch', 'jax' or a callable, got {type(dist_info).__name__}"
+        )
+    if num_replicas is None or rank is None:
+        found_rank, found_world = _query(dist_info)
+        if num_replicas is None:
+            num_replicas = found_world
+        if rank is None:
+            rank = found_rank
+    num_replicas = check_int("num_replicas", num_replicas, 1, 2**63 - 1)
+    rank = check_int("rank", rank, 0, num_replicas - 1)
+    return num_replicas, rank

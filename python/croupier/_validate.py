@@ -1,0 +1,46 @@
+"""Argument checks shared by the samplers: clear errors that name the argument and its range."""
+
+from __future__ import annotations
+
+import operator
+from typing import Optional
+
+__all__ = ["check_bool", "check_int", "dataset_length"]
+
+U64_MAX = 2**64 - 1
+MAX_LEN = 2**63 - 1
+
+
+def check_int(name: str, value: object, lo: int = 0, hi: Optional[int] = None) -> int:
+    """``value`` as a Python int in ``[lo, hi]``; ``TypeError`` if it is not an integer
+    (``bool`` and floats are refused), ``ValueError`` if it is out of range."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    v = operator.index(value)  # type: ignore[arg-type]
+    if hi is None and v < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {v}")
+    if hi is not None and not lo <= v <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
+    return v
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` as a bool; ``TypeError`` for anything but ``bool`` or ``numpy.bool_``
+    (a string such as ``"false"`` would otherwise be silently true)."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def dataset_length(dataset: object) -> int:
+    """The number of samples of ``dataset``: an int N itself, or ``len(dataset)``."""
+    if isinstance(dataset, bool):
+        raise TypeError("dataset must be a sized object (with __len__) or an int, got bool")
+    if hasattr(type(dataset), "__index__"):
+        return check_int("dataset", dataset, 0, MAX_LEN)
+    if not hasattr(type(dataset), "__len__"):
+        raise TypeError(
+            "dataset must be a sized object (with __len__) or an int number of samples, "
+            f"got {type(dataset).__name__} without __len__"
+        )
+    return check_int("len(dataset)", len(dataset), 0, MAX_LEN)  # type: ignore[arg-type]

@@ -1,0 +1,243 @@
+"""``croupier.DistributedSampler``: a drop-in for ``torch.utils.data.DistributedSampler``.
+
+The indices come from the Rust core; this class keeps only the small state a checkpoint needs
+(epoch and this rank's position in the epoch) and checks arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, Optional
+
+import numpy.typing as npt
+
+from croupier import _core
+from croupier._dist import DistInfo, resolve_ranks
+from croupier._sampler_base import Sampler
+from croupier._validate import U64_MAX, check_bool, check_int, dataset_length
+from croupier.samplers._state import StateError, check_state
+
+__all__ = ["DistributedSampler"]
+
+_STATE_VERSION = 1
+# Indices are turned into Python ints a chunk at a time: never a Python list of the whole epoch.
+_CHUNK = 1 << 14
+_ORDERS = ("fast",)
+
+
+class _Cursor:
+    """Progress of one iteration: this rank's position in the epoch (consumed indices)."""
+
+    __slots__ = ("position",)
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+
+
+class DistributedSampler(Sampler[int]):
+    """Deals a dataset's indices to data-parallel ranks, like ``torch.utils.data.DistributedSampler``.
+
+    Each epoch has one global order of the ``N`` samples (a seeded shuffle, or ``0..N-1`` with
+    ``shuffle=False``). With ``drop_last=False`` it is padded by repeating its head until every
+    rank gets the same count; with ``drop_last=True`` it is cut to a multiple of
+    ``num_replicas``. Rank ``r`` takes global positions ``r, r + W, r + 2W, ...``, exactly as
+    torch does, so ranks are disjoint apart from the padding and all have ``len(self)`` indices.
+
+    Args:
+        dataset: anything with ``__len__``, or an ``int`` number of samples (no dataset object
+            is needed at billion scale).
+        num_replicas: number of ranks ``W >= 1``; ``None`` asks ``dist_info``.
+        rank: this rank, in ``[0, W)``; ``None`` asks ``dist_info``.
+        shuffle: shuffle the order every epoch (seeded by ``seed`` and the epoch).
+        seed: non-negative integer below ``2**64``; all ranks must use the same one.
+        drop_last: cut the uneven tail instead of padding.
+        order: ``"fast"``, croupier's own seeded order: uniform, disjoint across ranks, equal
+            lengths, identical on every platform. (``"torch"``, torch's exact order, is not
+            available yet.)
+        dist_info: where ``num_replicas``/``rank`` come from when ``None``: ``None`` (an
+            initialised ``torch.distributed``, else the ``RANK``/``WORLD_SIZE`` environment
+            variables, else rank 0 of 1), ``"torch"``, ``"jax"``, or a callable returning
+            ``(rank, world_size)``.
+
+    Checkpointing: :meth:`state_dict` is a small JSON-serialisable dict holding the
+    configuration, the epoch and ``position``, the number of this rank's indices of the epoch
+    already consumed (handed out by the live iterator, or skipped). Loading it into a sampler
+    with the same arguments continues with exactly the next index. Ranks advance in lockstep,
+    so any rank's state can be loaded on any rank (``rank`` in a state is informational).
+
+    Iterating again without :meth:`set_epoch` repeats the epoch from its start, as torch does;
+    a pending :meth:`set_skip` or :meth:`load_state_dict` position applies to the next
+    iteration only.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        *,
+        order: str = "fast",
+        dist_info: DistInfo = None,
+    ) -> None:
+        n = dataset_length(dataset)
+        if order not in _ORDERS:
+            raise ValueError(
+                f"order must be one of {list(_ORDERS)} (order='torch' is not available yet), "
+                f"got {order!r}"
+            )
+        self.shuffle = check_bool("shuffle", shuffle)
+        self.drop_last = check_bool("drop_last", drop_last)
+        self.seed = check_int("seed", seed, 0, U64_MAX)
+        self.num_replicas, self.rank = resolve_ranks(num_replicas, rank, dist_info)
+        self.dataset = dataset
+        self.order = order
+        self.num_samples, self.total_size = _core.layout(n, self.num_replicas, self.drop_last)
+        self._n = n
+        self._epoch = 0
+        self._pending: Optional[int] = None  # where the next iteration starts
+        self._cursor: Optional[_Cursor] = None  # the live (latest) iteration
+        self._cache: Optional[npt.NDArray[Any]] = None  # this rank's indices for self._epoch
+
+    # -- epoch and position ---------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch; assigning to it is :meth:`set_epoch`."""
+        return self._epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.set_epoch(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch whose order the next iteration yields.
+
+        Moving to a different epoch starts it from its beginning; setting the current epoch again
+        keeps a position restored by :meth:`load_state_dict` or :meth:`set_skip`, so the usual
+        ``sampler.set_epoch(epoch)`` at the top of a resumed training loop does not lose it.
+        """
+        epoch = check_int("epoch", epoch, 0, U64_MAX)
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._pending = None
+            self._cursor = None
+            self._cache = None
+
+    def set_skip(self, skip: int) -> None:
+        """Makes the next iteration skip the first ``skip`` of this rank's indices, in O(1).
+
+        ``skip`` counts from the start of the epoch and must be in ``[0, len(self)]``;
+        ``skip == len(self)`` leaves nothing to yield (the epoch is finished). A larger value is
+        refused with ``ValueError``: it would silently run into the next epoch's data.
+        """
+        self._pending = check_int("skip", skip, 0, self.num_samples)
+
+    def _position(self) -> int:
+        if self._pending is not None:
+            return self._pending
+        if self._cursor is not None:
+            return self._cursor.position
+        return 0
+
+    # -- indices --------------------------------------------------------------------------------
+
+    def _epoch_indices(self) -> npt.NDArray[Any]:
+        if self._cache is None:
+            arr = _core.rank_indices(
+                self._n,
+                self.num_replicas,
+                self.rank,
+                self.shuffle,
+                self.seed,
+                self._epoch,
+                self.drop_last,
+            )
+            arr.flags.writeable = False  # shared by every view handed out
+            self._cache = arr
+        return self._cache
+
+    def indices(self) -> npt.NDArray[Any]:
+        """This rank's indices of the current epoch not yet consumed, as a read-only numpy
+        array (``uint32`` when the dataset has at most ``2**32`` samples, else ``int64``).
+
+        A view of the buffer the Rust core filled: no copy is made.
+        """
+        return self._epoch_indices()[self._position() :]
+
+    def __iter__(self) -> Iterator[int]:
+        start = self._pending if self._pending is not None else 0
+        self._pending = None
+        cursor = _Cursor(start)
+        self._cursor = cursor
+        return _emit(self._epoch_indices(), cursor)
+
+    def __len__(self) -> int:
+        """This rank's number of indices per epoch (torch's ``num_samples``)."""
+        return self.num_samples
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def _config(self) -> Dict[str, Any]:
+        return {
+            "version": _STATE_VERSION,
+            "order": self.order,
+            "dataset_len": self._n,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "seed": self.seed,
+            "num_replicas": self.num_replicas,
+        }
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The checkpoint state: configuration, ``epoch``, ``rank`` and ``position``.
+
+        A new dict every call, O(1) in size; it does not change as iteration goes on.
+        """
+        return {**self._config(), "rank": self.rank, "epoch": self._epoch, "position": self._position()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restores a :meth:`state_dict`: the next iteration continues with exactly the next index.
+
+        The state is validated first: missing keys, wrong types, negative numbers, a position
+        past the end of the epoch, or a different configuration (dataset length, seed, shuffle,
+        drop_last, order or num_replicas; the message lists each difference) raise ``ValueError``
+        (``TypeError`` for wrong types) and leave the sampler unchanged.
+        """
+        state = check_state(state, ints=("epoch", "rank", "position"), config=self._config())
+        epoch = check_int("state['epoch']", state["epoch"], 0, U64_MAX)
+        position = state["position"]
+        if position > self.num_samples:
+            raise StateError(
+                f"state['position'] must be in [0, {self.num_samples}] (this rank's indices per "
+                f"epoch), got {position}"
+            )
+        self.set_epoch(epoch)
+        self._pending = position
+        self._cursor = None
+
+    # -- pickling (DataLoader workers, multiprocessing) -----------------------------------------
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_cache"] = None  # recomputed on demand; never ship a rank's whole epoch
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(dataset_len={self._n}, num_replicas={self.num_replicas}, "
+            f"rank={self.rank}, shuffle={self.shuffle}, seed={self.seed}, "
+            f"drop_last={self.drop_last}, order={self.order!r}, epoch={self._epoch})"
+        )
+
+
+def _emit(indices: npt.NDArray[Any], cursor: _Cursor) -> Iterator[int]:
+    """Yields ``indices[cursor.position:]`` as Python ints, counting each before it is handed
+    out so a checkpoint taken between two items resumes with the next one."""
+    end = len(indices)
+    while cursor.position < end:
+        base = cursor.position
+        for value in indices[base : base + _CHUNK].tolist():
+            cursor.position += 1
+            yield value

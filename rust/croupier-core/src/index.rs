@@ -1,0 +1,105 @@
+//! Index element types and the owned buffers handed to callers.
+//!
+//! Buffers hold `u32` when every index fits (N <= 2**32), halving memory and bandwidth for the
+//! common case, and `u64` above. The element type is a function of N alone, so it never changes
+//! the order.
+
+use crate::error::{Error, Result};
+
+/// An unsigned integer type that can hold sample indices.
+pub trait Index: Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// Converts from `u64`; the caller guarantees the value fits.
+    fn from_u64(v: u64) -> Self;
+    /// Widens to `u64`.
+    fn to_u64(self) -> u64;
+}
+
+impl Index for u32 {
+    #[inline(always)]
+    fn from_u64(v: u64) -> Self {
+        debug_assert!(v <= u32::MAX as u64);
+        v as u32
+    }
+    #[inline(always)]
+    fn to_u64(self) -> u64 {
+        self as u64
+    }
+}
+
+impl Index for u64 {
+    #[inline(always)]
+    fn from_u64(v: u64) -> Self {
+        v
+    }
+    #[inline(always)]
+    fn to_u64(self) -> u64 {
+        self
+    }
+}
+
+/// The largest number of samples whose indices fit a `u32` buffer.
+pub const U32_MAX_LEN: u64 = 1 << 32;
+
+/// The largest dataset length croupier accepts: indices must fit a signed 64-bit integer
+/// (numpy `int64`, torch `long`).
+pub const MAX_LEN: u64 = (1 << 63) - 1;
+
+/// An owned index buffer: `u32` when the dataset length is at most 2**32, `u64` above.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Indices {
+    /// Indices of a dataset with at most 2**32 samples.
+    U32(Vec<u32>),
+    /// Indices of a larger dataset.
+    U64(Vec<u64>),
+}
+
+impl Indices {
+    /// Number of indices held.
+    pub fn len(&self) -> usize {
+        match self {
+            Indices::U32(v) => v.len(),
+            Indices::U64(v) => v.len(),
+        }
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The indices widened to `u64` (a copy; for tests and small outputs).
+    pub fn to_u64_vec(&self) -> Vec<u64> {
+        match self {
+            Indices::U32(v) => v.iter().map(|&x| x as u64).collect(),
+            Indices::U64(v) => v.clone(),
+        }
+    }
+}
+
+/// Checks a dataset length against [`MAX_LEN`].
+pub fn check_len(name: &'static str, n: u64) -> Result<u64> {
+    if n > MAX_LEN {
+        return Err(Error::out_of_range(name, "in [0, 2**63 - 1]", n));
+    }
+    Ok(n)
+}
+
+/// Converts a length to `usize`, failing cleanly on 32-bit targets.
+pub(crate) fn to_usize(what: &'static str, n: u64, elem_bytes: usize) -> Result<usize> {
+    usize::try_from(n).map_err(|_| Error::Alloc {
+        what,
+        bytes: n as u128 * elem_bytes as u128,
+    })
+}
+
+/// An empty vector with room for exactly `n` elements, or [`Error::Alloc`] instead of an abort.
+pub(crate) fn try_with_capacity<T>(what: &'static str, n: u64) -> Result<Vec<T>> {
+    let elem = std::mem::size_of::<T>();
+    let len = to_usize(what, n, elem)?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| Error::Alloc {
+        what,
+        bytes: n as u128 * elem as u128,
+    })?;
+    Ok(v)
+}

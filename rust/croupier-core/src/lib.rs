@@ -1,0 +1,23 @@
+//! croupier-core: seeded, reproducible index generation for data-parallel training.
+//!
+//! Pure Rust, no Python: every function here is a deterministic map from its arguments to an
+//! index buffer, identical on every platform and for every thread count. The Python bindings
+//! (`rust/croupier-py`) only convert arguments and hand the buffers over.
+//!
+//! - [`stream`]: the random streams, derived from `(seed, epoch, purpose, id)`, and unbiased
+//!   bounded draws.
+//! - [`permute`]: Fisher–Yates permutations over `u32` or `u64` buffers.
+//! - [`partition`]: torch's `DistributedSampler` arithmetic (padding, `drop_last`, striding)
+//!   and one rank's share of an epoch.
+
+pub mod error;
+pub mod index;
+pub mod partition;
+pub mod permute;
+pub mod stream;
+
+pub use error::{Error, Result};
+pub use index::{Index, Indices};
+pub use partition::{rank_indices, Layout};
+pub use permute::permutation;
+pub use stream::{Purpose, Stream};

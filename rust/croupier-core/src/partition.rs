@@ -1,0 +1,274 @@
+//! Dealing an epoch to data-parallel ranks with torch's `DistributedSampler` arithmetic.
+//!
+//! An epoch has a global order `order` of `[0, n)`. Its global sequence has `total_size`
+//! positions and position `p` holds `order[p mod n]`: with `drop_last=False` the order is padded
+//! by repeating its head (cyclically, when the padding is longer than `n`), with
+//! `drop_last=True` it is cut to a multiple of the number of ranks. Rank `r` of `W` takes
+//! positions `r, r+W, r+2W, …`, so every rank gets `num_samples` indices.
+//!
+//! These are exactly the rules of `torch.utils.data.DistributedSampler`:
+//! `num_samples = ceil((n - W) / W)` when dropping an uneven tail (which is `floor(n / W)`, and
+//! 0 when `n < W`), `ceil(n / W)` otherwise, and `total_size = num_samples * W`. Integer
+//! arithmetic here, so it stays exact beyond 2**53.
+
+use crate::error::{Error, Result};
+use crate::index::{check_len, try_with_capacity, Index, Indices, MAX_LEN, U32_MAX_LEN};
+use crate::permute::{fisher_yates, identity};
+use crate::stream::{Purpose, Stream};
+
+/// How one epoch of `n` samples is dealt to `num_replicas` ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    n: u64,
+    num_replicas: u64,
+    drop_last: bool,
+}
+
+impl Layout {
+    /// A layout; `n` in `[0, 2**63 - 1]`, `num_replicas` in `[1, 2**63 - 1]`.
+    pub fn new(n: u64, num_replicas: u64, drop_last: bool) -> Result<Self> {
+        check_len("dataset length", n)?;
+        if num_replicas == 0 || num_replicas > MAX_LEN {
+            return Err(Error::out_of_range(
+                "num_replicas",
+                "in [1, 2**63 - 1]",
+                num_replicas,
+            ));
+        }
+        Ok(Layout {
+            n,
+            num_replicas,
+            drop_last,
+        })
+    }
+
+    /// Number of samples in the dataset.
+    pub fn n(&self) -> u64 {
+        self.n
+    }
+
+    /// Number of ranks.
+    pub fn num_replicas(&self) -> u64 {
+        self.num_replicas
+    }
+
+    /// Indices each rank receives per epoch (torch's `num_samples`, its `__len__`).
+    pub fn num_samples(&self) -> u64 {
+        let (q, rem) = (self.n / self.num_replicas, self.n % self.num_replicas);
+        if self.drop_last || rem == 0 {
+            q
+        } else {
+            q + 1
+        }
+    }
+
+    /// Length of the padded or cut global sequence (torch's `total_size`).
+    pub fn total_size(&self) -> u64 {
+        // num_samples * W <= n + W - 1 < 2**64 by the bounds in `new`.
+        self.num_samples() * self.num_replicas
+    }
+
+    /// Checks `rank` against `[0, num_replicas)`.
+    pub fn check_rank(&self, rank: u64) -> Result<()> {
+        if rank >= self.num_replicas {
+            return Err(Error::out_of_range(
+                "rank",
+                format!("in [0, num_replicas) = [0, {})", self.num_replicas),
+                rank,
+            ));
+        }
+        Ok(())
+    }
+
+    /// How many of `rank`'s positions hold a first occurrence (position `< n`), the rest being
+    /// padding.
+    fn first_occurrences(&self, rank: u64) -> u64 {
+        if rank >= self.n {
+            return 0;
+        }
+        ((self.n - rank - 1) / self.num_replicas + 1).min(self.num_samples())
+    }
+}
+
+/// Replaces the epoch's `order` by `rank`'s share of it, in place: no second buffer of size `n`.
+fn take_rank_share<T: Index>(mut order: Vec<T>, layout: &Layout, rank: u64) -> Vec<T> {
+    let (n, w) = (layout.n, layout.num_replicas);
+    let real = layout.first_occurrences(rank);
+    // Padding positions read from the head of `order`, which the compaction below overwrites,
+    // so read them first. A rank has at most one padding position (padding < W when n >= W;
+    // num_samples == 1 when n < W).
+    let pads: Vec<T> = (real..layout.num_samples())
+        .map(|k| order[((rank + w * k) % n) as usize])
+        .collect();
+    // Forward compaction is safe: the source rank + w*k is never behind the destination k.
+    for k in 0..real as usize {
+        order[k] = order[rank as usize + w as usize * k];
+    }
+    order.truncate(real as usize);
+    order.extend(pads);
+    order.shrink_to_fit();
+    order
+}
+
+/// `rank`'s share without shuffling: position `p` holds `p mod n`.
+fn sequential_share<T: Index>(layout: &Layout, rank: u64) -> Result<Vec<T>> {
+    let ns = layout.num_samples();
+    let mut v = try_with_capacity::<T>("a rank's indices", ns)?;
+    let (n, w) = (layout.n, layout.num_replicas);
+    v.extend((0..ns).map(|k| T::from_u64((rank + w * k) % n)));
+    Ok(v)
+}
+
+fn share<T: Index>(
+    layout: &Layout,
+    rank: u64,
+    shuffle: bool,
+    seed: u64,
+    epoch: u64,
+) -> Result<Vec<T>> {
+    if !shuffle {
+        return sequential_share(layout, rank);
+    }
+    let mut order = identity::<T>(layout.n)?;
+    fisher_yates(
+        &mut order,
+        &mut Stream::new(seed, epoch, Purpose::Permutation, 0),
+    );
+    Ok(take_rank_share(order, layout, rank))
+}
+
+/// The indices rank `rank` receives in epoch `epoch`, in the order it receives them.
+///
+/// With `shuffle`, the global order is [`crate::permutation`]`(n, seed, epoch)`; without, it
+/// is `0, 1, …, n-1`. Padding, `drop_last` and striding follow torch (see the module docs).
+pub fn rank_indices(
+    layout: &Layout,
+    rank: u64,
+    shuffle: bool,
+    seed: u64,
+    epoch: u64,
+) -> Result<Indices> {
+    layout.check_rank(rank)?;
+    Ok(if layout.n <= U32_MAX_LEN {
+        Indices::U32(share(layout, rank, shuffle, seed, epoch)?)
+    } else {
+        Indices::U64(share(layout, rank, shuffle, seed, epoch)?)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::permute::permutation;
+
+    /// torch's DistributedSampler.__iter__, transcribed as list operations (independent of the
+    /// in-place code above).
+    fn torch_reference(order: &[u64], w: usize, r: usize, drop_last: bool) -> Vec<u64> {
+        let n = order.len();
+        let num_samples = if drop_last && n % w != 0 {
+            // math.ceil((n - w) / w) on exact rationals
+            let num = n as i64 - w as i64;
+            num.div_euclid(w as i64) + i64::from(num.rem_euclid(w as i64) != 0)
+        } else {
+            (n as i64 + w as i64 - 1) / w as i64
+        } as usize;
+        let total = num_samples * w;
+        let mut idx = order.to_vec();
+        if !drop_last {
+            let pad = total - n;
+            if pad <= n {
+                idx.extend_from_slice(&order[..pad]);
+            } else {
+                let reps = pad.div_ceil(n);
+                let rep: Vec<u64> = (0..reps).flat_map(|_| order.iter().copied()).collect();
+                idx.extend_from_slice(&rep[..pad]);
+            }
+        } else {
+            idx.truncate(total);
+        }
+        assert_eq!(idx.len(), total);
+        idx.iter().skip(r).step_by(w).copied().collect()
+    }
+
+    #[test]
+    fn matches_torch_arithmetic_over_a_sweep() {
+        for n in (1..70u64).chain([97, 128, 1009]) {
+            for w in 1..=17u64 {
+                for drop_last in [false, true] {
+                    let layout = Layout::new(n, w, drop_last).unwrap();
+                    for shuffle in [false, true] {
+                        let order = if shuffle {
+                            permutation(n, 11, 3).unwrap().to_u64_vec()
+                        } else {
+                            (0..n).collect()
+                        };
+                        for r in 0..w {
+                            let got = rank_indices(&layout, r, shuffle, 11, 3)
+                                .unwrap()
+                                .to_u64_vec();
+                            let want = torch_reference(&order, w as usize, r as usize, drop_last);
+                            assert_eq!(got, want, "n={n} w={w} r={r} drop_last={drop_last}");
+                            assert_eq!(got.len() as u64, layout.num_samples());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn padding_longer_than_the_dataset_repeats_cyclically() {
+        let layout = Layout::new(3, 10, false).unwrap();
+        assert_eq!(layout.num_samples(), 1);
+        assert_eq!(layout.total_size(), 10);
+        let got: Vec<u64> = (0..10)
+            .flat_map(|r| rank_indices(&layout, r, false, 0, 0).unwrap().to_u64_vec())
+            .collect();
+        assert_eq!(got, [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]);
+        let dropped = Layout::new(3, 10, true).unwrap();
+        assert_eq!(dropped.num_samples(), 0);
+        assert!(rank_indices(&dropped, 9, true, 0, 0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn empty_dataset() {
+        for drop_last in [false, true] {
+            let layout = Layout::new(0, 4, drop_last).unwrap();
+            assert_eq!(layout.num_samples(), 0);
+            assert!(rank_indices(&layout, 3, true, 0, 0).unwrap().is_empty());
+        }
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_with_their_names() {
+        let e = Layout::new(10, 0, false).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "num_replicas must be in [1, 2**63 - 1], got 0"
+        );
+        let layout = Layout::new(10, 4, false).unwrap();
+        let e = rank_indices(&layout, 4, true, 0, 0).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "rank must be in [0, num_replicas) = [0, 4), got 4"
+        );
+        assert!(Layout::new(MAX_LEN + 1, 1, false).is_err());
+    }
+
+    #[test]
+    fn beyond_u32_uses_u64_and_strides_exactly() {
+        // n > 2**32 without shuffling: the values are computable, so check them exactly.
+        let n = (1u64 << 32) + 5;
+        let w = 1u64 << 20;
+        let layout = Layout::new(n, w, false).unwrap();
+        let r = w - 1;
+        let got = rank_indices(&layout, r, false, 0, 0).unwrap();
+        assert!(matches!(got, Indices::U64(_)));
+        let got = got.to_u64_vec();
+        assert_eq!(got.len() as u64, layout.num_samples());
+        assert_eq!(got[0], r);
+        assert_eq!(got[1], r + w);
+        // The last position is padding: total_size - 1 wraps to the head.
+        assert_eq!(*got.last().unwrap(), (layout.total_size() - 1) % n);
+    }
+}

@@ -1,0 +1,159 @@
+//! `croupier._core`: the PyO3 face of croupier-core.
+//!
+//! This crate only converts: Python ints to `u64` (with errors that name the argument), the
+//! work to croupier-core with the GIL released, and the resulting Rust buffers to numpy arrays
+//! that own them (no copy). Index math lives in croupier-core.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use croupier_core::{Error, Indices, Layout};
+use numpy::IntoPyArray;
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBool;
+
+/// Core errors as Python exceptions: bad arguments are `ValueError`, unallocatable buffers
+/// `MemoryError`.
+struct CoreError(Error);
+
+impl From<CoreError> for PyErr {
+    fn from(e: CoreError) -> PyErr {
+        match e.0 {
+            Error::OutOfRange { .. } => PyValueError::new_err(e.0.to_string()),
+            Error::Alloc { .. } => PyMemoryError::new_err(e.0.to_string()),
+        }
+    }
+}
+
+/// Runs `work` with the GIL released and maps its outcome to Python: a core error to its
+/// exception, and a panic (a bug: the core validates its inputs) to `RuntimeError` rather than
+/// pyo3's `PanicException`.
+fn detached<T: Send>(
+    py: Python<'_>,
+    work: impl FnOnce() -> Result<T, Error> + Send,
+) -> PyResult<T> {
+    match py.detach(|| catch_unwind(AssertUnwindSafe(work))) {
+        Ok(result) => result.map_err(|e| CoreError(e).into()),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(PyRuntimeError::new_err(format!(
+                "internal error in croupier, please report it: {msg}"
+            )))
+        }
+    }
+}
+
+/// Hands a core buffer to numpy without copying: `uint32` as is, `u64` reinterpreted as
+/// `int64` (every index is below 2**63) by an in-place map that reuses the allocation.
+fn to_numpy(py: Python<'_>, indices: Indices) -> Bound<'_, PyAny> {
+    match indices {
+        Indices::U32(v) => v.into_pyarray(py).into_any(),
+        Indices::U64(v) => v
+            .into_iter()
+            .map(|x| x as i64)
+            .collect::<Vec<i64>>()
+            .into_pyarray(py)
+            .into_any(),
+    }
+}
+
+/// A Python integer (anything with `__index__`, not `bool`) as `u64`, or an error naming `name`.
+fn arg_u64(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be an int, got bool"
+        )));
+    }
+    match obj.extract::<u64>() {
+        Ok(v) => Ok(v),
+        Err(_) if obj.hasattr("__index__")? => Err(PyValueError::new_err(format!(
+            "{name} must be in [0, 2**64 - 1], got {}",
+            obj.repr()?
+        ))),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "{name} must be an int, got {}",
+            obj.get_type().name()?
+        ))),
+    }
+}
+
+/// The epoch's full permutation of `[0, n)`.
+#[pyfunction]
+#[pyo3(signature = (n, seed, epoch))]
+fn permutation<'py>(
+    py: Python<'py>,
+    n: &Bound<'py, PyAny>,
+    seed: &Bound<'py, PyAny>,
+    epoch: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (n, seed, epoch) = (
+        arg_u64("n", n)?,
+        arg_u64("seed", seed)?,
+        arg_u64("epoch", epoch)?,
+    );
+    let out = detached(py, || croupier_core::permutation(n, seed, epoch))?;
+    Ok(to_numpy(py, out))
+}
+
+/// `(num_samples, total_size)` of torch's `DistributedSampler` for these arguments.
+#[pyfunction]
+#[pyo3(signature = (n, num_replicas, drop_last))]
+fn layout(
+    n: &Bound<'_, PyAny>,
+    num_replicas: &Bound<'_, PyAny>,
+    drop_last: bool,
+) -> PyResult<(u64, u64)> {
+    let layout = Layout::new(
+        arg_u64("n", n)?,
+        arg_u64("num_replicas", num_replicas)?,
+        drop_last,
+    )
+    .map_err(CoreError)?;
+    Ok((layout.num_samples(), layout.total_size()))
+}
+
+/// The indices `rank` receives in `epoch`, in order (padding and `drop_last` as torch).
+#[pyfunction]
+#[pyo3(signature = (n, num_replicas, rank, shuffle, seed, epoch, drop_last))]
+#[allow(clippy::too_many_arguments)]
+fn rank_indices<'py>(
+    py: Python<'py>,
+    n: &Bound<'py, PyAny>,
+    num_replicas: &Bound<'py, PyAny>,
+    rank: &Bound<'py, PyAny>,
+    shuffle: bool,
+    seed: &Bound<'py, PyAny>,
+    epoch: &Bound<'py, PyAny>,
+    drop_last: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let layout = Layout::new(
+        arg_u64("n", n)?,
+        arg_u64("num_replicas", num_replicas)?,
+        drop_last,
+    )
+    .map_err(CoreError)?;
+    let (rank, seed, epoch) = (
+        arg_u64("rank", rank)?,
+        arg_u64("seed", seed)?,
+        arg_u64("epoch", epoch)?,
+    );
+    let out = detached(py, || {
+        croupier_core::rank_indices(&layout, rank, shuffle, seed, epoch)
+    })?;
+    Ok(to_numpy(py, out))
+}
+
+/// The compiled core of croupier (private: use the `croupier` package).
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(permutation, m)?)?;
+    m.add_function(wrap_pyfunction!(layout, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_indices, m)?)?;
+    m.add("MAX_LEN", croupier_core::index::MAX_LEN)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
