@@ -1,0 +1,153 @@
+"""Every refused input gets a ValueError/TypeError naming the argument and its range, before
+any work, and a refused state leaves the sampler unchanged."""
+
+import pytest
+
+from croupier import DistributedSampler
+
+
+def make(**kw):
+    args = {"dataset": 100, "num_replicas": 4, "rank": 1}
+    args.update(kw)
+    return DistributedSampler(**args)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "message"),
+    [
+        ({"rank": 4}, ValueError, "rank must be in [0, 3], got 4"),
+        ({"rank": -1}, ValueError, "rank must be in [0, 3], got -1"),
+        ({"num_replicas": 0, "rank": 0}, ValueError, "num_replicas must be in [1, 9223372036854775807], got 0"),
+        ({"num_replicas": -2, "rank": 0}, ValueError, "num_replicas must be in [1,"),
+        ({"num_replicas": 2.0}, TypeError, "num_replicas must be an int, got float"),
+        ({"rank": "0"}, TypeError, "rank must be an int, got str"),
+        ({"seed": -1}, ValueError, "seed must be in [0, 18446744073709551615], got -1"),
+        ({"seed": 2**64}, ValueError, "seed must be in [0, 18446744073709551615]"),
+        ({"seed": 1.5}, TypeError, "seed must be an int, got float"),
+        ({"seed": True}, TypeError, "seed must be an int, got bool"),
+        ({"seed": None}, TypeError, "seed must be an int, got NoneType"),
+        ({"dataset": object()}, TypeError, "dataset must be a sized object (with __len__) or an int"),
+        ({"dataset": -5}, ValueError, "dataset must be in [0, 9223372036854775807], got -5"),
+        ({"dataset": 2**63}, ValueError, "dataset must be in [0, 9223372036854775807]"),
+        ({"dataset": True}, TypeError, "dataset must be a sized object"),
+        ({"shuffle": "false"}, TypeError, "shuffle must be a bool, got str"),
+        ({"drop_last": 1}, TypeError, "drop_last must be a bool, got int"),
+        ({"order": "torch"}, ValueError, "order='torch' is not available yet"),
+        ({"order": "random"}, ValueError, "order must be one of ['fast']"),
+        ({"dist_info": "mpi", "num_replicas": None}, ValueError, "dist_info must be None, 'torch', 'jax'"),
+        ({"dist_info": 3, "num_replicas": None}, TypeError, "dist_info must be None, 'torch', 'jax'"),
+    ],
+)
+def test_constructor_refuses(kwargs, exc, message):
+    with pytest.raises(exc) as info:
+        make(**kwargs)
+    assert message in str(info.value)
+
+
+def test_dataset_with_a_bad_len_is_refused():
+    class Weird:
+        def __len__(self):
+            return -1
+
+    with pytest.raises(ValueError, match="__len__"):
+        make(dataset=Weird())
+
+
+@pytest.mark.parametrize(
+    ("epoch", "exc", "message"),
+    [
+        (-1, ValueError, "epoch must be in [0, 18446744073709551615], got -1"),
+        (2**64, ValueError, "epoch must be in [0, 18446744073709551615]"),
+        (1.0, TypeError, "epoch must be an int, got float"),
+    ],
+)
+def test_set_epoch_refuses(epoch, exc, message):
+    s = make()
+    with pytest.raises(exc) as info:
+        s.set_epoch(epoch)
+    assert message in str(info.value)
+    assert s.epoch == 0
+
+
+@pytest.mark.parametrize(
+    ("skip", "exc", "message"),
+    [
+        (-1, ValueError, "skip must be in [0, 25], got -1"),
+        (26, ValueError, "skip must be in [0, 25], got 26"),
+        ("3", TypeError, "skip must be an int, got str"),
+    ],
+)
+def test_set_skip_refuses(skip, exc, message):
+    s = make()
+    with pytest.raises(exc) as info:
+        s.set_skip(skip)
+    assert message in str(info.value)
+    assert s.state_dict()["position"] == 0
+
+
+def good_state():
+    s = make()
+    s.set_epoch(2)
+    s.set_skip(3)
+    return s.state_dict()
+
+
+def _with(**changes):
+    state = good_state()
+    for k, v in changes.items():
+        if v is KeyError:
+            del state[k]
+        else:
+            state[k] = v
+    return state
+
+
+@pytest.mark.parametrize(
+    ("state", "exc", "message"),
+    [
+        ([1, 2], TypeError, "state must be a mapping"),
+        (_with(position=KeyError), ValueError, "missing keys ['position']"),
+        (_with(epoch=KeyError, seed=KeyError), ValueError, "missing keys ['epoch', 'seed']"),
+        (_with(epoch="2"), TypeError, "state['epoch'] must be an int, got str"),
+        (_with(position=True), TypeError, "state['position'] must be an int, got bool"),
+        (_with(position=2.0), TypeError, "state['position'] must be an int, got float"),
+        (_with(position=-1), ValueError, "state['position'] must be >= 0, got -1"),
+        (_with(epoch=-4), ValueError, "state['epoch'] must be >= 0, got -4"),
+        (_with(position=26), ValueError, "state['position'] must be in [0, 25]"),
+        (_with(shuffle="yes"), TypeError, "state['shuffle'] must be a bool, got str"),
+        (_with(seed=5), ValueError, "different configuration: seed: state has 5, this sampler has 0"),
+        (
+            _with(num_replicas=8, dataset_len=99),
+            ValueError,
+            "dataset_len: state has 99, this sampler has 100; num_replicas: state has 8, this sampler has 4",
+        ),
+        (_with(drop_last=True), ValueError, "drop_last: state has True, this sampler has False"),
+        (_with(order="torch"), ValueError, "order: state has 'torch', this sampler has 'fast'"),
+        (_with(version=2), ValueError, "version: state has 2, this sampler has 1"),
+    ],
+)
+def test_load_state_dict_refuses(state, exc, message):
+    s = make()
+    s.set_epoch(5)
+    s.set_skip(1)
+    before = s.state_dict()
+    with pytest.raises(exc) as info:
+        s.load_state_dict(state)
+    assert message in str(info.value)
+    assert s.state_dict() == before, "a refused state leaves the sampler unchanged"
+
+
+def test_refusals_happen_before_any_work(monkeypatch):
+    import croupier.samplers.distributed as mod
+
+    def boom(*args, **kwargs):
+        raise AssertionError("the core was called")
+
+    monkeypatch.setattr(mod._core, "rank_indices", boom)
+    with pytest.raises(ValueError):
+        make(rank=9)
+    s = make()
+    with pytest.raises(ValueError):
+        s.set_skip(-1)
+    with pytest.raises(ValueError):
+        s.load_state_dict(_with(seed=1))

@@ -1,0 +1,139 @@
+"""The compiled module: zero-copy hand-over, the GIL released, dtypes, and clean errors."""
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from croupier import _core
+
+
+def test_permutation_is_a_permutation_and_uint32():
+    p = _core.permutation(1000, 3, 1)
+    assert p.dtype == np.uint32
+    assert np.array_equal(np.sort(p), np.arange(1000))
+
+
+def test_arrays_own_the_rust_buffer_without_a_copy():
+    # numpy does not own the data: its base is the Rust-side container holding the Vec.
+    for arr in (
+        _core.permutation(100, 0, 0),
+        _core.rank_indices(100, 3, 1, True, 0, 0, False),
+        _core.rank_indices(2**32 + 5, 2**20, 7, False, 0, 0, False),
+    ):
+        assert not arr.flags.owndata
+        assert type(arr.base).__name__ == "PySliceContainer"
+        assert arr.flags.c_contiguous
+
+
+def test_peak_memory_shows_no_copy():
+    # A copy on hand-over would need a second buffer of the same size at the peak.
+    n = 50_000_000  # 200 MB of uint32
+    code = textwrap.dedent(
+        f"""
+        import resource
+        import numpy as np
+        from croupier import _core
+        np.zeros(1)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        arr = _core.permutation({n}, 0, 0)
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print((after - before) * 1024, arr.nbytes)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    grown, nbytes = map(int, out.stdout.split())
+    assert nbytes == 4 * n
+    assert grown < 1.25 * nbytes, f"peak grew by {grown} bytes for a {nbytes}-byte result"
+
+
+def test_dtype_switches_above_2_pow_32():
+    at = _core.rank_indices(2**32, 2**20, 0, False, 0, 0, False)
+    above = _core.rank_indices(2**32 + 1, 2**20, 0, False, 0, 0, False)
+    assert at.dtype == np.uint32 and int(at[-1]) == 2**32 - 2**20
+    assert above.dtype == np.int64
+
+
+def test_layout_is_torch_arithmetic():
+    assert _core.layout(10, 4, False) == (3, 12)
+    assert _core.layout(10, 4, True) == (2, 8)
+    assert _core.layout(3, 8, True) == (0, 0)
+    assert _core.layout(3, 8, False) == (1, 8)
+    assert _core.layout(0, 5, False) == (0, 0)
+
+
+def test_gil_is_released_during_the_work():
+    started = threading.Event()
+    done = threading.Event()
+
+    def work():
+        started.set()
+        _core.permutation(30_000_000, 0, 0)
+        done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    started.wait()
+    ticks = 0
+    while not done.is_set():
+        ticks += 1
+    t.join()
+    # Holding the GIL, the worker would freeze this loop for the whole shuffle.
+    assert ticks > 10_000
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "words"),
+    [
+        (lambda: _core.permutation(-1, 0, 0), ValueError, "n must be in [0, 2**64 - 1], got -1"),
+        (lambda: _core.permutation(2**64, 0, 0), ValueError, "n must be in"),
+        (lambda: _core.permutation(2**63, 0, 0), ValueError, "n must be in [0, 2**63 - 1]"),
+        (lambda: _core.permutation("5", 0, 0), TypeError, "n must be an int, got str"),
+        (lambda: _core.permutation(5.0, 0, 0), TypeError, "n must be an int, got float"),
+        (lambda: _core.permutation(5, True, 0), TypeError, "seed must be an int, got bool"),
+        (lambda: _core.permutation(5, 0, -3), ValueError, "epoch must be in"),
+        (lambda: _core.layout(5, 0, False), ValueError, "num_replicas must be in [1, 2**63 - 1]"),
+        (
+            lambda: _core.rank_indices(5, 4, 4, True, 0, 0, False),
+            ValueError,
+            "rank must be in [0, num_replicas) = [0, 4), got 4",
+        ),
+    ],
+)
+def test_bad_arguments_raise_named_errors(call, exc, words):
+    with pytest.raises(exc) as info:
+        call()
+    assert words in str(info.value)
+
+
+def test_numpy_integers_are_accepted():
+    assert np.array_equal(
+        _core.permutation(np.int64(50), np.uint64(2), np.int32(1)), _core.permutation(50, 2, 1)
+    )
+
+
+def test_unallocatable_buffer_is_a_memory_error():
+    with pytest.raises(MemoryError, match="cannot allocate"):
+        _core.permutation(2**63 - 1, 0, 0)
+
+
+big = st.integers(min_value=-(2**70), max_value=2**70)
+
+
+@given(n=big, w=big, r=big, seed=big, epoch=big, shuffle=st.booleans(), drop=st.booleans())
+def test_no_argument_ever_panics(n, w, r, seed, epoch, shuffle, drop):
+    # Small enough shares to compute, or errors: never a PanicException (a BaseException).
+    if 0 <= n <= 10_000 or (0 < w and n // max(w, 1) <= 10_000 and not shuffle):
+        try:
+            _core.rank_indices(n, w, r, shuffle, seed, epoch, drop)
+        except (ValueError, TypeError, MemoryError):
+            pass
+    try:
+        _core.layout(n, w, drop)
+    except (ValueError, TypeError):
+        pass

@@ -1,0 +1,296 @@
+"""croupier.DistributedSampler: partition properties, torch parity of the arithmetic,
+determinism, resume at every position, pickling, DataLoader use and refused input."""
+
+import json
+import math
+import pickle
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DistributedSampler as TorchDistributedSampler
+
+import croupier
+from croupier import DistributedSampler, _core
+
+
+def all_ranks(n, w, **kw):
+    return [list(DistributedSampler(n, num_replicas=w, rank=r, **kw)) for r in range(w)]
+
+
+def reference_share(order, w, r, drop_last):
+    """torch's __iter__ arithmetic over a given global order, written as list operations."""
+    n = len(order)
+    if drop_last and n % w:
+        num_samples = math.ceil((n - w) / w)
+    else:
+        num_samples = math.ceil(n / w)
+    total = num_samples * w
+    idx = list(order)
+    if not drop_last:
+        pad = total - n
+        idx += (idx * math.ceil(pad / n))[:pad] if pad > n else idx[:pad]
+    else:
+        idx = idx[:total]
+    return idx[r:total:w]
+
+
+sizes = st.integers(min_value=0, max_value=300)
+replicas = st.integers(min_value=1, max_value=20)
+seeds = st.integers(min_value=0, max_value=2**64 - 1)
+epochs = st.integers(min_value=0, max_value=2**64 - 1)
+
+
+@given(n=sizes, w=replicas, drop_last=st.booleans(), shuffle=st.booleans(), seed=seeds, epoch=epochs)
+def test_ranks_partition_the_dataset(n, w, drop_last, shuffle, seed, epoch):
+    shares = []
+    for r in range(w):
+        s = DistributedSampler(n, num_replicas=w, rank=r, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        s.set_epoch(epoch)
+        shares.append(list(s))
+    lengths = {len(x) for x in shares}
+    assert len(lengths) == 1, "every rank must get the same count"
+    (length,) = lengths
+    total = length * w
+    seen = Counter(i for share in shares for i in share)
+    assert all(0 <= i < n for i in seen)
+    if drop_last:
+        assert total == (n // w) * w
+        assert all(c == 1 for c in seen.values()), "no index twice when dropping"
+        assert sum(seen.values()) == total
+    else:
+        assert total == (math.ceil(n / w) * w if n else 0)
+        assert set(seen) == set(range(n)), "every index is dealt"
+        assert sum(c - 1 for c in seen.values()) == total - n, "exactly total_size - N repeats"
+
+
+@given(n=sizes, w=replicas, drop_last=st.booleans(), seed=seeds, epoch=epochs)
+def test_shares_stride_the_padded_global_order(n, w, drop_last, seed, epoch):
+    order = _core.permutation(n, seed, epoch).tolist()
+    for r in range(w):
+        s = DistributedSampler(n, num_replicas=w, rank=r, seed=seed, drop_last=drop_last)
+        s.set_epoch(epoch)
+        assert list(s) == reference_share(order, w, r, drop_last)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_unshuffled_equals_torch_sampler_exactly(drop_last):
+    # Without shuffling the order is 0..N-1 in both, so this pins padding, cutting and striding
+    # to the installed torch for every N and W in the sweep, N < W included.
+    for n in [*range(0, 50), 97, 101, 128]:
+        for w in range(1, 13):
+            for r in range(w):
+                ours = DistributedSampler(n, num_replicas=w, rank=r, shuffle=False, drop_last=drop_last)
+                theirs = TorchDistributedSampler(
+                    range(n), num_replicas=w, rank=r, shuffle=False, drop_last=drop_last
+                )
+                assert list(ours) == list(theirs), (n, w, r)
+                assert len(ours) == len(theirs)
+                assert (ours.num_samples, ours.total_size) == (theirs.num_samples, theirs.total_size)
+
+
+def test_attributes_match_torch():
+    ours = DistributedSampler(range(10), num_replicas=4, rank=3, seed=5, drop_last=True)
+    theirs = TorchDistributedSampler(range(10), num_replicas=4, rank=3, seed=5, drop_last=True)
+    for name in ("num_replicas", "rank", "epoch", "seed", "shuffle", "drop_last", "num_samples", "total_size"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert isinstance(ours, torch.utils.data.Sampler)
+
+
+def test_deterministic_per_seed_and_epoch():
+    a = DistributedSampler(1000, num_replicas=4, rank=2, seed=9)
+    b = DistributedSampler(1000, num_replicas=4, rank=2, seed=9)
+    assert list(a) == list(b)
+    a.set_epoch(1)
+    b.set_epoch(1)
+    assert list(a) == list(b)
+    assert list(a) == list(a), "iterating again repeats the epoch"
+    first = list(DistributedSampler(1000, num_replicas=4, rank=2, seed=9))
+    assert list(a) != first, "a new epoch reshuffles"
+    assert list(DistributedSampler(1000, num_replicas=4, rank=2, seed=10)) != first
+
+
+def test_value_stability_pins():
+    # Deliberate pins of order="fast": a change here changes every user's data order.
+    assert list(DistributedSampler(10, num_replicas=1, rank=0)) == [5, 2, 6, 9, 0, 4, 7, 1, 8, 3]
+    s = DistributedSampler(10, num_replicas=3, rank=1, seed=1234)
+    s.set_epoch(7)
+    assert list(s) == [2, 6, 9, 1]  # positions 1, 4, 7 and 10 (padding: order[0])
+
+
+def test_epochs_reshuffle_uniformly_enough():
+    # Over 4000 epochs, index 0 lands in each of 8 positions about equally (chi-square, 7 dof).
+    s = DistributedSampler(8, num_replicas=1, rank=0, seed=3)
+    counts = np.zeros(8)
+    for epoch in range(4000):
+        s.set_epoch(epoch)
+        counts[list(s).index(0)] += 1
+    chi2 = ((counts - 500) ** 2 / 500).sum()
+    assert chi2 < 24.32, counts  # P(chi2 > 24.32 | 7 dof) = 0.001
+
+
+@given(
+    n=st.integers(min_value=0, max_value=120),
+    w=st.integers(min_value=1, max_value=9),
+    data=st.data(),
+    drop_last=st.booleans(),
+)
+def test_resume_at_every_position(n, w, data, drop_last):
+    r = data.draw(st.integers(min_value=0, max_value=w - 1))
+    epoch = data.draw(st.integers(min_value=0, max_value=5))
+    make = lambda: DistributedSampler(n, num_replicas=w, rank=r, seed=77, drop_last=drop_last)  # noqa: E731
+    s = make()
+    s.set_epoch(epoch)
+    full = list(s)
+    for k in range(len(full) + 1):
+        s = make()
+        s.set_epoch(epoch)
+        it = iter(s)
+        head = [next(it) for _ in range(k)]
+        state = s.state_dict()
+        assert state["position"] == k
+        saved = json.loads(json.dumps(state))
+        rest_here = list(it)
+        assert s.state_dict()["position"] == len(full)
+        assert state == saved, "a saved state never changes as iteration goes on"
+        fresh = make()
+        fresh.load_state_dict(saved)
+        assert fresh.state_dict() == saved, "load then state_dict gives the same state back"
+        fresh.set_epoch(epoch)  # a resumed loop calls this; it must keep the position
+        assert fresh.indices().tolist() == full[k:]
+        assert head + list(fresh) == full
+        assert rest_here == full[k:]
+
+
+def test_set_skip_is_a_pending_start():
+    s = DistributedSampler(50, num_replicas=2, rank=1, seed=4)
+    full = list(s)
+    s.set_skip(7)
+    assert s.state_dict()["position"] == 7
+    assert s.indices().tolist() == full[7:]
+    assert list(s) == full[7:]
+    assert list(s) == full, "the skip applies to the next iteration only"
+    s.set_skip(len(s))
+    assert list(s) == []
+
+
+def test_set_epoch_keeps_position_only_for_the_same_epoch():
+    s = DistributedSampler(50, num_replicas=2, rank=0)
+    s.set_epoch(3)
+    s.set_skip(5)
+    s.set_epoch(3)
+    assert s.state_dict()["position"] == 5
+    s.set_epoch(4)
+    assert s.state_dict()["position"] == 0
+    s.epoch = 6
+    assert s.epoch == 6 and s.state_dict()["epoch"] == 6
+
+
+def test_state_is_json_and_small():
+    s = DistributedSampler(10**12, num_replicas=64, rank=5, shuffle=False)
+    state = s.state_dict()
+    assert json.loads(json.dumps(state)) == state
+    assert {"epoch", "seed", "num_replicas", "rank", "position"} <= set(state)
+    assert len(json.dumps(state)) < 300
+
+
+def test_any_ranks_state_loads_on_any_rank():
+    a = DistributedSampler(40, num_replicas=4, rank=0, seed=1)
+    it = iter(a)
+    for _ in range(3):
+        next(it)
+    b = DistributedSampler(40, num_replicas=4, rank=2, seed=1)
+    full_b = list(b)
+    b.load_state_dict(a.state_dict())
+    assert list(b) == full_b[3:]
+
+
+def test_indices_are_a_read_only_view_of_the_rust_buffer():
+    s = DistributedSampler(1000, num_replicas=3, rank=1)
+    idx = s.indices()
+    base = idx
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    assert type(base.base).__name__ == "PySliceContainer"
+    assert idx.dtype == np.uint32
+    assert not idx.flags.writeable
+    with pytest.raises(ValueError):
+        idx[0] = 1
+    assert np.shares_memory(idx, s.indices())
+
+
+def test_iteration_reports_progress_of_the_live_iterator_only():
+    s = DistributedSampler(30, num_replicas=1, rank=0)
+    old = iter(s)
+    next(old)
+    new = iter(s)
+    next(new)
+    next(new)
+    next(old)
+    assert s.state_dict()["position"] == 2
+
+
+def test_pickle_round_trip_keeps_state_and_order():
+    s = DistributedSampler(500, num_replicas=3, rank=2, seed=8, drop_last=True)
+    s.set_epoch(4)
+    full = list(s)
+    s.set_skip(11)
+    clone = pickle.loads(pickle.dumps(s))
+    assert clone.state_dict() == s.state_dict()
+    assert list(clone) == full[11:]
+    assert len(pickle.dumps(s)) < 2000, "the cached epoch is not pickled"
+
+
+class _Echo(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+def test_inside_a_dataloader_with_two_workers():
+    ds = _Echo(1001)
+    s = DistributedSampler(ds, num_replicas=2, rank=1, seed=3)
+    s.set_epoch(2)
+    loader = DataLoader(ds, batch_size=16, sampler=s, num_workers=2)
+    got = [int(i) for batch in loader for i in batch]
+    assert got == list(s)
+    assert len(got) == len(s) == 501
+
+
+def test_billion_scale_dataset_as_an_int_without_shuffle():
+    n = 2**33 + 5
+    s = DistributedSampler(n, num_replicas=2**20, rank=2**20 - 1, shuffle=False)
+    assert len(s) == math.ceil(n / 2**20)
+    idx = s.indices()
+    assert idx.dtype == np.int64
+    assert idx[0] == 2**20 - 1 and idx[1] == 2**21 - 1
+    assert idx[-1] == (s.total_size - 1) % n  # padding wraps to the head
+
+
+def test_import_works_with_only_numpy(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import croupier\n"
+        "from croupier._sampler_base import HAVE_TORCH\n"
+        "assert not HAVE_TORCH\n"
+        "s = croupier.DistributedSampler(10, num_replicas=2, rank=0)\n"
+        "print(len(list(s)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "5"
+
+
+def test_version_is_exposed():
+    assert croupier.__version__ == _core.__version__
