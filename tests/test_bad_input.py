@@ -17,7 +17,11 @@ def make(**kw):
     [
         ({"rank": 4}, ValueError, "rank must be in [0, 3], got 4"),
         ({"rank": -1}, ValueError, "rank must be in [0, 3], got -1"),
-        ({"num_replicas": 0, "rank": 0}, ValueError, "num_replicas must be in [1, 9223372036854775807], got 0"),
+        (
+            {"num_replicas": 0, "rank": 0},
+            ValueError,
+            "num_replicas must be in [1, 9223372036854775807], got 0",
+        ),
         ({"num_replicas": -2, "rank": 0}, ValueError, "num_replicas must be in [1,"),
         ({"num_replicas": 2.0}, TypeError, "num_replicas must be an int, got float"),
         ({"rank": "0"}, TypeError, "rank must be an int, got str"),
@@ -26,7 +30,11 @@ def make(**kw):
         ({"seed": 1.5}, TypeError, "seed must be an int, got float"),
         ({"seed": True}, TypeError, "seed must be an int, got bool"),
         ({"seed": None}, TypeError, "seed must be an int, got NoneType"),
-        ({"dataset": object()}, TypeError, "dataset must be a sized object (with __len__) or an int"),
+        (
+            {"dataset": object()},
+            TypeError,
+            "dataset must be a sized object (with __len__) or an int",
+        ),
         ({"dataset": -5}, ValueError, "dataset must be in [0, 9223372036854775807], got -5"),
         ({"dataset": 2**63}, ValueError, "dataset must be in [0, 9223372036854775807]"),
         ({"dataset": True}, TypeError, "dataset must be a sized object"),
@@ -34,8 +42,16 @@ def make(**kw):
         ({"drop_last": 1}, TypeError, "drop_last must be a bool, got int"),
         ({"order": "torch"}, ValueError, "order='torch' is not available yet"),
         ({"order": "random"}, ValueError, "order must be one of ['fast']"),
-        ({"dist_info": "mpi", "num_replicas": None}, ValueError, "dist_info must be None, 'torch', 'jax'"),
-        ({"dist_info": 3, "num_replicas": None}, TypeError, "dist_info must be None, 'torch', 'jax'"),
+        (
+            {"dist_info": "mpi", "num_replicas": None},
+            ValueError,
+            "dist_info must be None, 'torch', 'jax'",
+        ),
+        (
+            {"dist_info": 3, "num_replicas": None},
+            TypeError,
+            "dist_info must be None, 'torch', 'jax'",
+        ),
     ],
 )
 def test_constructor_refuses(kwargs, exc, message):
@@ -115,11 +131,16 @@ def _with(**changes):
         (_with(epoch=-4), ValueError, "state['epoch'] must be >= 0, got -4"),
         (_with(position=26), ValueError, "state['position'] must be in [0, 25]"),
         (_with(shuffle="yes"), TypeError, "state['shuffle'] must be a bool, got str"),
-        (_with(seed=5), ValueError, "different configuration: seed: state has 5, this sampler has 0"),
+        (
+            _with(seed=5),
+            ValueError,
+            "different configuration: seed: state has 5, this sampler has 0",
+        ),
         (
             _with(num_replicas=8, dataset_len=99),
             ValueError,
-            "dataset_len: state has 99, this sampler has 100; num_replicas: state has 8, this sampler has 4",
+            "dataset_len: state has 99, this sampler has 100; "
+            "num_replicas: state has 8, this sampler has 4",
         ),
         (_with(drop_last=True), ValueError, "drop_last: state has True, this sampler has False"),
         (_with(order="torch"), ValueError, "order: state has 'torch', this sampler has 'fast'"),

@@ -58,7 +58,7 @@ def test_callable():
 
 
 def test_torch_required_but_not_initialised():
-    with pytest.raises(ValueError, match="torch.distributed is not initialised"):
+    with pytest.raises(ValueError, match=r"torch\.distributed is not initialised"):
         ranks(dist_info="torch")
 
 

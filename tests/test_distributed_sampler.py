@@ -25,10 +25,7 @@ def all_ranks(n, w, **kw):
 def reference_share(order, w, r, drop_last):
     """torch's __iter__ arithmetic over a given global order, written as list operations."""
     n = len(order)
-    if drop_last and n % w:
-        num_samples = math.ceil((n - w) / w)
-    else:
-        num_samples = math.ceil(n / w)
+    num_samples = math.ceil((n - w) / w) if drop_last and n % w else math.ceil(n / w)
     total = num_samples * w
     idx = list(order)
     if not drop_last:
@@ -45,11 +42,15 @@ seeds = st.integers(min_value=0, max_value=2**64 - 1)
 epochs = st.integers(min_value=0, max_value=2**64 - 1)
 
 
-@given(n=sizes, w=replicas, drop_last=st.booleans(), shuffle=st.booleans(), seed=seeds, epoch=epochs)
+@given(
+    n=sizes, w=replicas, drop_last=st.booleans(), shuffle=st.booleans(), seed=seeds, epoch=epochs
+)
 def test_ranks_partition_the_dataset(n, w, drop_last, shuffle, seed, epoch):
     shares = []
     for r in range(w):
-        s = DistributedSampler(n, num_replicas=w, rank=r, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        s = DistributedSampler(
+            n, num_replicas=w, rank=r, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
         s.set_epoch(epoch)
         shares.append(list(s))
     lengths = {len(x) for x in shares}
@@ -84,19 +85,33 @@ def test_unshuffled_equals_torch_sampler_exactly(drop_last):
     for n in [*range(0, 50), 97, 101, 128]:
         for w in range(1, 13):
             for r in range(w):
-                ours = DistributedSampler(n, num_replicas=w, rank=r, shuffle=False, drop_last=drop_last)
+                ours = DistributedSampler(
+                    n, num_replicas=w, rank=r, shuffle=False, drop_last=drop_last
+                )
                 theirs = TorchDistributedSampler(
                     range(n), num_replicas=w, rank=r, shuffle=False, drop_last=drop_last
                 )
                 assert list(ours) == list(theirs), (n, w, r)
                 assert len(ours) == len(theirs)
-                assert (ours.num_samples, ours.total_size) == (theirs.num_samples, theirs.total_size)
+                assert (ours.num_samples, ours.total_size) == (
+                    theirs.num_samples,
+                    theirs.total_size,
+                )
 
 
 def test_attributes_match_torch():
     ours = DistributedSampler(range(10), num_replicas=4, rank=3, seed=5, drop_last=True)
     theirs = TorchDistributedSampler(range(10), num_replicas=4, rank=3, seed=5, drop_last=True)
-    for name in ("num_replicas", "rank", "epoch", "seed", "shuffle", "drop_last", "num_samples", "total_size"):
+    for name in (
+        "num_replicas",
+        "rank",
+        "epoch",
+        "seed",
+        "shuffle",
+        "drop_last",
+        "num_samples",
+        "total_size",
+    ):
         assert getattr(ours, name) == getattr(theirs, name), name
     assert isinstance(ours, torch.utils.data.Sampler)
 

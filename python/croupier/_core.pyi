@@ -3,6 +3,8 @@
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["MAX_LEN", "__version__", "layout", "permutation", "rank_indices"]
+
 __version__: str
 MAX_LEN: int
 """The largest dataset length accepted: 2**63 - 1."""

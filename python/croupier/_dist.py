@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional, Tuple, Union
+from collections.abc import Callable
 
 from croupier._validate import check_int
 
 __all__ = ["DistInfo", "resolve_ranks"]
 
-DistInfo = Union[None, str, Callable[[], Tuple[int, int]]]
+DistInfo = str | Callable[[], tuple[int, int]] | None
 """``None``, ``"torch"``, ``"jax"`` or a callable returning ``(rank, world_size)``."""
 
 
-def _from_torch(required: bool) -> Optional[Tuple[int, int]]:
+def _from_torch(required: bool) -> tuple[int, int] | None:
     try:
         import torch.distributed as dist
     except ImportError:
@@ -30,7 +30,7 @@ def _from_torch(required: bool) -> Optional[Tuple[int, int]]:
     return None
 
 
-def _from_jax() -> Tuple[int, int]:
+def _from_jax() -> tuple[int, int]:
     try:
         import jax
     except ImportError:
@@ -38,13 +38,15 @@ def _from_jax() -> Tuple[int, int]:
     return int(jax.process_index()), int(jax.process_count())
 
 
-def _from_env() -> Optional[Tuple[int, int]]:
+def _from_env() -> tuple[int, int] | None:
     rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
     if rank is None and world is None:
         return None
     if rank is None or world is None:
         missing = "RANK" if rank is None else "WORLD_SIZE"
-        raise ValueError(f"the environment sets only one of RANK and WORLD_SIZE; {missing} is unset")
+        raise ValueError(
+            f"the environment sets only one of RANK and WORLD_SIZE; {missing} is unset"
+        )
     try:
         return int(rank), int(world)
     except ValueError:
@@ -53,7 +55,7 @@ def _from_env() -> Optional[Tuple[int, int]]:
         ) from None
 
 
-def _query(dist_info: DistInfo) -> Tuple[int, int]:
+def _query(dist_info: DistInfo) -> tuple[int, int]:
     if dist_info is None:
         return _from_torch(required=False) or _from_env() or (0, 1)
     if isinstance(dist_info, str):
@@ -71,8 +73,8 @@ def _query(dist_info: DistInfo) -> Tuple[int, int]:
 
 
 def resolve_ranks(
-    num_replicas: Optional[int], rank: Optional[int], dist_info: DistInfo
-) -> Tuple[int, int]:
+    num_replicas: int | None, rank: int | None, dist_info: DistInfo
+) -> tuple[int, int]:
     """``(num_replicas, rank)``: explicit values win; whatever is ``None`` comes from ``dist_info``.
 
     ``dist_info=None`` asks ``torch.distributed`` when it is initialised, then the ``RANK`` and

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import operator
-from typing import Optional
 
 __all__ = ["check_bool", "check_int", "dataset_length"]
 
@@ -11,7 +10,7 @@ U64_MAX = 2**64 - 1
 MAX_LEN = 2**63 - 1
 
 
-def check_int(name: str, value: object, lo: int = 0, hi: Optional[int] = None) -> int:
+def check_int(name: str, value: object, lo: int = 0, hi: int | None = None) -> int:
     """``value`` as a Python int in ``[lo, hi]``; ``TypeError`` if it is not an integer
     (``bool`` and floats are refused), ``ValueError`` if it is out of range."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):

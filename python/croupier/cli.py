@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from croupier import __version__
 from croupier.samplers import DistributedSampler
@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``croupier`` command."""
     parser = _parser()
     args = parser.parse_args(argv)

@@ -6,7 +6,8 @@ sampler validates it completely (keys, types, ranges, configuration) before chan
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 __all__ = ["StateError", "check_state"]
 
@@ -20,7 +21,7 @@ def check_state(
     *,
     ints: Iterable[str],
     config: Mapping[str, Any],
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """Validates ``state`` and returns it as a plain dict.
 
     ``ints`` are the keys holding non-negative integers; ``config`` maps the keys that must
@@ -52,7 +53,5 @@ def check_state(
         if state[key] != mine
     ]
     if differ:
-        raise StateError(
-            "state comes from a different configuration: " + "; ".join(differ)
-        )
+        raise StateError("state comes from a different configuration: " + "; ".join(differ))
     return dict(state)

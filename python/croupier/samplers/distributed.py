@@ -6,7 +6,8 @@ The indices come from the Rust core; this class keeps only the small state a che
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import numpy.typing as npt
 
@@ -34,7 +35,7 @@ class _Cursor:
 
 
 class DistributedSampler(Sampler[int]):
-    """Deals a dataset's indices to data-parallel ranks, like ``torch.utils.data.DistributedSampler``.
+    """Deals a dataset's indices to data-parallel ranks like torch's ``DistributedSampler``.
 
     Each epoch has one global order of the ``N`` samples (a seeded shuffle, or ``0..N-1`` with
     ``shuffle=False``). With ``drop_last=False`` it is padded by repeating its head until every
@@ -72,8 +73,8 @@ class DistributedSampler(Sampler[int]):
     def __init__(
         self,
         dataset: Any,
-        num_replicas: Optional[int] = None,
-        rank: Optional[int] = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
@@ -96,9 +97,9 @@ class DistributedSampler(Sampler[int]):
         self.num_samples, self.total_size = _core.layout(n, self.num_replicas, self.drop_last)
         self._n = n
         self._epoch = 0
-        self._pending: Optional[int] = None  # where the next iteration starts
-        self._cursor: Optional[_Cursor] = None  # the live (latest) iteration
-        self._cache: Optional[npt.NDArray[Any]] = None  # this rank's indices for self._epoch
+        self._pending: int | None = None  # where the next iteration starts
+        self._cursor: _Cursor | None = None  # the live (latest) iteration
+        self._cache: npt.NDArray[Any] | None = None  # this rank's indices for self._epoch
 
     # -- epoch and position ---------------------------------------------------------------------
 
@@ -179,7 +180,7 @@ class DistributedSampler(Sampler[int]):
 
     # -- checkpoints ----------------------------------------------------------------------------
 
-    def _config(self) -> Dict[str, Any]:
+    def _config(self) -> dict[str, Any]:
         return {
             "version": _STATE_VERSION,
             "order": self.order,
@@ -190,14 +191,19 @@ class DistributedSampler(Sampler[int]):
             "num_replicas": self.num_replicas,
         }
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """The checkpoint state: configuration, ``epoch``, ``rank`` and ``position``.
 
         A new dict every call, O(1) in size; it does not change as iteration goes on.
         """
-        return {**self._config(), "rank": self.rank, "epoch": self._epoch, "position": self._position()}
+        return {
+            **self._config(),
+            "rank": self.rank,
+            "epoch": self._epoch,
+            "position": self._position(),
+        }
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a :meth:`state_dict`: the next iteration continues with exactly the next index.
 
         The state is validated first: missing keys, wrong types, negative numbers, a position
@@ -219,7 +225,7 @@ class DistributedSampler(Sampler[int]):
 
     # -- pickling (DataLoader workers, multiprocessing) -----------------------------------------
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_cache"] = None  # recomputed on demand; never ship a rank's whole epoch
         return state
