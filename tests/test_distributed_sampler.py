@@ -309,3 +309,24 @@ def test_import_works_with_only_numpy(tmp_path):
 
 def test_version_is_exposed():
     assert croupier.__version__ == _core.__version__
+
+
+def test_position_is_exact_across_chunk_boundaries():
+    from croupier.samplers.distributed import _CHUNK
+
+    n = 2 * _CHUNK + 7
+    s = DistributedSampler(n, num_replicas=1, rank=0, seed=6)
+    full = list(s)
+    it = iter(s)
+    taken = 0
+    for k in (0, 1, _CHUNK - 1, _CHUNK, _CHUNK + 1, 2 * _CHUNK, n - 1, n):
+        for _ in range(k - taken):
+            next(it)
+        taken = k
+        state = s.state_dict()
+        assert state["position"] == k
+        fresh = DistributedSampler(n, num_replicas=1, rank=0, seed=6)
+        fresh.load_state_dict(state)
+        assert list(fresh) == full[k:]
+    assert list(it) == []
+    assert s.state_dict()["position"] == n

@@ -6,6 +6,7 @@ The indices come from the Rust core; this class keeps only the small state a che
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,12 +27,32 @@ _ORDERS = ("fast",)
 
 
 class _Cursor:
-    """Progress of one iteration: this rank's position in the epoch (consumed indices)."""
+    """Progress of one iteration through this rank's epoch.
 
-    __slots__ = ("position",)
+    The position is derived on demand from the chunk being handed out: the chunk's start plus
+    how many of its items the list iterator has already given, so iteration does no per-item
+    bookkeeping and a checkpoint between two items still resumes with the next one.
+    """
+
+    __slots__ = ("_base", "_chunk", "_size")
 
     def __init__(self, position: int) -> None:
-        self.position = position
+        self._base = position
+        self._size = 0
+        self._chunk: Iterator[int] = iter(())
+
+    @property
+    def position(self) -> int:
+        return self._base + self._size - operator.length_hint(self._chunk)
+
+    def next_chunk(self, indices: npt.NDArray[Any]) -> Iterator[int] | None:
+        """Moves to the chunk after the current one and returns its iterator, or ``None`` at
+        the end of the epoch."""
+        self._base += self._size
+        values = indices[self._base : self._base + _CHUNK].tolist()
+        self._size = len(values)
+        self._chunk = iter(values)
+        return self._chunk if values else None
 
 
 class DistributedSampler(Sampler[int]):
@@ -239,11 +260,6 @@ class DistributedSampler(Sampler[int]):
 
 
 def _emit(indices: npt.NDArray[Any], cursor: _Cursor) -> Iterator[int]:
-    """Yields ``indices[cursor.position:]`` as Python ints, counting each before it is handed
-    out so a checkpoint taken between two items resumes with the next one."""
-    end = len(indices)
-    while cursor.position < end:
-        base = cursor.position
-        for value in indices[base : base + _CHUNK].tolist():
-            cursor.position += 1
-            yield value
+    """Yields ``indices[cursor.position:]`` as Python ints, a chunk at a time."""
+    while (chunk := cursor.next_chunk(indices)) is not None:
+        yield from chunk

@@ -1,0 +1,59 @@
+"""Micro-benchmarks of one rank's epoch against torch (run: pytest benches --benchmark-enable).
+
+Not part of the default test run (testpaths = tests). Compare medians within one run; the
+ratio is the claim, not the absolute time.
+"""
+
+import numpy as np
+import pytest
+from torch.utils.data import DistributedSampler as TorchDistributedSampler
+
+from croupier import DistributedSampler
+
+N = 1_000_000
+W = 8
+
+
+@pytest.mark.benchmark(group="rank epoch as array, N=1e6 W=8")
+def test_croupier_indices(benchmark):
+    def run():
+        s = DistributedSampler(N, num_replicas=W, rank=3, seed=0)
+        return s.indices()
+
+    assert len(benchmark(run)) == N // W
+
+
+@pytest.mark.benchmark(group="rank epoch as array, N=1e6 W=8")
+def test_torch_list_of_indices(benchmark):
+    def run():
+        return list(TorchDistributedSampler(range(N), num_replicas=W, rank=3, seed=0))
+
+    assert len(benchmark(run)) == N // W
+
+
+@pytest.mark.benchmark(group="rank epoch iterated, N=1e6 W=8")
+def test_croupier_iterate(benchmark):
+    def run():
+        return sum(1 for _ in DistributedSampler(N, num_replicas=W, rank=3, seed=0))
+
+    assert benchmark(run) == N // W
+
+
+@pytest.mark.benchmark(group="rank epoch iterated, N=1e6 W=8")
+def test_torch_iterate(benchmark):
+    def run():
+        return sum(1 for _ in TorchDistributedSampler(range(N), num_replicas=W, rank=3, seed=0))
+
+    assert benchmark(run) == N // W
+
+
+@pytest.mark.benchmark(group="full permutation, N=1e7")
+def test_croupier_permutation(benchmark):
+    from croupier import _core
+
+    assert len(benchmark(_core.permutation, 10_000_000, 0, 0)) == 10_000_000
+
+
+@pytest.mark.benchmark(group="full permutation, N=1e7")
+def test_numpy_permutation(benchmark):
+    assert len(benchmark(lambda: np.random.default_rng(0).permutation(10_000_000))) == 10_000_000
