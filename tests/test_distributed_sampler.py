@@ -330,3 +330,14 @@ def test_position_is_exact_across_chunk_boundaries():
         assert list(fresh) == full[k:]
     assert list(it) == []
     assert s.state_dict()["position"] == n
+
+
+@pytest.mark.parametrize(
+    "dataset",
+    [np.arange(7), torch.zeros(7, 2), list(range(7)), range(7), np.int64(7)],
+    ids=["ndarray", "tensor", "list", "range", "numpy-int"],
+)
+def test_sized_datasets_and_integer_lengths(dataset):
+    s = DistributedSampler(dataset, num_replicas=2, rank=0, shuffle=False)
+    assert len(s) == 4
+    assert list(s) == [0, 2, 4, 6]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import operator
 
 __all__ = ["check_bool", "check_int", "dataset_length"]
@@ -35,7 +36,7 @@ def dataset_length(dataset: object) -> int:
     """The number of samples of ``dataset``: an int N itself, or ``len(dataset)``."""
     if isinstance(dataset, bool):
         raise TypeError("dataset must be a sized object (with __len__) or an int, got bool")
-    if hasattr(type(dataset), "__index__"):
+    if isinstance(dataset, numbers.Integral):  # int and numpy integers, not arrays
         return check_int("dataset", dataset, 0, MAX_LEN)
     if not hasattr(type(dataset), "__len__"):
         raise TypeError(
