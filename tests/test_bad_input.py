@@ -1,6 +1,7 @@
 """Every refused input gets a ValueError/TypeError naming the argument and its range, before
 any work, and a refused state leaves the sampler unchanged."""
 
+import numpy as np
 import pytest
 
 from croupier import DistributedSampler
@@ -137,11 +138,22 @@ def _with(**changes):
             "different configuration: seed: state has 5, this sampler has 0",
         ),
         (
-            _with(num_replicas=8, dataset_len=99),
+            _with(seed=3, dataset_len=99),
             ValueError,
             "dataset_len: state has 99, this sampler has 100; "
-            "num_replicas: state has 8, this sampler has 4",
+            "seed: state has 3, this sampler has 0",
         ),
+        (_with(rank="1"), TypeError, "state['rank'] must be an int, got str"),
+        (_with(rank=4), ValueError, "state['rank'] must be in [0, 3], got 4"),
+        (_with(num_replicas=0), ValueError, "state['num_replicas'] must be in [1,"),
+        (
+            _with(num_replicas=8, position=2),
+            ValueError,
+            "saved mid-epoch (position 2 of 13) with num_replicas=8, this sampler has "
+            "num_replicas=4: resuming mid-epoch on a different number of replicas is not "
+            "supported",
+        ),
+        (_with(num_replicas=8, position=14), ValueError, "state['position'] must be in [0, 13]"),
         (_with(drop_last=True), ValueError, "drop_last: state has True, this sampler has False"),
         (_with(order="torch"), ValueError, "order: state has 'torch', this sampler has 'fast'"),
         (_with(version=2), ValueError, "version: state has 2, this sampler has 1"),
@@ -161,14 +173,40 @@ def test_load_state_dict_refuses(state, exc, message):
 def test_refusals_happen_before_any_work(monkeypatch):
     import croupier.samplers.distributed as mod
 
-    def boom(*args, **kwargs):
-        raise AssertionError("the core was called")
+    calls = []
+    real_layout = mod._core.layout
 
-    monkeypatch.setattr(mod._core, "rank_indices", boom)
-    with pytest.raises(ValueError):
-        make(rank=9)
+    def layout(*args):
+        calls.append("layout")
+        return real_layout(*args)
+
+    def rank_indices(*args):
+        calls.append("rank_indices")
+        raise AssertionError("no indices are computed while checking arguments")
+
+    monkeypatch.setattr(mod._core, "layout", layout)
+    monkeypatch.setattr(mod._core, "rank_indices", rank_indices)
+    for bad in ({"rank": 9}, {"seed": -1}, {"dataset": object()}, {"shuffle": "no"}):
+        with pytest.raises((ValueError, TypeError)):
+            make(**bad)
+    assert calls == [], "bad constructor arguments are refused before the core is called"
     s = make()
+    other_seed, bad_position = _with(seed=1), _with(position="1")
+    calls.clear()
     with pytest.raises(ValueError):
         s.set_skip(-1)
     with pytest.raises(ValueError):
-        s.load_state_dict(_with(seed=1))
+        s.load_state_dict(other_seed)
+    with pytest.raises(TypeError):
+        s.load_state_dict(bad_position)
+    assert calls == []
+
+
+def test_numpy_scalars_are_accepted():
+    s = make(shuffle=np.True_, drop_last=np.False_, seed=np.uint64(5), rank=np.int32(1))
+    assert (s.shuffle, s.drop_last, s.seed, s.rank) == (True, False, 5, 1)
+    assert type(s.seed) is int
+    with pytest.raises(TypeError, match="seed must be an int, got bool"):
+        make(seed=np.True_)
+    with pytest.raises(TypeError, match="seed must be an int, got ndarray"):
+        make(seed=np.arange(3))

@@ -9,12 +9,6 @@ import torch.distributed as dist
 from croupier import DistributedSampler
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-
-
 def ranks(**kw):
     s = DistributedSampler(100, **kw)
     return s.num_replicas, s.rank
@@ -77,3 +71,15 @@ def test_initialised_torch_distributed_wins(monkeypatch):
         assert ranks(dist_info="torch") == (1, 0)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("var", "value"), [("SLURM_NTASKS", "4"), ("LOCAL_RANK", "2")])
+def test_launcher_without_ranks_warns(monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
+    with pytest.warns(RuntimeWarning, match=f"{var}={value} suggests a multi-process launch"):
+        assert ranks() == (1, 0)
+
+
+def test_single_task_launcher_does_not_warn(monkeypatch):
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    assert ranks() == (1, 0)  # filterwarnings = error would fail on a warning

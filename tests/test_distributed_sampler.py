@@ -1,6 +1,7 @@
 """croupier.DistributedSampler: partition properties, torch parity of the arithmetic,
 determinism, resume at every position, pickling, DataLoader use and refused input."""
 
+import copy
 import json
 import math
 import pickle
@@ -193,16 +194,41 @@ def test_set_skip_is_a_pending_start():
     assert list(s) == []
 
 
-def test_set_epoch_keeps_position_only_for_the_same_epoch():
+def test_a_loaded_position_belongs_to_its_epoch():
     s = DistributedSampler(50, num_replicas=2, rank=0)
     s.set_epoch(3)
     s.set_skip(5)
-    s.set_epoch(3)
-    assert s.state_dict()["position"] == 5
-    s.set_epoch(4)
-    assert s.state_dict()["position"] == 0
-    s.epoch = 6
-    assert s.epoch == 6 and s.state_dict()["epoch"] == 6
+    state = s.state_dict()
+    fresh = DistributedSampler(50, num_replicas=2, rank=0)
+    fresh.load_state_dict(state)
+    fresh.set_epoch(3)
+    assert fresh.state_dict()["position"] == 5
+    fresh.set_epoch(4)
+    assert fresh.state_dict()["position"] == 0, "a new epoch starts at its beginning"
+    fresh.epoch = 6
+    assert fresh.epoch == 6 and fresh.state_dict()["epoch"] == 6
+
+
+def test_a_finished_epoch_state_then_the_next_epoch_starts_at_zero():
+    s = DistributedSampler(50, num_replicas=2, rank=1)
+    list(s)
+    fresh = DistributedSampler(50, num_replicas=2, rank=1)
+    fresh.load_state_dict(s.state_dict())
+    assert list(fresh) == []
+    fresh.set_epoch(1)
+    ref = DistributedSampler(50, num_replicas=2, rank=1)
+    ref.set_epoch(1)
+    assert list(fresh) == list(ref)
+
+
+def test_set_skip_waits_for_the_next_iteration_whatever_its_epoch():
+    # kempnerforge order: set_skip first, then the loop's set_epoch.
+    s = DistributedSampler(50, num_replicas=2, rank=0)
+    s.set_skip(4)
+    s.set_epoch(2)
+    ref = DistributedSampler(50, num_replicas=2, rank=0)
+    ref.set_epoch(2)
+    assert list(s) == list(ref)[4:]
 
 
 def test_state_is_json_and_small():
@@ -249,6 +275,23 @@ def test_iteration_reports_progress_of_the_live_iterator_only():
     assert s.state_dict()["position"] == 2
 
 
+def test_pickle_and_copy_mid_iteration_are_checkpoints():
+    s = DistributedSampler(40_000, num_replicas=1, rank=0, seed=2)
+    full = list(s)
+    it = iter(s)
+    for _ in range(20_000):
+        next(it)
+    blob = pickle.dumps(s)
+    assert len(blob) < 2000, "neither the cached epoch nor the current chunk is pickled"
+    clone = pickle.loads(blob)
+    twin = copy.copy(s)
+    assert clone.state_dict() == twin.state_dict() == s.state_dict()
+    next(it)
+    assert s.state_dict()["position"] == 20_001
+    assert twin.state_dict()["position"] == 20_000, "a copy does not follow the original"
+    assert list(clone) == full[20_000:]
+
+
 def test_pickle_round_trip_keeps_state_and_order():
     s = DistributedSampler(500, num_replicas=3, rank=2, seed=8, drop_last=True)
     s.set_epoch(4)
@@ -271,6 +314,8 @@ class _Echo(Dataset):
         return i
 
 
+# torch warns when a machine has fewer CPUs than workers; the test is about correctness.
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 def test_inside_a_dataloader_with_two_workers():
     ds = _Echo(1001)
     s = DistributedSampler(ds, num_replicas=2, rank=1, seed=3)
@@ -341,3 +386,20 @@ def test_sized_datasets_and_integer_lengths(dataset):
     s = DistributedSampler(dataset, num_replicas=2, rank=0, shuffle=False)
     assert len(s) == 4
     assert list(s) == [0, 2, 4, 6]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_epoch_boundary_state_loads_on_a_different_number_of_replicas(drop_last):
+    old = DistributedSampler(103, num_replicas=4, rank=1, seed=5, drop_last=drop_last)
+    old.set_epoch(2)
+    start = old.state_dict()
+    list(old)
+    done = old.state_dict()
+    for w in (3, 8):
+        new = DistributedSampler(103, num_replicas=w, rank=w - 1, seed=5, drop_last=drop_last)
+        ref = DistributedSampler(103, num_replicas=w, rank=w - 1, seed=5, drop_last=drop_last)
+        ref.set_epoch(2)
+        new.load_state_dict(start)
+        assert list(new) == list(ref), "at the start of the epoch: the whole epoch on w ranks"
+        new.load_state_dict(done)
+        assert new.state_dict()["position"] == len(new) and list(new) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 
 from croupier._validate import check_int
@@ -55,9 +56,29 @@ def _from_env() -> tuple[int, int] | None:
         ) from None
 
 
+# Variables that multi-process launchers set; seeing one with no process group and no
+# RANK/WORLD_SIZE usually means every process is about to read the whole dataset.
+_LAUNCHER_VARS = ("LOCAL_RANK", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def _single_process() -> tuple[int, int]:
+    for var in _LAUNCHER_VARS:
+        value = os.environ.get(var)
+        if value is not None and value not in ("0", "1"):
+            warnings.warn(
+                f"croupier: {var}={value} suggests a multi-process launch, but torch.distributed "
+                "is not initialised and RANK/WORLD_SIZE are unset: using rank 0 of 1. Pass "
+                "num_replicas and rank, or dist_info, to deal the data across processes.",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+            break
+    return 0, 1
+
+
 def _query(dist_info: DistInfo) -> tuple[int, int]:
     if dist_info is None:
-        return _from_torch(required=False) or _from_env() or (0, 1)
+        return _from_torch(required=False) or _from_env() or _single_process()
     if isinstance(dist_info, str):
         if dist_info == "torch":
             found = _from_torch(required=True)

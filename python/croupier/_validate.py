@@ -5,6 +5,8 @@ from __future__ import annotations
 import numbers
 import operator
 
+import numpy as np
+
 __all__ = ["check_bool", "check_int", "dataset_length"]
 
 U64_MAX = 2**64 - 1
@@ -14,9 +16,12 @@ MAX_LEN = 2**63 - 1
 def check_int(name: str, value: object, lo: int = 0, hi: int | None = None) -> int:
     """``value`` as a Python int in ``[lo, hi]``; ``TypeError`` if it is not an integer
     (``bool`` and floats are refused), ``ValueError`` if it is out of range."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    v = operator.index(value)  # type: ignore[arg-type]
+    try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        v = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
     if hi is None and v < lo:
         raise ValueError(f"{name} must be an int >= {lo}, got {v}")
     if hi is not None and not lo <= v <= hi:
@@ -27,7 +32,7 @@ def check_int(name: str, value: object, lo: int = 0, hi: int | None = None) -> i
 def check_bool(name: str, value: object) -> bool:
     """``value`` as a bool; ``TypeError`` for anything but ``bool`` or ``numpy.bool_``
     (a string such as ``"false"`` would otherwise be silently true)."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 

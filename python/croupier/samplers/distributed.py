@@ -15,7 +15,7 @@ import numpy.typing as npt
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._sampler_base import Sampler
-from croupier._validate import U64_MAX, check_bool, check_int, dataset_length
+from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int, dataset_length
 from croupier.samplers._state import StateError, check_state
 
 __all__ = ["DistributedSampler"]
@@ -119,6 +119,9 @@ class DistributedSampler(Sampler[int]):
         self._n = n
         self._epoch = 0
         self._pending: int | None = None  # where the next iteration starts
+        # The epoch a pending position belongs to (a loaded state), or None for a set_skip,
+        # which waits for the next iteration whatever its epoch.
+        self._pending_epoch: int | None = None
         self._cursor: _Cursor | None = None  # the live (latest) iteration
         self._cache: npt.NDArray[Any] | None = None  # this rank's indices for self._epoch
 
@@ -136,14 +139,17 @@ class DistributedSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch whose order the next iteration yields.
 
-        Moving to a different epoch starts it from its beginning; setting the current epoch again
-        keeps a position restored by :meth:`load_state_dict` or :meth:`set_skip`, so the usual
-        ``sampler.set_epoch(epoch)`` at the top of a resumed training loop does not lose it.
+        A position restored by :meth:`load_state_dict` belongs to its epoch: setting that epoch
+        again keeps it (so the usual ``sampler.set_epoch(epoch)`` at the top of a resumed
+        training loop does not lose it) and moving to another epoch starts that one from its
+        beginning. A :meth:`set_skip` waits for the next iteration, whatever its epoch, as in
+        kempnerforge's sampler.
         """
         epoch = check_int("epoch", epoch, 0, U64_MAX)
         if epoch != self._epoch:
             self._epoch = epoch
-            self._pending = None
+            if self._pending_epoch is not None:
+                self._pending = self._pending_epoch = None
             self._cursor = None
             self._cache = None
 
@@ -155,6 +161,7 @@ class DistributedSampler(Sampler[int]):
         refused with ``ValueError``: it would silently run into the next epoch's data.
         """
         self._pending = check_int("skip", skip, 0, self.num_samples)
+        self._pending_epoch = None
 
     def _position(self) -> int:
         if self._pending is not None:
@@ -184,13 +191,15 @@ class DistributedSampler(Sampler[int]):
         """This rank's indices of the current epoch not yet consumed, as a read-only numpy
         array (``uint32`` when the dataset has at most ``2**32`` samples, else ``int64``).
 
-        A view of the buffer the Rust core filled: no copy is made.
+        "Consumed" is what :meth:`state_dict` reports as ``position``: after a whole iteration
+        this is empty, while iterating again would repeat the epoch. A view of the buffer the
+        Rust core filled: no copy is made.
         """
         return self._epoch_indices()[self._position() :]
 
     def __iter__(self) -> Iterator[int]:
         start = self._pending if self._pending is not None else 0
-        self._pending = None
+        self._pending = self._pending_epoch = None
         cursor = _Cursor(start)
         self._cursor = cursor
         return _emit(self._epoch_indices(), cursor)
@@ -209,16 +218,18 @@ class DistributedSampler(Sampler[int]):
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
             "seed": self.seed,
-            "num_replicas": self.num_replicas,
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """The checkpoint state: configuration, ``epoch``, ``rank`` and ``position``.
+        """The checkpoint state: configuration, ``num_replicas``, ``rank``, ``epoch`` and
+        ``position`` (this rank's indices of the epoch already consumed: handed out by the live
+        iterator, or skipped).
 
         A new dict every call, O(1) in size; it does not change as iteration goes on.
         """
         return {
             **self._config(),
+            "num_replicas": self.num_replicas,
             "rank": self.rank,
             "epoch": self._epoch,
             "position": self._position(),
@@ -229,26 +240,50 @@ class DistributedSampler(Sampler[int]):
 
         The state is validated first: missing keys, wrong types, negative numbers, a position
         past the end of the epoch, or a different configuration (dataset length, seed, shuffle,
-        drop_last, order or num_replicas; the message lists each difference) raise ``ValueError``
-        (``TypeError`` for wrong types) and leave the sampler unchanged.
+        drop_last or order; the message lists each difference) raise ``ValueError``
+        (``TypeError`` for wrong types) and leave the sampler unchanged. Ranks move in lockstep,
+        so a state saved on any rank loads on any rank. A state saved with a different
+        ``num_replicas`` loads at an epoch boundary (position 0, or the end of the epoch);
+        mid-epoch it is refused, since the remaining samples cannot yet be re-dealt.
         """
-        state = check_state(state, ints=("epoch", "rank", "position"), config=self._config())
+        state = check_state(
+            state, ints=("num_replicas", "rank", "epoch", "position"), config=self._config()
+        )
         epoch = check_int("state['epoch']", state["epoch"], 0, U64_MAX)
+        saved_w = check_int("state['num_replicas']", state["num_replicas"], 1, MAX_LEN)
+        check_int("state['rank']", state["rank"], 0, saved_w - 1)
         position = state["position"]
-        if position > self.num_samples:
+        saved_len = self.num_samples
+        if saved_w != self.num_replicas:
+            saved_len = _core.layout(self._n, saved_w, self.drop_last)[0]
+        if position > saved_len:
             raise StateError(
-                f"state['position'] must be in [0, {self.num_samples}] (this rank's indices per "
-                f"epoch), got {position}"
+                f"state['position'] must be in [0, {saved_len}] (indices per rank and epoch with "
+                f"num_replicas={saved_w}), got {position}"
             )
+        if saved_w != self.num_replicas:
+            if 0 < position < saved_len:
+                raise StateError(
+                    f"state was saved mid-epoch (position {position} of {saved_len}) with "
+                    f"num_replicas={saved_w}, this sampler has num_replicas={self.num_replicas}: "
+                    "resuming mid-epoch on a different number of replicas is not supported; "
+                    "resume from a checkpoint taken at an epoch boundary"
+                )
+            position = 0 if position == 0 else self.num_samples
         self.set_epoch(epoch)
-        self._pending = position
+        self._pending, self._pending_epoch = position, epoch
         self._cursor = None
 
     # -- pickling (DataLoader workers, multiprocessing) -----------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
+        # Pickling (and copy.copy) is a checkpoint: the live iterator's position is frozen into a
+        # pending start, and the cached epoch is recomputed on demand, never shipped.
         state = self.__dict__.copy()
-        state["_cache"] = None  # recomputed on demand; never ship a rank's whole epoch
+        state["_cache"] = None
+        state["_cursor"] = None
+        if self._pending is None and self._cursor is not None:
+            state["_pending"], state["_pending_epoch"] = self._cursor.position, self._epoch
         return state
 
     def __repr__(self) -> str:

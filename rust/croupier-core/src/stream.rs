@@ -153,6 +153,32 @@ mod tests {
         let draws: Vec<u64> = (0..8).map(|_| s.below(10)).collect();
         assert_eq!(draws, PINNED_BELOW_10);
     }
+    #[test]
+    fn value_stability_pins_of_64_bit_draws() {
+        // Fisher-Yates above 2**32 mixes 64-bit draws (large bounds) with 32-bit ones.
+        let mut s = Stream::new(9, 9, Purpose::Permutation, 9);
+        let bounds = [(1u64 << 40) + 3; 8].into_iter().chain([10; 8]);
+        let draws: Vec<u64> = bounds.map(|b| s.below(b)).collect();
+        assert_eq!(draws, PINNED_MIXED);
+    }
+    const PINNED_MIXED: [u64; 16] = [
+        1002180059143,
+        157194893221,
+        395152959690,
+        536152183662,
+        544225188860,
+        330522415174,
+        94260915862,
+        1072273077596,
+        9,
+        4,
+        6,
+        3,
+        2,
+        0,
+        4,
+        3,
+    ];
     const PINNED_WORDS: [u64; 3] = [
         17947797500973523001,
         5021877485143777366,

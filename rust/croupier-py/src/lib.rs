@@ -47,36 +47,39 @@ fn detached<T: Send>(
     }
 }
 
-/// Hands a core buffer to numpy without copying: `uint32` as is, `u64` reinterpreted as
-/// `int64` (every index is below 2**63) by an in-place map that reuses the allocation.
+/// Hands a core buffer to numpy without copying: `uint32` as is, `u64` reinterpreted in place
+/// as `int64` (every index is below 2**63; same size and alignment, so the allocation is kept).
 fn to_numpy(py: Python<'_>, indices: Indices) -> Bound<'_, PyAny> {
     match indices {
         Indices::U32(v) => v.into_pyarray(py).into_any(),
-        Indices::U64(v) => v
-            .into_iter()
-            .map(|x| x as i64)
-            .collect::<Vec<i64>>()
+        Indices::U64(v) => bytemuck::allocation::cast_vec::<u64, i64>(v)
             .into_pyarray(py)
             .into_any(),
     }
 }
 
-/// A Python integer (anything with `__index__`, not `bool`) as `u64`, or an error naming `name`.
-fn arg_u64(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+/// The upper bound of lengths, ranks and rank counts, and how messages write it.
+const LEN_MAX: (u64, &str) = (croupier_core::index::MAX_LEN, "2**63 - 1");
+/// The upper bound of seeds and epochs.
+const WORD_MAX: (u64, &str) = (u64::MAX, "2**64 - 1");
+
+/// A Python integer (anything with `__index__`, not `bool`) in `[0, max]`, or an error naming
+/// `name` and the allowed range.
+fn arg_u64(name: &str, obj: &Bound<'_, PyAny>, (max, max_text): (u64, &str)) -> PyResult<u64> {
     if obj.is_instance_of::<PyBool>() {
         return Err(PyTypeError::new_err(format!(
             "{name} must be an int, got bool"
         )));
     }
     match obj.extract::<u64>() {
-        Ok(v) => Ok(v),
-        Err(_) if obj.hasattr("__index__")? => Err(PyValueError::new_err(format!(
-            "{name} must be in [0, 2**64 - 1], got {}",
-            obj.repr()?
-        ))),
-        Err(_) => Err(PyTypeError::new_err(format!(
+        Ok(v) if v <= max => Ok(v),
+        Err(_) if !obj.hasattr("__index__")? => Err(PyTypeError::new_err(format!(
             "{name} must be an int, got {}",
             obj.get_type().name()?
+        ))),
+        _ => Err(PyValueError::new_err(format!(
+            "{name} must be in [0, {max_text}], got {}",
+            obj.repr()?
         ))),
     }
 }
@@ -91,9 +94,9 @@ fn permutation<'py>(
     epoch: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let (n, seed, epoch) = (
-        arg_u64("n", n)?,
-        arg_u64("seed", seed)?,
-        arg_u64("epoch", epoch)?,
+        arg_u64("n", n, LEN_MAX)?,
+        arg_u64("seed", seed, WORD_MAX)?,
+        arg_u64("epoch", epoch, WORD_MAX)?,
     );
     let out = detached(py, || croupier_core::permutation(n, seed, epoch))?;
     Ok(to_numpy(py, out))
@@ -108,8 +111,8 @@ fn layout(
     drop_last: bool,
 ) -> PyResult<(u64, u64)> {
     let layout = Layout::new(
-        arg_u64("n", n)?,
-        arg_u64("num_replicas", num_replicas)?,
+        arg_u64("n", n, LEN_MAX)?,
+        arg_u64("num_replicas", num_replicas, LEN_MAX)?,
         drop_last,
     )
     .map_err(CoreError)?;
@@ -131,15 +134,15 @@ fn rank_indices<'py>(
     drop_last: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let layout = Layout::new(
-        arg_u64("n", n)?,
-        arg_u64("num_replicas", num_replicas)?,
+        arg_u64("n", n, LEN_MAX)?,
+        arg_u64("num_replicas", num_replicas, LEN_MAX)?,
         drop_last,
     )
     .map_err(CoreError)?;
     let (rank, seed, epoch) = (
-        arg_u64("rank", rank)?,
-        arg_u64("seed", seed)?,
-        arg_u64("epoch", epoch)?,
+        arg_u64("rank", rank, LEN_MAX)?,
+        arg_u64("seed", seed, WORD_MAX)?,
+        arg_u64("epoch", epoch, WORD_MAX)?,
     );
     let out = detached(py, || {
         croupier_core::rank_indices(&layout, rank, shuffle, seed, epoch)
