@@ -41,8 +41,7 @@ def make(**kw):
         ({"dataset": True}, TypeError, "dataset must be a sized object"),
         ({"shuffle": "false"}, TypeError, "shuffle must be a bool, got str"),
         ({"drop_last": 1}, TypeError, "drop_last must be a bool, got int"),
-        ({"order": "torch"}, ValueError, "order='torch' is not available yet"),
-        ({"order": "random"}, ValueError, "order must be one of ['fast']"),
+        ({"order": "random"}, ValueError, "order must be one of ['fast', 'torch'], got 'random'"),
         (
             {"dist_info": "mpi", "num_replicas": None},
             ValueError,

@@ -24,8 +24,8 @@ def test_arrays_own_the_rust_buffer_without_a_copy():
     # numpy does not own the data: its base is the Rust-side container holding the Vec.
     for arr in (
         _core.permutation(100, 0, 0),
-        _core.rank_indices(100, 3, 1, True, 0, 0, False),
-        _core.rank_indices(2**32 + 5, 2**20, 7, False, 0, 0, False),
+        _core.rank_indices(100, 3, 1, True, 0, 0, False, "fast"),
+        _core.rank_indices(2**32 + 5, 2**20, 7, False, 0, 0, False, "torch"),
     ):
         assert not arr.flags.owndata
         assert type(arr.base).__name__ == "PySliceContainer"
@@ -54,8 +54,8 @@ def test_peak_memory_shows_no_copy():
 
 
 def test_dtype_switches_above_2_pow_32():
-    at = _core.rank_indices(2**32, 2**20, 0, False, 0, 0, False)
-    above = _core.rank_indices(2**32 + 1, 2**20, 0, False, 0, 0, False)
+    at = _core.rank_indices(2**32, 2**20, 0, False, 0, 0, False, "fast")
+    above = _core.rank_indices(2**32 + 1, 2**20, 0, False, 0, 0, False, "fast")
     assert at.dtype == np.uint32 and int(at[-1]) == 2**32 - 2**20
     assert above.dtype == np.int64
 
@@ -104,7 +104,13 @@ def test_gil_is_released_during_the_work():
         ),
         (lambda: _core.layout(5, 0, False), ValueError, "num_replicas must be in [1, 2**63 - 1]"),
         (
-            lambda: _core.rank_indices(5, 4, 4, True, 0, 0, False),
+            lambda: _core.rank_indices(5, 1, 0, True, 0, 0, False, "numpy"),
+            ValueError,
+            "order must be 'fast' or 'torch', got \"numpy\"",
+        ),
+        (lambda: _core.torch_randperm(-1, 0), ValueError, "n must be in [0, 2**63 - 1], got -1"),
+        (
+            lambda: _core.rank_indices(5, 4, 4, True, 0, 0, False, "fast"),
             ValueError,
             "rank must be in [0, num_replicas) = [0, 4), got 4",
         ),
@@ -130,11 +136,20 @@ def test_unallocatable_buffer_is_a_memory_error():
 big = st.integers(min_value=-(2**70), max_value=2**70)
 
 
-@given(n=big, w=big, r=big, seed=big, epoch=big, shuffle=st.booleans(), drop=st.booleans())
-def test_no_argument_ever_panics(n, w, r, seed, epoch, shuffle, drop):
+@given(
+    n=big,
+    w=big,
+    r=big,
+    seed=big,
+    epoch=big,
+    shuffle=st.booleans(),
+    drop=st.booleans(),
+    order=st.sampled_from(["fast", "torch"]),
+)
+def test_no_argument_ever_panics(n, w, r, seed, epoch, shuffle, drop, order):
     # Small enough shares to compute, or errors: never a PanicException (a BaseException).
     if 0 <= n <= 10_000 or (w > 0 and n // max(w, 1) <= 10_000 and not shuffle):
         with contextlib.suppress(ValueError, TypeError, MemoryError):
-            _core.rank_indices(n, w, r, shuffle, seed, epoch, drop)
+            _core.rank_indices(n, w, r, shuffle, seed, epoch, drop, order)
     with contextlib.suppress(ValueError, TypeError):
         _core.layout(n, w, drop)

@@ -3,7 +3,7 @@
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MAX_LEN", "__version__", "layout", "permutation", "rank_indices"]
+__all__ = ["MAX_LEN", "__version__", "layout", "permutation", "rank_indices", "torch_randperm"]
 
 __version__: str
 MAX_LEN: int
@@ -23,5 +23,11 @@ def rank_indices(
     seed: int,
     epoch: int,
     drop_last: bool,
+    order: str,
 ) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
-    """The indices ``rank`` receives in ``epoch``, in order, padded or cut as torch does."""
+    """The indices ``rank`` receives in ``epoch``, in order, padded or cut as torch does.
+
+    ``order`` is ``"fast"`` (croupier's order) or ``"torch"`` (torch's ``randperm`` order)."""
+
+def torch_randperm(n: int, seed: int) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
+    """``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` on the CPU."""

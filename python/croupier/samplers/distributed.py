@@ -23,7 +23,7 @@ __all__ = ["DistributedSampler"]
 _STATE_VERSION = 1
 # Indices are turned into Python ints a chunk at a time: never a Python list of the whole epoch.
 _CHUNK = 1 << 14
-_ORDERS = ("fast",)
+_ORDERS = ("fast", "torch")
 
 
 class _Cursor:
@@ -73,8 +73,10 @@ class DistributedSampler(Sampler[int]):
         seed: non-negative integer below ``2**64``; all ranks must use the same one.
         drop_last: cut the uneven tail instead of padding.
         order: ``"fast"``, croupier's own seeded order: uniform, disjoint across ranks, equal
-            lengths, identical on every platform. (``"torch"``, torch's exact order, is not
-            available yet.)
+            lengths, identical on every platform. ``"torch"``: exactly the sequence
+            ``torch.utils.data.DistributedSampler`` yields for the same arguments and epoch
+            (torch's CPU ``randperm`` seeded with ``seed + epoch``, reproduced in Rust), so a
+            run can switch samplers mid-training without changing its data order.
         dist_info: where ``num_replicas``/``rank`` come from when ``None``: ``None`` (an
             initialised ``torch.distributed``, else the ``RANK``/``WORLD_SIZE`` environment
             variables, else rank 0 of 1), ``"torch"``, ``"jax"``, or a callable returning
@@ -105,10 +107,7 @@ class DistributedSampler(Sampler[int]):
     ) -> None:
         n = dataset_length(dataset)
         if order not in _ORDERS:
-            raise ValueError(
-                f"order must be one of {list(_ORDERS)} (order='torch' is not available yet), "
-                f"got {order!r}"
-            )
+            raise ValueError(f"order must be one of {list(_ORDERS)}, got {order!r}")
         self.shuffle = check_bool("shuffle", shuffle)
         self.drop_last = check_bool("drop_last", drop_last)
         self.seed = check_int("seed", seed, 0, U64_MAX)
@@ -182,6 +181,7 @@ class DistributedSampler(Sampler[int]):
                 self.seed,
                 self._epoch,
                 self.drop_last,
+                self.order,
             )
             arr.flags.writeable = False  # shared by every view handed out
             self._cache = arr

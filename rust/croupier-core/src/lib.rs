@@ -9,15 +9,17 @@
 //! - [`permute`]: Fisher–Yates permutations over `u32` or `u64` buffers.
 //! - [`partition`]: torch's `DistributedSampler` arithmetic (padding, `drop_last`, striding)
 //!   and one rank's share of an epoch.
+//! - [`torch`]: torch's CPU `randperm`, reproduced exactly (`order="torch"`).
 
 pub mod error;
 pub mod index;
 pub mod partition;
 pub mod permute;
 pub mod stream;
+pub mod torch;
 
 pub use error::{Error, Result};
 pub use index::{Index, Indices};
-pub use partition::{rank_indices, Layout};
+pub use partition::{rank_indices, Layout, Order};
 pub use permute::permutation;
 pub use stream::{Purpose, Stream};

@@ -13,8 +13,8 @@
 
 use crate::error::{Error, Result};
 use crate::index::{check_len, try_with_capacity, Index, Indices, MAX_LEN, U32_MAX_LEN};
-use crate::permute::{fisher_yates, identity};
-use crate::stream::{Purpose, Stream};
+use crate::permute::permutation;
+use crate::torch;
 
 /// How one epoch of `n` samples is dealt to `num_replicas` ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,47 +119,52 @@ fn sequential_share<T: Index>(layout: &Layout, rank: u64) -> Result<Vec<T>> {
     Ok(v)
 }
 
-fn share<T: Index>(
-    layout: &Layout,
-    rank: u64,
-    shuffle: bool,
-    seed: u64,
-    epoch: u64,
-) -> Result<Vec<T>> {
-    if !shuffle {
-        return sequential_share(layout, rank);
+/// Which global order an epoch follows when shuffling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// croupier's own order: [`crate::permutation`]`(n, seed, epoch)`.
+    Fast,
+    /// torch's order: `torch.randperm(n)` seeded with `seed + epoch` ([`crate::torch`]).
+    Torch,
+}
+
+fn epoch_order(n: u64, order: Order, seed: u64, epoch: u64) -> Result<Indices> {
+    match order {
+        Order::Fast => permutation(n, seed, epoch),
+        Order::Torch => torch::randperm(n, torch::sampler_seed(seed, epoch)),
     }
-    let mut order = identity::<T>(layout.n)?;
-    fisher_yates(
-        &mut order,
-        &mut Stream::new(seed, epoch, Purpose::Permutation, 0),
-    );
-    Ok(take_rank_share(order, layout, rank))
 }
 
 /// The indices rank `rank` receives in epoch `epoch`, in the order it receives them.
 ///
-/// With `shuffle`, the global order is [`crate::permutation`]`(n, seed, epoch)`; without, it
-/// is `0, 1, …, n-1`. Padding, `drop_last` and striding follow torch (see the module docs).
+/// With `shuffle`, the global order is the epoch's `order`; without, it is `0, 1, …, n-1` (in
+/// both orders, as in torch). Padding, `drop_last` and striding follow torch (see the module
+/// docs).
 pub fn rank_indices(
     layout: &Layout,
     rank: u64,
     shuffle: bool,
+    order: Order,
     seed: u64,
     epoch: u64,
 ) -> Result<Indices> {
     layout.check_rank(rank)?;
-    Ok(if layout.n <= U32_MAX_LEN {
-        Indices::U32(share(layout, rank, shuffle, seed, epoch)?)
-    } else {
-        Indices::U64(share(layout, rank, shuffle, seed, epoch)?)
+    if !shuffle {
+        return Ok(if layout.n <= U32_MAX_LEN {
+            Indices::U32(sequential_share(layout, rank)?)
+        } else {
+            Indices::U64(sequential_share(layout, rank)?)
+        });
+    }
+    Ok(match epoch_order(layout.n, order, seed, epoch)? {
+        Indices::U32(v) => Indices::U32(take_rank_share(v, layout, rank)),
+        Indices::U64(v) => Indices::U64(take_rank_share(v, layout, rank)),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::permute::permutation;
 
     /// torch's DistributedSampler.__iter__, transcribed as list operations (independent of the
     /// in-place code above).
@@ -196,17 +201,21 @@ mod tests {
             for w in 1..=17u64 {
                 for drop_last in [false, true] {
                     let layout = Layout::new(n, w, drop_last).unwrap();
-                    for shuffle in [false, true] {
-                        let order = if shuffle {
-                            permutation(n, 11, 3).unwrap().to_u64_vec()
+                    for (shuffle, order) in [
+                        (false, Order::Fast),
+                        (true, Order::Fast),
+                        (true, Order::Torch),
+                    ] {
+                        let global = if shuffle {
+                            epoch_order(n, order, 11, 3).unwrap().to_u64_vec()
                         } else {
                             (0..n).collect()
                         };
                         for r in 0..w {
-                            let got = rank_indices(&layout, r, shuffle, 11, 3)
+                            let got = rank_indices(&layout, r, shuffle, order, 11, 3)
                                 .unwrap()
                                 .to_u64_vec();
-                            let want = torch_reference(&order, w as usize, r as usize, drop_last);
+                            let want = torch_reference(&global, w as usize, r as usize, drop_last);
                             assert_eq!(got, want, "n={n} w={w} r={r} drop_last={drop_last}");
                             assert_eq!(got.len() as u64, layout.num_samples());
                         }
@@ -222,12 +231,18 @@ mod tests {
         assert_eq!(layout.num_samples(), 1);
         assert_eq!(layout.total_size(), 10);
         let got: Vec<u64> = (0..10)
-            .flat_map(|r| rank_indices(&layout, r, false, 0, 0).unwrap().to_u64_vec())
+            .flat_map(|r| {
+                rank_indices(&layout, r, false, Order::Fast, 0, 0)
+                    .unwrap()
+                    .to_u64_vec()
+            })
             .collect();
         assert_eq!(got, [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]);
         let dropped = Layout::new(3, 10, true).unwrap();
         assert_eq!(dropped.num_samples(), 0);
-        assert!(rank_indices(&dropped, 9, true, 0, 0).unwrap().is_empty());
+        assert!(rank_indices(&dropped, 9, true, Order::Fast, 0, 0)
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
@@ -235,7 +250,9 @@ mod tests {
         for drop_last in [false, true] {
             let layout = Layout::new(0, 4, drop_last).unwrap();
             assert_eq!(layout.num_samples(), 0);
-            assert!(rank_indices(&layout, 3, true, 0, 0).unwrap().is_empty());
+            assert!(rank_indices(&layout, 3, true, Order::Torch, 0, 0)
+                .unwrap()
+                .is_empty());
         }
     }
 
@@ -247,7 +264,7 @@ mod tests {
             "num_replicas must be in [1, 2**63 - 1], got 0"
         );
         let layout = Layout::new(10, 4, false).unwrap();
-        let e = rank_indices(&layout, 4, true, 0, 0).unwrap_err();
+        let e = rank_indices(&layout, 4, true, Order::Fast, 0, 0).unwrap_err();
         assert_eq!(
             e.to_string(),
             "rank must be in [0, num_replicas) = [0, 4), got 4"
@@ -262,7 +279,7 @@ mod tests {
         let w = 1u64 << 20;
         let layout = Layout::new(n, w, false).unwrap();
         let r = w - 1;
-        let got = rank_indices(&layout, r, false, 0, 0).unwrap();
+        let got = rank_indices(&layout, r, false, Order::Fast, 0, 0).unwrap();
         assert!(matches!(got, Indices::U64(_)));
         let got = got.to_u64_vec();
         assert_eq!(got.len() as u64, layout.num_samples());

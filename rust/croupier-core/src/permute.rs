@@ -15,7 +15,7 @@ use crate::stream::{Purpose, Stream};
 const LOOKAHEAD: usize = 32;
 
 #[inline(always)]
-fn prefetch<T>(p: *const T) {
+pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint; it never faults, whatever the address.
     unsafe {

@@ -6,7 +6,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use croupier_core::{Error, Indices, Layout};
+use croupier_core::{Error, Indices, Layout, Order};
 use numpy::IntoPyArray;
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -102,6 +102,30 @@ fn permutation<'py>(
     Ok(to_numpy(py, out))
 }
 
+/// `torch.randperm(n, generator=torch.Generator().manual_seed(seed))` on the CPU, exactly.
+#[pyfunction]
+#[pyo3(signature = (n, seed))]
+fn torch_randperm<'py>(
+    py: Python<'py>,
+    n: &Bound<'py, PyAny>,
+    seed: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (n, seed) = (arg_u64("n", n, LEN_MAX)?, arg_u64("seed", seed, WORD_MAX)?);
+    let out = detached(py, || croupier_core::torch::randperm(n, seed))?;
+    Ok(to_numpy(py, out))
+}
+
+/// The epoch order named by a Python string.
+fn arg_order(order: &str) -> PyResult<Order> {
+    match order {
+        "fast" => Ok(Order::Fast),
+        "torch" => Ok(Order::Torch),
+        other => Err(PyValueError::new_err(format!(
+            "order must be 'fast' or 'torch', got {other:?}"
+        ))),
+    }
+}
+
 /// `(num_samples, total_size)` of torch's `DistributedSampler` for these arguments.
 #[pyfunction]
 #[pyo3(signature = (n, num_replicas, drop_last))]
@@ -121,7 +145,7 @@ fn layout(
 
 /// The indices `rank` receives in `epoch`, in order (padding and `drop_last` as torch).
 #[pyfunction]
-#[pyo3(signature = (n, num_replicas, rank, shuffle, seed, epoch, drop_last))]
+#[pyo3(signature = (n, num_replicas, rank, shuffle, seed, epoch, drop_last, order))]
 #[allow(clippy::too_many_arguments)]
 fn rank_indices<'py>(
     py: Python<'py>,
@@ -132,6 +156,7 @@ fn rank_indices<'py>(
     seed: &Bound<'py, PyAny>,
     epoch: &Bound<'py, PyAny>,
     drop_last: bool,
+    order: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     let layout = Layout::new(
         arg_u64("n", n, LEN_MAX)?,
@@ -139,13 +164,14 @@ fn rank_indices<'py>(
         drop_last,
     )
     .map_err(CoreError)?;
+    let order = arg_order(order)?;
     let (rank, seed, epoch) = (
         arg_u64("rank", rank, LEN_MAX)?,
         arg_u64("seed", seed, WORD_MAX)?,
         arg_u64("epoch", epoch, WORD_MAX)?,
     );
     let out = detached(py, || {
-        croupier_core::rank_indices(&layout, rank, shuffle, seed, epoch)
+        croupier_core::rank_indices(&layout, rank, shuffle, order, seed, epoch)
     })?;
     Ok(to_numpy(py, out))
 }
@@ -156,6 +182,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
     m.add_function(wrap_pyfunction!(layout, m)?)?;
     m.add_function(wrap_pyfunction!(rank_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(torch_randperm, m)?)?;
     m.add("MAX_LEN", croupier_core::index::MAX_LEN)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
