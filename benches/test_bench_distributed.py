@@ -57,3 +57,21 @@ def test_croupier_permutation(benchmark):
 @pytest.mark.benchmark(group="full permutation, N=1e7")
 def test_numpy_permutation(benchmark):
     assert len(benchmark(lambda: np.random.default_rng(0).permutation(10_000_000))) == 10_000_000
+
+
+@pytest.mark.benchmark(group="torch's exact order, rank epoch as array, N=1e6 W=8")
+def test_croupier_torch_order(benchmark):
+    def run():
+        return DistributedSampler(N, num_replicas=W, rank=3, seed=0, order="torch").indices()
+
+    got = benchmark(run)
+    want = list(TorchDistributedSampler(range(N), num_replicas=W, rank=3, seed=0))
+    assert got.tolist() == want
+
+
+@pytest.mark.benchmark(group="torch's exact order, rank epoch as array, N=1e6 W=8")
+def test_torch_sampler_same_order(benchmark):
+    def run():
+        return list(TorchDistributedSampler(range(N), num_replicas=W, rank=3, seed=0))
+
+    assert len(benchmark(run)) == N // W
