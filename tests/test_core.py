@@ -25,7 +25,7 @@ def test_arrays_own_the_rust_buffer_without_a_copy():
     for arr in (
         _core.permutation(100, 0, 0),
         _core.rank_indices(100, 3, 1, True, 0, 0, False, "fast"),
-        _core.rank_indices(2**32 + 5, 2**20, 7, False, 0, 0, False, "torch"),
+        _core.rank_indices(2**32 + 5, 2**20, 7, False, 0, 0, False, "torch>=2.6"),
     ):
         assert not arr.flags.owndata
         assert type(arr.base).__name__ == "PySliceContainer"
@@ -106,9 +106,18 @@ def test_gil_is_released_during_the_work():
         (
             lambda: _core.rank_indices(5, 1, 0, True, 0, 0, False, "numpy"),
             ValueError,
-            "order must be 'fast' or 'torch', got \"numpy\"",
+            "order must be 'fast', 'torch>=2.6' or 'torch<2.6', got \"numpy\"",
         ),
-        (lambda: _core.torch_randperm(-1, 0), ValueError, "n must be in [0, 2**63 - 1], got -1"),
+        (
+            lambda: _core.torch_randperm(-1, 0, "torch>=2.6"),
+            ValueError,
+            "n must be in [0, 2**63 - 1], got -1",
+        ),
+        (
+            lambda: _core.torch_randperm(5, 0, "fast"),
+            ValueError,
+            "order must be 'torch>=2.6' or 'torch<2.6', got \"fast\"",
+        ),
         (
             lambda: _core.rank_indices(5, 4, 4, True, 0, 0, False, "fast"),
             ValueError,
@@ -144,7 +153,7 @@ big = st.integers(min_value=-(2**70), max_value=2**70)
     epoch=big,
     shuffle=st.booleans(),
     drop=st.booleans(),
-    order=st.sampled_from(["fast", "torch"]),
+    order=st.sampled_from(["fast", "torch>=2.6", "torch<2.6"]),
 )
 def test_no_argument_ever_panics(n, w, r, seed, epoch, shuffle, drop, order):
     # Small enough shares to compute, or errors: never a PanicException (a BaseException).

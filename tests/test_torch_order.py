@@ -3,11 +3,15 @@
 If torch ever changes its CPU randperm, these tests fail and name the torch version.
 """
 
+import hashlib
+
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
 from croupier import DistributedSampler, _core
+from croupier._torch_order import torch_randperm_order
 
 TORCH = torch.__version__
 
@@ -62,8 +66,9 @@ def test_randperm_equals_torch_below_the_large_n_threshold():
         g = torch.Generator()
         g.manual_seed(seed)
         want = torch.randperm(n, generator=g).numpy()
-        got = _core.torch_randperm(n, seed)
-        assert (got == want).all(), f"torch_randperm differs from torch {TORCH} at n={n}"
+        for variant in ("torch>=2.6", "torch<2.6"):  # the same below the large-n threshold
+            got = _core.torch_randperm(n, seed, variant)
+            assert (got == want).all(), f"torch_randperm differs from torch {TORCH} at n={n}"
 
 
 def test_state_skip_and_indices_work_in_torch_order():
@@ -94,7 +99,7 @@ def test_randperm_equals_torch_above_the_large_n_threshold():
     g = torch.Generator()
     g.manual_seed(1234 + 2)
     want = torch.randperm(n, generator=g).numpy()
-    got = _core.torch_randperm(n, 1234 + 2)
+    got = _core.torch_randperm(n, 1234 + 2, torch_randperm_order())
     assert len(got) == n
     assert (got == want).all(), f"the large-n variant differs from torch {TORCH} at n={n}"
     del want, got
@@ -107,3 +112,76 @@ def test_randperm_equals_torch_above_the_large_n_threshold():
     total = s.total_size
     padded = torch.cat([perm, perm[: total - n]])
     assert (s.indices() == padded[3:total:8].numpy()).all()
+
+
+@pytest.mark.slow
+def test_legacy_variant_equals_torch_2_1_above_the_threshold():
+    # Fingerprint of torch 2.1.2's randperm(2**32 // 20 + 5) with manual_seed(1236), recorded
+    # from torch 2.1.2 itself (torch 2.5.1 gives the same; 2.6.0 and later do not).
+    got = _core.torch_randperm(2**32 // 20 + 5, 1236, "torch<2.6")
+    assert got.dtype == np.uint32
+    assert got[:8].tolist() == [
+        34354702,
+        170438956,
+        157402124,
+        209782503,
+        142042090,
+        197328869,
+        96257439,
+        74720814,
+    ]
+    assert got[-3:].tolist() == [144778615, 128492343, 164864051]
+    digest = hashlib.sha256(got.astype("<u4").tobytes()).hexdigest()
+    assert digest == "1883ab4c36f94c1849b0ba6986afe67cd235d55ac76e7df033e1c4c0bff9310e"
+
+
+@pytest.mark.parametrize(
+    ("version", "variant"),
+    [
+        ("2.5.1", "torch<2.6"),
+        ("1.13.1+cu117", "torch<2.6"),
+        ("2.6.0+cu124", "torch>=2.6"),
+        ("2.15.0", "torch>=2.6"),
+        ("3.0", "torch>=2.6"),
+        ("2.10.0a0+git1234", "torch>=2.6"),
+    ],
+)
+def test_torch_version_selects_the_randperm_variant(version, variant):
+    assert torch_randperm_order(version) == variant
+
+
+def test_default_follows_the_installed_torch():
+    major, minor = map(int, TORCH.split(".")[:2])
+    assert torch_randperm_order() == ("torch<2.6" if (major, minor) < (2, 6) else "torch>=2.6")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "message"),
+    [
+        ({"torch_version": "2.5"}, ValueError, "torch_version applies to order='torch' only"),
+        (
+            {"order": "torch", "torch_version": "latest"},
+            ValueError,
+            "torch_version must be a torch",
+        ),
+        ({"order": "torch", "torch_version": 2.5}, TypeError, "torch_version must be a str"),
+    ],
+)
+def test_torch_version_is_checked(kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        DistributedSampler(10, num_replicas=1, rank=0, **kwargs)
+
+
+def test_checkpoints_of_large_datasets_record_the_variant():
+    big = _core.TORCH_LARGE_N
+    old = DistributedSampler(big, num_replicas=8, rank=0, order="torch", torch_version="2.5.1")
+    new = DistributedSampler(big, num_replicas=8, rank=0, order="torch", torch_version="2.6.0")
+    assert old.state_dict()["torch_randperm"] == "torch<2.6"
+    with pytest.raises(ValueError, match=r"torch_randperm: state has 'torch<2\.6'"):
+        new.load_state_dict(old.state_dict())
+    small_old = DistributedSampler(
+        big - 1, num_replicas=8, rank=0, order="torch", torch_version="2.5"
+    )
+    small_new = DistributedSampler(big - 1, num_replicas=8, rank=0, order="torch")
+    assert "torch_randperm" not in small_old.state_dict(), "below the threshold releases agree"
+    small_new.load_state_dict(small_old.state_dict())

@@ -3,11 +3,21 @@
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MAX_LEN", "__version__", "layout", "permutation", "rank_indices", "torch_randperm"]
+__all__ = [
+    "MAX_LEN",
+    "TORCH_LARGE_N",
+    "__version__",
+    "layout",
+    "permutation",
+    "rank_indices",
+    "torch_randperm",
+]
 
 __version__: str
 MAX_LEN: int
 """The largest dataset length accepted: 2**63 - 1."""
+TORCH_LARGE_N: int
+"""From this length (2**32 // 20) on, torch >= 2.6 and torch < 2.6 permute differently."""
 
 def permutation(n: int, seed: int, epoch: int) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
     """The epoch's permutation of ``[0, n)``: ``uint32`` when ``n <= 2**32``, else ``int64``."""
@@ -27,7 +37,9 @@ def rank_indices(
 ) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
     """The indices ``rank`` receives in ``epoch``, in order, padded or cut as torch does.
 
-    ``order`` is ``"fast"`` (croupier's order) or ``"torch"`` (torch's ``randperm`` order)."""
+    ``order`` is ``"fast"`` (croupier's order), ``"torch>=2.6"`` or ``"torch<2.6"`` (the order
+    of torch's ``randperm`` in those releases)."""
 
-def torch_randperm(n: int, seed: int) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
-    """``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` on the CPU."""
+def torch_randperm(n: int, seed: int, order: str) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
+    """``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` on the CPU, as the
+    releases named by ``order`` (``"torch>=2.6"`` or ``"torch<2.6"``) compute it."""

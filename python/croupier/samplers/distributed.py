@@ -15,6 +15,7 @@ import numpy.typing as npt
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._sampler_base import Sampler
+from croupier._torch_order import torch_randperm_order
 from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int, dataset_length
 from croupier.samplers._state import StateError, check_state
 
@@ -77,6 +78,10 @@ class DistributedSampler(Sampler[int]):
             ``torch.utils.data.DistributedSampler`` yields for the same arguments and epoch
             (torch's CPU ``randperm`` seeded with ``seed + epoch``, reproduced in Rust), so a
             run can switch samplers mid-training without changing its data order.
+        torch_version: with ``order="torch"``, the torch release whose ``randperm`` to
+            reproduce, e.g. ``"2.5.1"`` (default: the installed torch; the newest algorithm if
+            torch is absent). Releases up to 2.5 and from 2.6 on differ for datasets of
+            ``2**32 // 20`` samples or more.
         dist_info: where ``num_replicas``/``rank`` come from when ``None``: ``None`` (an
             initialised ``torch.distributed``, else the ``RANK``/``WORLD_SIZE`` environment
             variables, else rank 0 of 1), ``"torch"``, ``"jax"``, or a callable returning
@@ -104,10 +109,17 @@ class DistributedSampler(Sampler[int]):
         *,
         order: str = "fast",
         dist_info: DistInfo = None,
+        torch_version: str | None = None,
     ) -> None:
         n = dataset_length(dataset)
         if order not in _ORDERS:
             raise ValueError(f"order must be one of {list(_ORDERS)}, got {order!r}")
+        if order == "torch":
+            self._core_order = torch_randperm_order(torch_version)
+        elif torch_version is not None:
+            raise ValueError("torch_version applies to order='torch' only")
+        else:
+            self._core_order = order
         self.shuffle = check_bool("shuffle", shuffle)
         self.drop_last = check_bool("drop_last", drop_last)
         self.seed = check_int("seed", seed, 0, U64_MAX)
@@ -181,7 +193,7 @@ class DistributedSampler(Sampler[int]):
                 self.seed,
                 self._epoch,
                 self.drop_last,
-                self.order,
+                self._core_order,
             )
             arr.flags.writeable = False  # shared by every view handed out
             self._cache = arr
@@ -211,7 +223,7 @@ class DistributedSampler(Sampler[int]):
     # -- checkpoints ----------------------------------------------------------------------------
 
     def _config(self) -> dict[str, Any]:
-        return {
+        config = {
             "version": _STATE_VERSION,
             "order": self.order,
             "dataset_len": self._n,
@@ -219,6 +231,10 @@ class DistributedSampler(Sampler[int]):
             "drop_last": self.drop_last,
             "seed": self.seed,
         }
+        if self.order == "torch" and self.shuffle and self._n >= _core.TORCH_LARGE_N:
+            # Only here do torch releases disagree; a resume must use the same variant.
+            config["torch_randperm"] = self._core_order
+        return config
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint state: configuration, ``num_replicas``, ``rank``, ``epoch`` and

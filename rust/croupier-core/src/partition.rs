@@ -124,14 +124,15 @@ fn sequential_share<T: Index>(layout: &Layout, rank: u64) -> Result<Vec<T>> {
 pub enum Order {
     /// croupier's own order: [`crate::permutation`]`(n, seed, epoch)`.
     Fast,
-    /// torch's order: `torch.randperm(n)` seeded with `seed + epoch` ([`crate::torch`]).
-    Torch,
+    /// torch's order: `torch.randperm(n)` seeded with `seed + epoch` ([`crate::torch`]), as the
+    /// given torch releases compute it.
+    Torch(torch::TorchRandperm),
 }
 
 fn epoch_order(n: u64, order: Order, seed: u64, epoch: u64) -> Result<Indices> {
     match order {
         Order::Fast => permutation(n, seed, epoch),
-        Order::Torch => torch::randperm(n, torch::sampler_seed(seed, epoch)),
+        Order::Torch(variant) => torch::randperm(n, torch::sampler_seed(seed, epoch), variant),
     }
 }
 
@@ -165,6 +166,8 @@ pub fn rank_indices(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const TORCH: Order = Order::Torch(torch::TorchRandperm::InsideOutForLargeN);
 
     /// torch's DistributedSampler.__iter__, transcribed as list operations (independent of the
     /// in-place code above).
@@ -201,11 +204,9 @@ mod tests {
             for w in 1..=17u64 {
                 for drop_last in [false, true] {
                     let layout = Layout::new(n, w, drop_last).unwrap();
-                    for (shuffle, order) in [
-                        (false, Order::Fast),
-                        (true, Order::Fast),
-                        (true, Order::Torch),
-                    ] {
+                    for (shuffle, order) in
+                        [(false, Order::Fast), (true, Order::Fast), (true, TORCH)]
+                    {
                         let global = if shuffle {
                             epoch_order(n, order, 11, 3).unwrap().to_u64_vec()
                         } else {
@@ -250,7 +251,7 @@ mod tests {
         for drop_last in [false, true] {
             let layout = Layout::new(0, 4, drop_last).unwrap();
             assert_eq!(layout.num_samples(), 0);
-            assert!(rank_indices(&layout, 3, true, Order::Torch, 0, 0)
+            assert!(rank_indices(&layout, 3, true, TORCH, 0, 0)
                 .unwrap()
                 .is_empty());
         }

@@ -8,10 +8,15 @@
 //! - The generator is the standard 32-bit Mersenne Twister (mt19937, `init_genrand` seeding)
 //!   seeded with the low 32 bits of the 64-bit seed. `random()` is one output;
 //!   `random64()` is `(first << 32) | second` of two outputs.
-//! - For `n < 2**32 / 20` (integer division of `u32::MAX`, i.e. `n < 214_748_364`): the buffer
-//!   starts as `0..n` and for `i = 0 .. n-2` swaps position `i` with `i + random() % (n - i)`.
-//! - Otherwise the "inside-out" variant with no initialisation: for `i = 0 .. n-1`,
-//!   `z = random64() % (i + 1)`, then `r[i] = r[z]` and `r[z] = i`.
+//! - Forward swaps: the buffer starts as `0..n` and for `i = 0 .. n-2` position `i` is swapped
+//!   with `i + random() % (n - i)`. torch up to 2.5 does this for every `n`; torch 2.6 and later
+//!   for `n < u32::MAX / 20 = 214_748_364` only.
+//! - Inside-out, torch 2.6 and later for `n >= 214_748_364` (pytorch PR 143682): no
+//!   initialisation; for `i = 0 .. n-1`, `z = random64() % (i + 1)`, then `r[i] = r[z]` and
+//!   `r[z] = i`.
+//!
+//! Checked against torch 2.1.2 and 2.5.1 (forward for every n) and 2.6.0 and 2.15.0 (inside-out
+//! above the threshold) by running each on the same n and seed.
 //!
 //! The modulo draws are slightly biased, as torch's are: exactness of the sequence is the point.
 
@@ -21,9 +26,17 @@ use crate::error::Result;
 use crate::index::{check_len, try_with_capacity, Index, Indices, U32_MAX_LEN};
 use crate::permute::identity;
 
-/// Below this length torch uses the forward swap with 32-bit draws; from it on, the
-/// inside-out variant with 64-bit draws.
+/// From this length on, torch 2.6 and later use the inside-out variant with 64-bit draws.
 pub const LARGE_N_THRESHOLD: u64 = u32::MAX as u64 / 20;
+
+/// Which torch releases' `randperm` to reproduce; they differ only for `n >= LARGE_N_THRESHOLD`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TorchRandperm {
+    /// torch up to 2.5: forward swaps with 32-bit draws for every `n`.
+    Forward,
+    /// torch 2.6 and later: forward swaps below the threshold, inside-out with 64-bit draws from it.
+    InsideOutForLargeN,
+}
 
 /// How many swaps ahead the small-n variant prefetches its targets (same draws, same order).
 const LOOKAHEAD: usize = 32;
@@ -38,17 +51,27 @@ fn random64(mt: &mut Mt) -> u64 {
     (hi << 32) | u64::from(mt.next_u32())
 }
 
-/// torch's forward variant for `n < LARGE_N_THRESHOLD` (so `n` fits `u32`).
-fn forward_swaps(buf: &mut [u32], mt: &mut Mt) {
+/// torch's forward swaps over `buf` (which holds `0..n`).
+fn forward_swaps<T: Index>(buf: &mut [T], mt: &mut Mt) {
+    let n = buf.len();
+    // The same draws either way; a 32-bit remainder is cheaper where the range allows it.
+    if n <= u32::MAX as usize {
+        forward_swaps_with(buf, mt, |x, m| (x % m as u32) as usize);
+    } else {
+        forward_swaps_with(buf, mt, |x, m| (u64::from(x) % m as u64) as usize);
+    }
+}
+
+/// Swap number i exchanges i with i + (random() mod (n - i)); each target is drawn LOOKAHEAD
+/// swaps early so its cache line can be prefetched (the draws stay in torch's order).
+fn forward_swaps_with<T: Index>(buf: &mut [T], mt: &mut Mt, rem: impl Fn(u32, usize) -> usize) {
     let n = buf.len();
     if n < 2 {
         return;
     }
-    // Swap number i exchanges i with i + z_i; z_i is drawn LOOKAHEAD swaps early so the
-    // target's cache line can be prefetched (draws stay in torch's order).
     let swaps = n - 1;
     let mut ring = [0usize; LOOKAHEAD];
-    let draw = |mt: &mut Mt, i: usize| i + (mt.next_u32() % (n - i) as u32) as usize;
+    let draw = |mt: &mut Mt, i: usize| i + rem(mt.next_u32(), n - i);
     for (i, slot) in ring.iter_mut().enumerate().take(swaps) {
         *slot = draw(mt, i);
         crate::permute::prefetch(buf.as_ptr().wrapping_add(*slot));
@@ -78,20 +101,24 @@ fn inside_out<T: Index>(n: u64, mt: &mut Mt) -> Result<Vec<T>> {
     Ok(buf)
 }
 
-/// `torch.randperm(n, generator=torch.Generator().manual_seed(seed))` on the CPU, as a `u32`
-/// buffer when `n <= 2**32` and `u64` above.
-pub fn randperm(n: u64, seed: u64) -> Result<Indices> {
+fn randperm_in<T: Index>(n: u64, mt: &mut Mt, variant: TorchRandperm) -> Result<Vec<T>> {
+    if variant == TorchRandperm::InsideOutForLargeN && n >= LARGE_N_THRESHOLD {
+        return inside_out(n, mt);
+    }
+    let mut buf = identity::<T>(n)?;
+    forward_swaps(&mut buf, mt);
+    Ok(buf)
+}
+
+/// `torch.randperm(n, generator=torch.Generator().manual_seed(seed))` on the CPU, as the torch
+/// releases named by `variant` compute it: a `u32` buffer when `n <= 2**32`, `u64` above.
+pub fn randperm(n: u64, seed: u64, variant: TorchRandperm) -> Result<Indices> {
     check_len("n", n)?;
     let mut mt = generator(seed);
-    if n < LARGE_N_THRESHOLD {
-        let mut buf = identity::<u32>(n)?;
-        forward_swaps(&mut buf, &mut mt);
-        return Ok(Indices::U32(buf));
-    }
     Ok(if n <= U32_MAX_LEN {
-        Indices::U32(inside_out(n, &mut mt)?)
+        Indices::U32(randperm_in(n, &mut mt, variant)?)
     } else {
-        Indices::U64(inside_out(n, &mut mt)?)
+        Indices::U64(randperm_in(n, &mut mt, variant)?)
     })
 }
 
@@ -127,11 +154,10 @@ mod tests {
             (10, 42, &[2, 6, 1, 8, 4, 5, 0, 9, 3, 7]),
         ];
         for (n, seed, want) in cases {
-            assert_eq!(
-                randperm(n, seed).unwrap().to_u64_vec(),
-                want,
-                "n={n} seed={seed}"
-            );
+            for variant in [TorchRandperm::Forward, TorchRandperm::InsideOutForLargeN] {
+                let got = randperm(n, seed, variant).unwrap().to_u64_vec();
+                assert_eq!(got, want, "n={n} seed={seed}");
+            }
         }
     }
 
@@ -152,6 +178,31 @@ mod tests {
             forward_swaps(&mut buf, &mut generator(11));
             assert_eq!(buf, textbook_forward(n, 11), "n = {n}");
         }
+    }
+
+    #[test]
+    fn wide_remainders_make_the_same_swaps() {
+        // Above 2**32 samples the remainder is taken in 64 bits; it must equal the 32-bit one.
+        let mut narrow: Vec<u64> = (0..5000).collect();
+        forward_swaps_with(&mut narrow, &mut generator(3), |x, m| {
+            (x % m as u32) as usize
+        });
+        let mut wide: Vec<u64> = (0..5000).collect();
+        forward_swaps_with(&mut wide, &mut generator(3), |x, m| {
+            (u64::from(x) % m as u64) as usize
+        });
+        assert_eq!(narrow, wide);
+    }
+
+    #[test]
+    fn variants_agree_below_the_threshold_and_differ_above() {
+        let (f, i) = (TorchRandperm::Forward, TorchRandperm::InsideOutForLargeN);
+        assert_eq!(randperm(1000, 5, f).unwrap(), randperm(1000, 5, i).unwrap());
+        let mut mt = generator(5);
+        let head: Vec<u32> = inside_out(64, &mut mt).unwrap();
+        let mut forward: Vec<u32> = (0..64).collect();
+        forward_swaps(&mut forward, &mut generator(5));
+        assert_ne!(head, forward, "the two algorithms differ on the same draws");
     }
 
     #[test]

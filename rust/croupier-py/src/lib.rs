@@ -6,6 +6,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use croupier_core::torch::TorchRandperm;
 use croupier_core::{Error, Indices, Layout, Order};
 use numpy::IntoPyArray;
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
@@ -102,28 +103,37 @@ fn permutation<'py>(
     Ok(to_numpy(py, out))
 }
 
-/// `torch.randperm(n, generator=torch.Generator().manual_seed(seed))` on the CPU, exactly.
+/// The epoch order named by a Python string: `"fast"`, `"torch>=2.6"` or `"torch<2.6"` (the
+/// torch releases whose `randperm` to reproduce).
+fn arg_order(order: &str) -> PyResult<Order> {
+    match order {
+        "fast" => Ok(Order::Fast),
+        "torch>=2.6" => Ok(Order::Torch(TorchRandperm::InsideOutForLargeN)),
+        "torch<2.6" => Ok(Order::Torch(TorchRandperm::Forward)),
+        other => Err(PyValueError::new_err(format!(
+            "order must be 'fast', 'torch>=2.6' or 'torch<2.6', got {other:?}"
+        ))),
+    }
+}
+
+/// `torch.randperm(n, generator=torch.Generator().manual_seed(seed))` on the CPU, exactly, as
+/// the torch releases named by `order` (`"torch>=2.6"` or `"torch<2.6"`) compute it.
 #[pyfunction]
-#[pyo3(signature = (n, seed))]
+#[pyo3(signature = (n, seed, order))]
 fn torch_randperm<'py>(
     py: Python<'py>,
     n: &Bound<'py, PyAny>,
     seed: &Bound<'py, PyAny>,
+    order: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     let (n, seed) = (arg_u64("n", n, LEN_MAX)?, arg_u64("seed", seed, WORD_MAX)?);
-    let out = detached(py, || croupier_core::torch::randperm(n, seed))?;
+    let Order::Torch(variant) = arg_order(order)? else {
+        return Err(PyValueError::new_err(format!(
+            "order must be 'torch>=2.6' or 'torch<2.6', got {order:?}"
+        )));
+    };
+    let out = detached(py, || croupier_core::torch::randperm(n, seed, variant))?;
     Ok(to_numpy(py, out))
-}
-
-/// The epoch order named by a Python string.
-fn arg_order(order: &str) -> PyResult<Order> {
-    match order {
-        "fast" => Ok(Order::Fast),
-        "torch" => Ok(Order::Torch),
-        other => Err(PyValueError::new_err(format!(
-            "order must be 'fast' or 'torch', got {other:?}"
-        ))),
-    }
 }
 
 /// `(num_samples, total_size)` of torch's `DistributedSampler` for these arguments.
@@ -184,6 +194,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rank_indices, m)?)?;
     m.add_function(wrap_pyfunction!(torch_randperm, m)?)?;
     m.add("MAX_LEN", croupier_core::index::MAX_LEN)?;
+    m.add("TORCH_LARGE_N", croupier_core::torch::LARGE_N_THRESHOLD)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
