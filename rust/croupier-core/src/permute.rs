@@ -25,31 +25,42 @@ pub(crate) fn prefetch<T>(p: *const T) {
     let _ = p;
 }
 
-/// Shuffles `buf` in place with the draws of `stream`.
-pub fn fisher_yates<T: Index>(buf: &mut [T], stream: &mut Stream) {
-    let n = buf.len();
-    if n < 2 {
-        return;
-    }
-    // Swap number s (s = 0, 1, ...) exchanges position i = n-1-s with j_s, uniform in [0, i].
-    // ring[s % LOOKAHEAD] holds j_s, drawn LOOKAHEAD swaps before it is used.
-    let swaps = n - 1;
+/// Makes `swaps` swaps on `buf`: swap number `s` exchanges `buf[at(s)]` with `buf[draw(s)]`.
+/// The draws are made in order `s = 0, 1, …` as the plain loop would make them, but each one
+/// [`LOOKAHEAD`] swaps before it is used, so its target can be prefetched.
+pub(crate) fn swaps_with_lookahead<T>(
+    buf: &mut [T],
+    swaps: usize,
+    at: impl Fn(usize) -> usize,
+    mut draw: impl FnMut(usize) -> usize,
+) {
     let mut ring = [0usize; LOOKAHEAD];
     for (s, slot) in ring.iter_mut().enumerate().take(swaps) {
-        *slot = stream.below((n - s) as u64) as usize;
+        *slot = draw(s);
         prefetch(buf.as_ptr().wrapping_add(*slot));
     }
     for s in 0..swaps {
         let slot = s % LOOKAHEAD;
-        let j = ring[slot];
-        let ahead = s + LOOKAHEAD;
-        if ahead < swaps {
-            let next = stream.below((n - ahead) as u64) as usize;
-            ring[slot] = next;
-            prefetch(buf.as_ptr().wrapping_add(next));
+        let target = ring[slot];
+        if s + LOOKAHEAD < swaps {
+            ring[slot] = draw(s + LOOKAHEAD);
+            prefetch(buf.as_ptr().wrapping_add(ring[slot]));
         }
-        buf.swap(n - 1 - s, j);
+        buf.swap(at(s), target);
     }
+}
+
+/// Shuffles `buf` in place with the draws of `stream`.
+pub fn fisher_yates<T: Index>(buf: &mut [T], stream: &mut Stream) {
+    let n = buf.len();
+    // Swap number s exchanges position n-1-s with a uniform position in [0, n-1-s].
+    let swaps = n.saturating_sub(1);
+    swaps_with_lookahead(
+        buf,
+        swaps,
+        |s| n - 1 - s,
+        |s| stream.below((n - s) as u64) as usize,
+    );
 }
 
 /// `[0, n)` in order, in a freshly allocated buffer.

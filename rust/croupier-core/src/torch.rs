@@ -24,7 +24,7 @@ use rand_mt::Mt;
 
 use crate::error::Result;
 use crate::index::{check_len, try_with_capacity, Index, Indices, U32_MAX_LEN};
-use crate::permute::identity;
+use crate::permute::{identity, swaps_with_lookahead};
 
 /// From this length on, torch 2.6 and later use the inside-out variant with 64-bit draws.
 pub const LARGE_N_THRESHOLD: u64 = u32::MAX as u64 / 20;
@@ -37,9 +37,6 @@ pub enum TorchRandperm {
     /// torch 2.6 and later: forward swaps below the threshold, inside-out with 64-bit draws from it.
     InsideOutForLargeN,
 }
-
-/// How many swaps ahead the small-n variant prefetches its targets (same draws, same order).
-const LOOKAHEAD: usize = 32;
 
 /// The Mersenne Twister torch's `manual_seed(seed)` creates.
 fn generator(seed: u64) -> Mt {
@@ -62,30 +59,11 @@ fn forward_swaps<T: Index>(buf: &mut [T], mt: &mut Mt) {
     }
 }
 
-/// Swap number i exchanges i with i + (random() mod (n - i)); each target is drawn LOOKAHEAD
-/// swaps early so its cache line can be prefetched (the draws stay in torch's order).
+/// Swap number i exchanges i with i + (random() mod (n - i)), in torch's draw order.
 fn forward_swaps_with<T: Index>(buf: &mut [T], mt: &mut Mt, rem: impl Fn(u32, usize) -> usize) {
     let n = buf.len();
-    if n < 2 {
-        return;
-    }
-    let swaps = n - 1;
-    let mut ring = [0usize; LOOKAHEAD];
-    let draw = |mt: &mut Mt, i: usize| i + rem(mt.next_u32(), n - i);
-    for (i, slot) in ring.iter_mut().enumerate().take(swaps) {
-        *slot = draw(mt, i);
-        crate::permute::prefetch(buf.as_ptr().wrapping_add(*slot));
-    }
-    for i in 0..swaps {
-        let slot = i % LOOKAHEAD;
-        let target = ring[slot];
-        let ahead = i + LOOKAHEAD;
-        if ahead < swaps {
-            ring[slot] = draw(mt, ahead);
-            crate::permute::prefetch(buf.as_ptr().wrapping_add(ring[slot]));
-        }
-        buf.swap(i, target);
-    }
+    let swaps = n.saturating_sub(1);
+    swaps_with_lookahead(buf, swaps, |i| i, |i| i + rem(mt.next_u32(), n - i));
 }
 
 /// torch's inside-out variant for large `n`, written straight into a fresh buffer.
@@ -173,7 +151,7 @@ mod tests {
 
     #[test]
     fn lookahead_keeps_torchs_draw_order() {
-        for n in [0usize, 1, 2, LOOKAHEAD - 1, LOOKAHEAD, LOOKAHEAD + 1, 5000] {
+        for n in [0usize, 1, 2, 31, 32, 33, 5000] {
             let mut buf: Vec<u32> = (0..n as u32).collect();
             forward_swaps(&mut buf, &mut generator(11));
             assert_eq!(buf, textbook_forward(n, 11), "n = {n}");
