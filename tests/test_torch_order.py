@@ -144,15 +144,31 @@ def test_legacy_variant_equals_torch_2_1_above_the_threshold():
         ("2.15.0", "torch>=2.6"),
         ("3.0", "torch>=2.6"),
         ("2.10.0a0+git1234", "torch>=2.6"),
+        ("2.6.0a0+git1234", "torch<2.6"),
+        ("2.7.0.dev20241215+cpu", "torch<2.6"),
+        ("2.7.0.dev20250110+cpu", "torch>=2.6"),
     ],
 )
 def test_torch_version_selects_the_randperm_variant(version, variant):
     assert torch_randperm_order(version) == variant
 
 
-def test_default_follows_the_installed_torch():
-    major, minor = map(int, TORCH.split(".")[:2])
-    assert torch_randperm_order() == ("torch<2.6" if (major, minor) < (2, 6) else "torch>=2.6")
+def test_default_follows_the_torch_in_use():
+    assert torch_randperm_order() == torch_randperm_order(TORCH)
+
+
+def test_seed_plus_epoch_past_u64_is_refused_like_torch():
+    s = DistributedSampler(5, num_replicas=1, rank=0, seed=2**64 - 1, order="torch")
+    g = torch.Generator()
+    with pytest.raises((RuntimeError, ValueError)):
+        g.manual_seed(2**64)  # torch refuses the sum too
+    with pytest.raises(ValueError, match=r"seed \+ epoch must be at most 2\*\*64 - 1"):
+        s.set_epoch(1)
+    with pytest.raises(ValueError, match=r"seed \+ epoch must be at most"):
+        _core.rank_indices(5, 1, 0, True, 2**64 - 1, 1, False, "torch>=2.6")
+    fast = DistributedSampler(5, num_replicas=1, rank=0, seed=2**64 - 1)
+    fast.set_epoch(1)  # croupier's own order has no such limit
+    assert sorted(fast) == [0, 1, 2, 3, 4]
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,13 @@
 torch's CPU ``randperm`` changed in 2.6 (pytorch PR 143682): from ``2**32 // 20`` samples on it
 uses an inside-out shuffle with 64-bit draws, where torch 2.5 and earlier keep the forward swap
 with 32-bit draws. Below that length every release gives the same order. The default follows
-the installed torch, read from its package metadata (torch is not imported).
+the torch in use: ``torch.__version__`` when torch is already imported, else the installed
+package's metadata (torch is not imported for this).
+
+Builds from between the 2.6 branch cut and the change are told apart where the version string
+allows: ``2.6.0a0`` source builds and nightlies dated before 2024-12-24 are the old variant.
+2.7.0a0 source builds and release candidates of that time cannot be told apart; pass
+``torch_version=`` for those.
 """
 
 from __future__ import annotations
@@ -11,11 +17,14 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import re
+import sys
 
 __all__ = ["NEWEST", "torch_randperm_order"]
 
 NEWEST = "torch>=2.6"
 LEGACY = "torch<2.6"
+# The day the inside-out randperm landed on torch's main branch (pytorch PR 143682).
+_CHANGE_DATE = "20241224"
 
 
 def torch_randperm_order(torch_version: object = None) -> str:
@@ -23,7 +32,8 @@ def torch_randperm_order(torch_version: object = None) -> str:
     ``torch_version`` (``"2.5.1"``, ``"2.6.0+cu124"``, ...). ``None`` means the installed
     torch, or the newest variant when torch is not installed."""
     if torch_version is None:
-        torch_version = _installed_torch()
+        imported = sys.modules.get("torch")
+        torch_version = getattr(imported, "__version__", None) or _installed_torch()
         if torch_version is None:
             return NEWEST
     if not isinstance(torch_version, str):
@@ -36,7 +46,15 @@ def torch_randperm_order(torch_version: object = None) -> str:
             f"torch_version must be a torch release such as '2.5.1' or '2.6.0+cu124', "
             f"got {torch_version!r}"
         )
-    return LEGACY if (int(match[1]), int(match[2])) < (2, 6) else NEWEST
+    release = (int(match[1]), int(match[2]))
+    if release < (2, 6):
+        return LEGACY
+    nightly = re.search(r"\.dev(\d{8})", torch_version)
+    if nightly is not None and nightly[1] < _CHANGE_DATE:
+        return LEGACY
+    if release == (2, 6) and re.search(r"\d(a|\.dev)\d", torch_version):
+        return LEGACY  # a 2.6.0a0 source build or nightly: before the change reached 2.6
+    return NEWEST
 
 
 @functools.lru_cache(maxsize=1)

@@ -157,6 +157,11 @@ class DistributedSampler(Sampler[int]):
         kempnerforge's sampler.
         """
         epoch = check_int("epoch", epoch, 0, U64_MAX)
+        if self.order == "torch" and self.seed + epoch > U64_MAX:
+            raise ValueError(
+                f"seed + epoch must be at most 2**64 - 1 for order='torch' (torch.manual_seed "
+                f"refuses more), got seed={self.seed} epoch={epoch}"
+            )
         if epoch != self._epoch:
             self._epoch = epoch
             if self._pending_epoch is not None:

@@ -8,8 +8,9 @@
 //!
 //! These are exactly the rules of `torch.utils.data.DistributedSampler`:
 //! `num_samples = ceil((n - W) / W)` when dropping an uneven tail (which is `floor(n / W)`, and
-//! 0 when `n < W`), `ceil(n / W)` otherwise, and `total_size = num_samples * W`. Integer
-//! arithmetic here, so it stays exact beyond 2**53.
+//! 0 when `n < W`), `ceil(n / W)` otherwise, and `total_size = num_samples * W`. torch computes
+//! these with float division, which is inexact beyond 2**53 samples; croupier uses exact integer
+//! arithmetic, so the two agree wherever torch's own arithmetic is exact.
 
 use crate::error::{Error, Result};
 use crate::index::{check_len, try_with_capacity, Index, Indices, MAX_LEN, U32_MAX_LEN};
@@ -132,7 +133,7 @@ pub enum Order {
 fn epoch_order(n: u64, order: Order, seed: u64, epoch: u64) -> Result<Indices> {
     match order {
         Order::Fast => permutation(n, seed, epoch),
-        Order::Torch(variant) => torch::randperm(n, torch::sampler_seed(seed, epoch), variant),
+        Order::Torch(variant) => torch::randperm(n, torch::sampler_seed(seed, epoch)?, variant),
     }
 }
 

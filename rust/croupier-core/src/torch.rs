@@ -22,7 +22,7 @@
 
 use rand_mt::Mt;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::index::{check_len, try_with_capacity, Index, Indices, U32_MAX_LEN};
 use crate::permute::{identity, swaps_with_lookahead};
 
@@ -100,10 +100,17 @@ pub fn randperm(n: u64, seed: u64, variant: TorchRandperm) -> Result<Indices> {
     })
 }
 
-/// The seed `torch.utils.data.DistributedSampler` gives its generator: `seed + epoch`, of which
-/// torch's Mersenne Twister keeps the low 32 bits (so the sum may wrap harmlessly).
-pub fn sampler_seed(seed: u64, epoch: u64) -> u64 {
-    seed.wrapping_add(epoch)
+/// The seed `torch.utils.data.DistributedSampler` gives its generator: `seed + epoch` (torch's
+/// Mersenne Twister then keeps its low 32 bits). torch refuses a sum of 2**64 or more
+/// (`manual_seed` overflows), and so does this.
+pub fn sampler_seed(seed: u64, epoch: u64) -> Result<u64> {
+    seed.checked_add(epoch).ok_or_else(|| {
+        Error::out_of_range(
+            "seed + epoch",
+            "at most 2**64 - 1 for torch's order (torch.manual_seed refuses more)",
+            u128::from(seed) + u128::from(epoch),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -173,7 +180,7 @@ mod tests {
     }
 
     #[test]
-    fn variants_agree_below_the_threshold_and_differ_above() {
+    fn variants_agree_below_the_threshold_and_their_large_n_algorithms_differ() {
         let (f, i) = (TorchRandperm::Forward, TorchRandperm::InsideOutForLargeN);
         assert_eq!(randperm(1000, 5, f).unwrap(), randperm(1000, 5, i).unwrap());
         let mut mt = generator(5);
@@ -201,6 +208,17 @@ mod tests {
             sorted.sort_unstable();
             assert!(sorted.into_iter().eq(0..n));
         }
+    }
+
+    #[test]
+    fn seed_plus_epoch_past_u64_is_refused_like_torch() {
+        assert_eq!(sampler_seed(u64::MAX - 1, 1), Ok(u64::MAX));
+        let e = sampler_seed(u64::MAX, 1).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("seed + epoch must be at most 2**64 - 1"),
+            "{e}"
+        );
     }
 
     #[test]
