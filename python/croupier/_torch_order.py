@@ -29,8 +29,9 @@ _CHANGE_DATE = "20241224"
 
 def torch_randperm_order(torch_version: object = None) -> str:
     """``"torch>=2.6"`` or ``"torch<2.6"``: the core's name for the ``randperm`` variant of
-    ``torch_version`` (``"2.5.1"``, ``"2.6.0+cu124"``, ...). ``None`` means the installed
-    torch, or the newest variant when torch is not installed."""
+    ``torch_version`` (``"2.5.1"``, ``"2.6.0+cu124"``, ...). ``None`` means the torch in use
+    (``torch.__version__`` if imported, else the installed package), or the newest variant when
+    torch is not installed."""
     if torch_version is None:
         imported = sys.modules.get("torch")
         torch_version = getattr(imported, "__version__", None) or _installed_torch()

@@ -79,9 +79,10 @@ class DistributedSampler(Sampler[int]):
             (torch's CPU ``randperm`` seeded with ``seed + epoch``, reproduced in Rust), so a
             run can switch samplers mid-training without changing its data order.
         torch_version: with ``order="torch"``, the torch release whose ``randperm`` to
-            reproduce, e.g. ``"2.5.1"`` (default: the installed torch; the newest algorithm if
-            torch is absent). Releases up to 2.5 and from 2.6 on differ for datasets of
-            ``2**32 // 20`` samples or more.
+            reproduce, e.g. ``"2.5.1"`` (default: the torch in use, ``torch.__version__`` if
+            imported, else the installed package; the newest algorithm if torch is absent).
+            Releases up to 2.5 and from 2.6 on differ for datasets of ``2**32 // 20`` samples
+            or more.
         dist_info: where ``num_replicas``/``rank`` come from when ``None``: ``None`` (an
             initialised ``torch.distributed``, else the ``RANK``/``WORLD_SIZE`` environment
             variables, else rank 0 of 1), ``"torch"``, ``"jax"``, or a callable returning
