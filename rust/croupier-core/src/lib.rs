@@ -6,15 +6,22 @@
 //!
 //! - [`stream`]: the random streams, derived from `(seed, epoch, purpose, id)`, and unbiased
 //!   bounded draws.
+//! - [`cellrng`], [`hypergeom`]: keyed per-cell generators and exact, platform-independent
+//!   hypergeometric draws.
+//! - [`split`]: the values of chosen classes of a uniform random partition of `[0, n)`, by
+//!   recursive hypergeometric splitting, without computing the other classes.
 //! - [`permute`]: Fisher–Yates permutations over `u32` or `u64` buffers.
 //! - [`partition`]: torch's `DistributedSampler` arithmetic (padding, `drop_last`, striding)
 //!   and one rank's share of an epoch.
 //! - [`torch`]: torch's CPU `randperm`, reproduced exactly (`order="torch"`).
 
+pub mod cellrng;
 pub mod error;
+pub mod hypergeom;
 pub mod index;
 pub mod partition;
 pub mod permute;
+pub mod split;
 pub mod stream;
 pub mod torch;
 

@@ -1,0 +1,309 @@
+//! Exact hypergeometric sampling, bit-identical on every platform.
+//!
+//! `hypergeometric(rng, n, s, a)` is the number of marked items among `a` items drawn without
+//! replacement from `n` items of which `s` are marked. The splitting engine draws millions of
+//! these, from `Hyp(2, 1, 1)` to `Hyp(10**10, 5*10**9, 5*10**9)`, so there are two methods:
+//!
+//! - **Small** (`min(s, a, n-s, n-a) <= SMALL`): draw the items one by one with exact integer
+//!   draws. No floating point at all.
+//! - **Large**: H2RUA/HRUA, Stadlober's ratio-of-uniforms rejection method ("The ratio of
+//!   uniforms approach for generating discrete random variates", J. Comput. Appl. Math. 31,
+//!   1990), the method numpy uses. It is exact: the hat covers the whole support (unlike
+//!   numpy, croupier does not cut the tail at 16 standard deviations), and rejection makes the
+//!   accepted values follow the distribution, up to the rounding of the acceptance test.
+//!
+//! Bit reproducibility: the large method needs logarithms of factorials. Platform `libm`s
+//! differ in the last bit of `ln`, which could flip an acceptance and change the order on
+//! another machine, so `ln` here is written with `+ - * /` only, which IEEE 754 rounds
+//! identically everywhere (Rust never contracts them into fused multiply-adds on its own).
+
+use crate::cellrng::CellRng;
+use std::sync::OnceLock;
+
+/// Up to this many sequential draws, the small method is used.
+pub const SMALL: u64 = 24;
+
+const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-1;
+const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+
+/// Natural logarithm of a positive, finite, normal `x`, computed with basic arithmetic only.
+///
+/// `x = 2**e * m` with `m` in `[sqrt(1/2), sqrt(2))`, and `ln(m) = 2 atanh(z)` with
+/// `z = (m-1)/(m+1)`, `|z| <= 0.1716`, summed as the odd series `2 (z + z**3/3 + …)` to 12
+/// terms (the next term is below 2**-60 of the sum).
+pub fn ln(x: f64) -> f64 {
+    debug_assert!(x > 0.0 && x.is_finite() && x.is_normal());
+    let bits = x.to_bits();
+    let mut e = ((bits >> 52) & 0x7ff) as i64 - 1023;
+    let mut m = f64::from_bits((bits & 0x000f_ffff_ffff_ffff) | 0x3ff0_0000_0000_0000);
+    if m > std::f64::consts::SQRT_2 {
+        m *= 0.5;
+        e += 1;
+    }
+    let z = (m - 1.0) / (m + 1.0);
+    let z2 = z * z;
+    let mut poly = 1.0 / 25.0;
+    let mut k = 23.0;
+    while k >= 1.0 {
+        poly = poly * z2 + 1.0 / k;
+        k -= 2.0;
+    }
+    let ef = e as f64;
+    ef * LN2_HI + (ef * LN2_LO + 2.0 * z * poly)
+}
+
+const TABLE: usize = 256;
+
+fn ln_factorial_table() -> &'static [f64; TABLE] {
+    static T: OnceLock<[f64; TABLE]> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = [0.0; TABLE];
+        for i in 2..TABLE {
+            t[i] = t[i - 1] + ln(i as f64);
+        }
+        t
+    })
+}
+
+/// `ln(k!)`: summed logarithms below 256, Stirling's series with three correction terms above
+/// (truncation error below 1e-19 there).
+pub fn ln_factorial(k: u64) -> f64 {
+    if (k as usize) < TABLE {
+        return ln_factorial_table()[k as usize];
+    }
+    let x = k as f64;
+    let inv = 1.0 / x;
+    let inv2 = inv * inv;
+    // 0.5 * ln(2 pi)
+    const HALF_LN_2PI: f64 = 0.918_938_533_204_672_741_78;
+    (x + 0.5) * ln(x) - x
+        + HALF_LN_2PI
+        + inv * (1.0 / 12.0 - inv2 * (1.0 / 360.0 - inv2 * (1.0 / 1260.0)))
+}
+
+/// The number of marked items among `a` drawn without replacement from `n` items of which `s`
+/// are marked. Requires `s <= n` and `a <= n`.
+pub fn hypergeometric(rng: &mut CellRng, n: u64, s: u64, a: u64) -> u64 {
+    debug_assert!(s <= n && a <= n);
+    if s == 0 || a == 0 {
+        return 0;
+    }
+    if s == n {
+        return a;
+    }
+    if a == n {
+        return s;
+    }
+    // Reduce to s, a <= n/2: marked <-> unmarked and drawn <-> left behind are symmetries.
+    let (s2, flip_s) = if s > n - s { (n - s, true) } else { (s, false) };
+    let (a2, flip_a) = if a > n - a { (n - a, true) } else { (a, false) };
+    let x = reduced(rng, n, s2, a2);
+    // x counts s2-type items among the a2 draws.
+    let y = if flip_s { a2 - x } else { x };
+    if flip_a {
+        s - y
+    } else {
+        y
+    }
+}
+
+/// `Hyp(n, s, a)` with `1 <= s, a <= n/2`.
+fn reduced(rng: &mut CellRng, n: u64, s: u64, a: u64) -> u64 {
+    // Hyp(n, s, a) and Hyp(n, a, s) are the same law: draw the smaller number of items.
+    let (k, m) = if s <= a { (s, a) } else { (a, s) };
+    if k <= SMALL {
+        let mut x = 0;
+        for i in 0..k {
+            if rng.below(n - i) < m - x {
+                x += 1;
+            }
+        }
+        return x;
+    }
+    hrua(rng, n, m, k)
+}
+
+/// Stadlober's HRUA for `Hyp(n, good, sample)` with `sample <= good <= n/2`.
+fn hrua(rng: &mut CellRng, n: u64, good: u64, sample: u64) -> u64 {
+    // 2 sqrt(2/e) and 3 - 2 sqrt(3/e): the table-mountain hat constants.
+    const D1: f64 = 1.715_527_769_921_413_5;
+    const D2: f64 = 0.898_916_162_058_898_8;
+    let bad = n - good;
+    let nf = n as f64;
+    let (gf, bf, kf) = (good as f64, bad as f64, sample as f64);
+    let p = gf / nf;
+    let q = bf / nf;
+    let mean = kf * p;
+    let centre = mean + 0.5;
+    let var = (nf - kf) * kf * p * q / (nf - 1.0);
+    let c = (var + 0.5).sqrt();
+    let h = D1 * c + D2;
+    // The mode, in exact integer arithmetic.
+    let mode = ((u128::from(sample) + 1) * (u128::from(good) + 1) / (u128::from(n) + 2)) as u64;
+    let lf = |k: u64| {
+        ln_factorial(k)
+            + ln_factorial(good - k)
+            + ln_factorial(sample - k)
+            + ln_factorial(bad - sample + k)
+    };
+    let g = lf(mode);
+    // The support is [0, min(sample, good)] = [0, sample].
+    let upper = (sample + 1) as f64;
+    loop {
+        let u = rng.unit_open0();
+        let v = rng.unit_open0();
+        let x = centre + h * (v - 0.5) / u;
+        if !(0.0..upper).contains(&x) {
+            continue;
+        }
+        let k = x as u64; // floor, x >= 0
+        let t = g - lf(k);
+        if u * (4.0 - u) - 3.0 <= t {
+            return k;
+        }
+        if u * (u - t) >= 1.0 {
+            continue;
+        }
+        if 2.0 * ln(u) <= t {
+            return k;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ln_matches_the_platform_to_the_last_bits() {
+        let mut x = 1e-300;
+        while x < 1e300 {
+            let (mine, libm) = (ln(x), x.ln());
+            assert!((mine - libm).abs() <= 4.0 * f64::EPSILON * libm.abs().max(1.0), "{x}");
+            x *= 1.37;
+        }
+        for k in 1..5000u64 {
+            let x = k as f64;
+            assert!((ln(x) - x.ln()).abs() <= 2.0 * f64::EPSILON * x.ln().abs().max(1.0));
+        }
+    }
+
+    #[test]
+    fn ln_value_pins() {
+        // Bit patterns, so a change of the formula (or of the platform's rounding) is caught.
+        assert_eq!(ln(10.0).to_bits(), 0x40026bb1bbb55516);
+        assert_eq!(ln(0.3).to_bits(), 0xbff34378fcbda721);
+        assert_eq!(ln(123456789.0).to_bits(), 0x4032a1a38bd0540a);
+    }
+
+    #[test]
+    fn ln_factorial_is_consistent_across_the_table_boundary() {
+        let mut exact = ln_factorial(255);
+        for k in 256..2000u64 {
+            exact += (k as f64).ln();
+            assert!((ln_factorial(k) - exact).abs() < 1e-9 * exact, "{k}");
+        }
+    }
+
+    fn pmf(n: u64, s: u64, a: u64, x: u64) -> f64 {
+        let lc = |n: u64, k: u64| ln_factorial(n) - ln_factorial(k) - ln_factorial(n - k);
+        (lc(s, x) + lc(n - s, a - x) - lc(n, a)).exp()
+    }
+
+    /// Chi-square of `draws` samples against the exact pmf, cells with expectation < 5 pooled.
+    fn chi_square(n: u64, s: u64, a: u64, draws: u64) -> (f64, usize) {
+        let lo = (a + s).saturating_sub(n);
+        let hi = a.min(s);
+        let mut counts = vec![0u64; (hi - lo + 1) as usize];
+        for i in 0..draws {
+            let x = hypergeometric(&mut CellRng::for_cell(17, n, s, a, i), n, s, a);
+            assert!((lo..=hi).contains(&x), "Hyp({n},{s},{a}) gave {x}");
+            counts[(x - lo) as usize] += 1;
+        }
+        let (mut chi, mut cells, mut pool_o, mut pool_e) = (0.0, 0, 0.0, 0.0);
+        for (i, &c) in counts.iter().enumerate() {
+            let e = pmf(n, s, a, lo + i as u64) * draws as f64;
+            pool_o += c as f64;
+            pool_e += e;
+            if pool_e >= 5.0 {
+                chi += (pool_o - pool_e).powi(2) / pool_e;
+                cells += 1;
+                pool_o = 0.0;
+                pool_e = 0.0;
+            }
+        }
+        if pool_e > 0.0 {
+            chi += (pool_o - pool_e).powi(2) / pool_e.max(1e-9);
+            cells += 1;
+        }
+        (chi, cells)
+    }
+
+    #[test]
+    fn both_methods_follow_the_exact_law() {
+        // (n, s, a) covering small and large methods and all four symmetry flips.
+        for &(n, s, a) in &[
+            (10, 3, 4),
+            (10, 7, 4),
+            (10, 3, 8),
+            (50, 40, 45),
+            (100, 30, 40),
+            (1000, 500, 500),
+            (1000, 100, 900),
+            (1000, 900, 30),
+            (100_000, 50_000, 20_000),
+            (1 << 40, 1 << 39, 1000),
+        ] {
+            let (chi, cells) = chi_square(n, s, a, 40_000);
+            // 99.9% quantile of chi-square with k-1 dof is below k + 3.1 sqrt(2k) + 10.
+            let bound = cells as f64 + 3.1 * (2.0 * cells as f64).sqrt() + 10.0;
+            assert!(chi < bound, "Hyp({n},{s},{a}): chi2 {chi:.1} over {cells} cells");
+        }
+    }
+
+    #[test]
+    fn large_method_mean_and_variance_at_billion_scale() {
+        let (n, s, a) = (10_000_000_000u64, 5_000_000_000u64, 1_250_000_000u64);
+        let draws = 4000;
+        let xs: Vec<f64> = (0..draws)
+            .map(|i| hypergeometric(&mut CellRng::for_cell(5, i, 0, 0, 0), n, s, a) as f64)
+            .collect();
+        let mean = xs.iter().sum::<f64>() / draws as f64;
+        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (draws - 1) as f64;
+        let (nf, sf, af) = (n as f64, s as f64, a as f64);
+        let mu = af * sf / nf;
+        let sigma2 = af * sf / nf * (1.0 - sf / nf) * (nf - af) / (nf - 1.0);
+        assert!((mean - mu).abs() < 4.0 * (sigma2 / draws as f64).sqrt());
+        assert!((var / sigma2 - 1.0).abs() < 0.1, "{var} vs {sigma2}");
+    }
+
+    #[test]
+    fn degenerate_arguments() {
+        let mut r = CellRng::new(1);
+        assert_eq!(hypergeometric(&mut r, 0, 0, 0), 0);
+        assert_eq!(hypergeometric(&mut r, 5, 0, 3), 0);
+        assert_eq!(hypergeometric(&mut r, 5, 5, 3), 3);
+        assert_eq!(hypergeometric(&mut r, 5, 2, 5), 2);
+        assert_eq!(hypergeometric(&mut r, 5, 2, 0), 0);
+        // Forced by the margins: 9 of 10 marked, 9 drawn -> at least 8.
+        for i in 0..100 {
+            let x = hypergeometric(&mut CellRng::new(i), 10, 9, 9);
+            assert!(x == 8 || x == 9);
+        }
+    }
+
+    #[test]
+    fn value_stability_pins() {
+        let got: Vec<u64> = [
+            (10u64, 3u64, 4u64),
+            (1000, 500, 500),
+            (1 << 40, 1 << 39, 1 << 38),
+            (99, 98, 50),
+        ]
+        .iter()
+        .map(|&(n, s, a)| hypergeometric(&mut CellRng::new(42), n, s, a))
+        .collect();
+        assert_eq!(got, PINS);
+    }
+    const PINS: [u64; 4] = [2, 243, 137438774859, 49];
+}

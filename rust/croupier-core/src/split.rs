@@ -1,0 +1,506 @@
+//! The values of chosen classes of a uniform random partition of `[0, n)`, computed without
+//! the other classes: recursive hypergeometric splitting.
+//!
+//! # The partition
+//!
+//! `n` values are dealt into `C` classes of fixed sizes (class `x` gets `prefix(x+1) -
+//! prefix(x)` values), every such partition equally likely. Two binary trees organise it:
+//! the *value tree* halves `[lo, hi)` at `lo + (hi - lo) / 2` down to leaves of at most 64
+//! values, and the *class tree* halves class ranges `[a, b)` the same way down to single
+//! classes. Write `t(G, V)` for how many values of value node `V` go to class node `G`; at the
+//! root `t(G, [0, n))` is `G`'s size and `t([0, C), V) = |V|`. For a value node `V` with
+//! halves `Vl, Vr` and a class node `G` with halves `Gl, Gr`, the values of `V` that `G` gets
+//! are a uniform random subset of `V` of size `t(G, V)`, so how many of them lie in `Vl` while
+//! belonging to `Gl` is hypergeometric:
+//!
+//! ```text
+//! t(Gl, Vl) ~ Hyp(population t(G, V), marked t(Gl, V), drawn t(G, Vl))
+//! ```
+//!
+//! and the other three counts follow by subtraction. In a leaf `V` of at most 64 values the
+//! values themselves are dealt: `G`'s values are a bit mask, `Gl` takes a uniform random
+//! subset of it of size `t(Gl, V)` (Floyd's algorithm), `Gr` the rest. Each decision is drawn
+//! from the generator of its cell `(V, G)` ([`crate::cellrng`]), so any process that needs a
+//! cell draws the same thing, and skipping a cell whose outcome is forced changes nothing else.
+//!
+//! # Cost
+//!
+//! To get the classes `[c0, c1)` one walks only the class nodes that overlap them (and their
+//! siblings' counts), and only value nodes where those classes have values. For one rank of
+//! `W` that is `O(log W)` cells per value node and about `2N/64` value nodes when the rank's
+//! values are dense, `O(k log(N/k) log W)` when they are sparse (`k` values wanted); memory is
+//! the output plus `O(log N)` small vectors. Work splits over value subtrees with rayon; the
+//! output never depends on how.
+
+use crate::cellrng::CellRng;
+use crate::error::Result;
+use crate::hypergeom::hypergeometric;
+use crate::index::{try_with_capacity, Index};
+
+/// Class sizes of a partition, as prefix sums.
+pub trait Classes: Sync {
+    /// Number of classes `C`.
+    fn count(&self) -> u64;
+    /// Total size of classes `[0, x)` for `x <= C`; non-decreasing, `prefix(0) = 0`.
+    fn prefix(&self, x: u64) -> u64;
+}
+
+/// Leaves of the value tree hold at most this many values (one `u64` mask).
+pub const LEAF: u64 = 64;
+
+/// Value subtrees larger than this are split across threads.
+const PAR_GRAIN: u64 = 1 << 21;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    a: u64,
+    b: u64,
+    t: u64,
+}
+
+struct Engine<'c, C> {
+    classes: &'c C,
+    c0: u64,
+    c1: u64,
+    base: u64,
+}
+
+/// Output slices, one per wanted class, filled in increasing value order.
+struct Seg<'o, T> {
+    buf: &'o mut [T],
+    at: usize,
+}
+
+impl<C: Classes> Engine<'_, C> {
+    fn size(&self, a: u64, b: u64) -> u64 {
+        self.classes.prefix(b) - self.classes.prefix(a)
+    }
+
+    /// Whether `e`'s children are listed after it: it has values, it is not a single class,
+    /// and it overlaps the wanted classes.
+    #[inline(always)]
+    fn expands(&self, e: &Entry) -> bool {
+        e.t > 0 && e.b - e.a > 1 && e.a < self.c1 && e.b > self.c0
+    }
+
+    /// The entries of the root value node: class sizes.
+    fn root(&self, a: u64, b: u64, out: &mut Vec<Entry>) {
+        let e = Entry {
+            a,
+            b,
+            t: self.size(a, b),
+        };
+        out.push(e);
+        if self.expands(&e) {
+            let m = a + (b - a) / 2;
+            self.root(a, m, out);
+            self.root(m, b, out);
+        }
+    }
+
+    fn skip(&self, src: &[Entry], idx: &mut usize) {
+        let e = src[*idx];
+        *idx += 1;
+        if self.expands(&e) {
+            self.skip(src, idx);
+            self.skip(src, idx);
+        }
+    }
+
+    /// How many values of this value node belong to wanted classes.
+    fn wanted(&self, src: &[Entry], idx: &mut usize) -> u64 {
+        let e = src[*idx];
+        *idx += 1;
+        if e.a >= self.c0 && e.b <= self.c1 {
+            if self.expands(&e) {
+                self.skip(src, idx);
+                self.skip(src, idx);
+            }
+            return e.t;
+        }
+        if self.expands(&e) {
+            self.wanted(src, idx) + self.wanted(src, idx)
+        } else {
+            0
+        }
+    }
+
+    /// Per wanted class, how many of its values lie in this value node.
+    fn class_counts(&self, src: &[Entry], idx: &mut usize, out: &mut [u64]) {
+        let e = src[*idx];
+        *idx += 1;
+        if e.b - e.a == 1 && e.a >= self.c0 && e.a < self.c1 {
+            out[(e.a - self.c0) as usize] = e.t;
+        }
+        if self.expands(&e) {
+            self.class_counts(src, idx, out);
+            self.class_counts(src, idx, out);
+        }
+    }
+
+    /// Splits the entries of value node `[lo, hi)` into those of its halves; `tl` is the count
+    /// of the current class node in the left half.
+    #[allow(clippy::too_many_arguments)]
+    fn split_node(
+        &self,
+        lo: u64,
+        hi: u64,
+        src: &[Entry],
+        idx: &mut usize,
+        tl: u64,
+        mut l: Option<&mut Vec<Entry>>,
+        mut r: Option<&mut Vec<Entry>>,
+    ) {
+        let e = src[*idx];
+        *idx += 1;
+        let el = Entry { t: tl, ..e };
+        let er = Entry { t: e.t - tl, ..e };
+        if let Some(v) = l.as_deref_mut() {
+            v.push(el);
+        }
+        if let Some(v) = r.as_deref_mut() {
+            v.push(er);
+        }
+        if !self.expands(&e) {
+            return;
+        }
+        let mut l = if self.expands(&el) { l } else { None };
+        let mut r = if self.expands(&er) { r } else { None };
+        if l.is_none() && r.is_none() {
+            self.skip(src, idx);
+            self.skip(src, idx);
+            return;
+        }
+        let left_t = src[*idx].t;
+        let x = if tl == 0 || left_t == 0 {
+            0
+        } else if tl == e.t {
+            left_t
+        } else if left_t == e.t {
+            tl
+        } else {
+            let mut rng = CellRng::for_cell(self.base, lo, hi, e.a, e.b);
+            hypergeometric(&mut rng, e.t, left_t, tl)
+        };
+        self.split_node(lo, hi, src, idx, x, l.as_deref_mut(), r.as_deref_mut());
+        self.split_node(lo, hi, src, idx, tl - x, l, r);
+    }
+
+    fn split(&self, lo: u64, hi: u64, src: &[Entry], l: &mut Vec<Entry>, r: &mut Vec<Entry>) {
+        l.clear();
+        r.clear();
+        let mid = lo + (hi - lo) / 2;
+        let mut idx = 0;
+        self.split_node(lo, hi, src, &mut idx, mid - lo, Some(l), Some(r));
+        debug_assert_eq!(idx, src.len());
+    }
+
+    /// Deals the values of a leaf `[lo, hi)` (at most 64) as bit masks.
+    fn leaf_node<T: Index>(
+        &self,
+        lo: u64,
+        hi: u64,
+        src: &[Entry],
+        idx: &mut usize,
+        mask: u64,
+        segs: &mut [Seg<'_, T>],
+    ) {
+        let e = src[*idx];
+        *idx += 1;
+        debug_assert_eq!(u64::from(mask.count_ones()), e.t);
+        if e.b - e.a == 1 {
+            if e.a >= self.c0 && e.a < self.c1 {
+                let seg = &mut segs[(e.a - self.c0) as usize];
+                let mut m = mask;
+                while m != 0 {
+                    seg.buf[seg.at] = T::from_u64(lo + u64::from(m.trailing_zeros()));
+                    seg.at += 1;
+                    m &= m - 1;
+                }
+            }
+            return;
+        }
+        if !self.expands(&e) {
+            return;
+        }
+        let left_t = src[*idx].t;
+        let left = if left_t == 0 {
+            0
+        } else if left_t == e.t {
+            mask
+        } else {
+            let mut rng = CellRng::for_cell(self.base, lo, hi, e.a, e.b);
+            subset(&mut rng, mask, e.t, left_t)
+        };
+        self.leaf_node(lo, hi, src, idx, left, segs);
+        self.leaf_node(lo, hi, src, idx, mask & !left, segs);
+    }
+
+    fn node<T: Index>(
+        &self,
+        lo: u64,
+        hi: u64,
+        src: &[Entry],
+        segs: &mut [Seg<'_, T>],
+        scratch: &mut [(Vec<Entry>, Vec<Entry>)],
+    ) {
+        if self.wanted(src, &mut 0) == 0 {
+            return;
+        }
+        if hi - lo <= LEAF {
+            let full = if hi - lo == 64 {
+                u64::MAX
+            } else {
+                (1u64 << (hi - lo)) - 1
+            };
+            self.leaf_node(lo, hi, src, &mut 0, full, segs);
+            return;
+        }
+        let ((l, r), rest) = scratch
+            .split_first_mut()
+            .expect("scratch holds one pair per level of the value tree");
+        self.split(lo, hi, src, l, r);
+        let mid = lo + (hi - lo) / 2;
+        self.node(lo, mid, l, segs, rest);
+        self.node(mid, hi, r, segs, rest);
+    }
+
+    fn node_par<T: Index>(&self, lo: u64, hi: u64, src: &[Entry], segs: Vec<Seg<'_, T>>) {
+        if hi - lo <= PAR_GRAIN {
+            let mut segs = segs;
+            let mut scratch = vec![(Vec::new(), Vec::new()); 64];
+            self.node(lo, hi, src, &mut segs, &mut scratch);
+            return;
+        }
+        if self.wanted(src, &mut 0) == 0 {
+            return;
+        }
+        let (mut l, mut r) = (Vec::new(), Vec::new());
+        self.split(lo, hi, src, &mut l, &mut r);
+        let mut counts = vec![0u64; (self.c1 - self.c0) as usize];
+        self.class_counts(&l, &mut 0, &mut counts);
+        let (mut ls, mut rs) = (Vec::with_capacity(segs.len()), Vec::with_capacity(segs.len()));
+        for (seg, &c) in segs.into_iter().zip(&counts) {
+            let rest = &mut seg.buf[seg.at..];
+            let (a, b) = rest.split_at_mut(c as usize);
+            ls.push(Seg { buf: a, at: 0 });
+            rs.push(Seg { buf: b, at: 0 });
+        }
+        let mid = lo + (hi - lo) / 2;
+        rayon::join(
+            || self.node_par(lo, mid, &l, ls),
+            || self.node_par(mid, hi, &r, rs),
+        );
+    }
+}
+
+/// A uniform random subset of size `k` of the `n` set bits of `mask` (`k <= n <= 64`).
+fn subset(rng: &mut CellRng, mask: u64, n: u64, k: u64) -> u64 {
+    // Floyd's algorithm draws the smaller of the subset and its complement.
+    let (want, complement) = if 2 * k > n { (n - k, true) } else { (k, false) };
+    let mut s = 0u64;
+    for j in (n - want)..n {
+        let t = rng.below(j + 1);
+        s |= if s >> t & 1 == 1 { 1 << j } else { 1 << t };
+    }
+    if complement {
+        s = !s & if n == 64 { u64::MAX } else { (1 << n) - 1 };
+    }
+    deposit(s, mask)
+}
+
+/// Moves bit `i` of `compact` to the position of the `i`-th set bit of `mask` (x86's `pdep`).
+#[inline]
+fn deposit(compact: u64, mask: u64) -> u64 {
+    let (mut out, mut m, mut c) = (0u64, mask, compact);
+    while m != 0 {
+        let low = m & m.wrapping_neg();
+        if c & 1 == 1 {
+            out |= low;
+        }
+        c >>= 1;
+        m ^= low;
+    }
+    out
+}
+
+/// The values of classes `[c0, c1)` of the partition of `[0, n)` keyed by `base`, class by
+/// class, each class in increasing order; and the offsets of the classes in the buffer
+/// (`c1 - c0 + 1` of them). `classes.prefix(classes.count())` must equal `n`, and `c0 < c1 <=
+/// classes.count()`.
+pub fn class_values<T: Index, C: Classes>(
+    n: u64,
+    classes: &C,
+    c0: u64,
+    c1: u64,
+    base: u64,
+) -> Result<(Vec<T>, Vec<u64>)> {
+    assert_eq!(classes.prefix(classes.count()), n, "class sizes must add up to n");
+    assert!(c0 < c1 && c1 <= classes.count(), "wanted classes out of range");
+    let offsets: Vec<u64> = (c0..=c1)
+        .map(|x| classes.prefix(x) - classes.prefix(c0))
+        .collect();
+    let total = *offsets.last().expect("at least one class");
+    let mut out = try_with_capacity::<T>("a class's indices", total)?;
+    out.resize(total as usize, T::from_u64(0));
+    if total == 0 {
+        return Ok((out, offsets));
+    }
+    let engine = Engine {
+        classes,
+        c0,
+        c1,
+        base,
+    };
+    let mut root = Vec::new();
+    engine.root(0, classes.count(), &mut root);
+    let mut segs = Vec::with_capacity((c1 - c0) as usize);
+    let mut rest: &mut [T] = &mut out;
+    for w in offsets.windows(2) {
+        let (a, b) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) as usize);
+        segs.push(Seg { buf: a, at: 0 });
+        rest = b;
+    }
+    engine.node_par(0, n, &root, segs);
+    Ok((out, offsets))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Classes of explicit sizes.
+    struct Sizes(Vec<u64>);
+    impl Classes for Sizes {
+        fn count(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn prefix(&self, x: u64) -> u64 {
+            self.0[..x as usize].iter().sum()
+        }
+    }
+
+    fn all_classes(sizes: &[u64], base: u64) -> Vec<Vec<u64>> {
+        let c = Sizes(sizes.to_vec());
+        let n = sizes.iter().sum();
+        (0..sizes.len() as u64)
+            .map(|x| class_values::<u64, _>(n, &c, x, x + 1, base).unwrap().0)
+            .collect()
+    }
+
+    #[test]
+    fn classes_computed_separately_partition_the_values() {
+        for sizes in [
+            vec![1u64],
+            vec![0, 5, 0],
+            vec![3, 4, 5],
+            vec![64, 64],
+            vec![65, 1, 100],
+            vec![1000, 1, 1, 7, 300, 0, 4096],
+            vec![13; 17],
+            vec![9999, 10001],
+        ] {
+            for base in 0..4 {
+                let parts = all_classes(&sizes, base);
+                let mut seen: Vec<u64> = parts.iter().flatten().copied().collect();
+                for (p, &s) in parts.iter().zip(&sizes) {
+                    assert_eq!(p.len() as u64, s);
+                    assert!(p.windows(2).all(|w| w[0] < w[1]), "class not increasing");
+                }
+                seen.sort_unstable();
+                let n: u64 = sizes.iter().sum();
+                assert_eq!(seen, (0..n).collect::<Vec<_>>(), "{sizes:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_range_of_classes_equals_the_classes_one_by_one() {
+        let sizes = vec![100, 250, 3, 0, 4000, 17];
+        let n = sizes.iter().sum();
+        let c = Sizes(sizes.clone());
+        let single = all_classes(&sizes, 9);
+        let (joint, offs) = class_values::<u64, _>(n, &c, 1, 5, 9).unwrap();
+        for x in 1..5 {
+            let seg = &joint[offs[x - 1] as usize..offs[x] as usize];
+            assert_eq!(seg, &single[x][..]);
+        }
+    }
+
+    #[test]
+    fn parallel_split_gives_the_same_values_for_any_thread_count() {
+        // Above PAR_GRAIN so the rayon path is taken.
+        let sizes = vec![(1 << 22) + 3, 1 << 21, 12345, (1 << 22) - 7];
+        let n: u64 = sizes.iter().sum();
+        let c = Sizes(sizes);
+        let run = |threads| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| class_values::<u32, _>(n, &c, 1, 3, 5).unwrap())
+        };
+        let one = run(1);
+        assert_eq!(one, run(2));
+        assert_eq!(one, run(5));
+    }
+
+    #[test]
+    fn value_to_class_table_is_flat() {
+        // Value v lands in class x with probability size(x) / n, for every v.
+        let sizes = [5u64, 3, 8];
+        let n = 16usize;
+        let trials = 6000;
+        let mut table = vec![[0u64; 3]; n];
+        for base in 0..trials {
+            for (x, p) in all_classes(&sizes, base).iter().enumerate() {
+                for &v in p {
+                    table[v as usize][x] += 1;
+                }
+            }
+        }
+        let mut chi = 0.0;
+        for row in &table {
+            for (x, &c) in row.iter().enumerate() {
+                let e = trials as f64 * sizes[x] as f64 / n as f64;
+                chi += (c as f64 - e).powi(2) / e;
+            }
+        }
+        // 16 * 2 = 32 degrees of freedom; 99.9% quantile ~ 62.
+        assert!(chi < 62.0, "chi2 {chi}");
+    }
+
+    #[test]
+    fn every_partition_of_a_small_set_is_equally_likely() {
+        // n = 6 into sizes [2, 1, 3]: 6! / (2! 1! 3!) = 60 partitions.
+        let sizes = [2u64, 1, 3];
+        let trials = 30_000u64;
+        let mut counts = std::collections::HashMap::new();
+        for base in 0..trials {
+            *counts.entry(all_classes(&sizes, base)).or_insert(0u64) += 1;
+        }
+        assert_eq!(counts.len(), 60);
+        let e = trials as f64 / 60.0;
+        let chi: f64 = counts.values().map(|&c| (c as f64 - e).powi(2) / e).sum();
+        // 59 dof; 99.9% quantile ~ 99.6.
+        assert!(chi < 99.6, "chi2 {chi}");
+    }
+
+    #[test]
+    fn deposit_is_pdep() {
+        assert_eq!(deposit(0b101, 0b1101_0010), 0b0100_0010);
+        assert_eq!(deposit(u64::MAX, 0xf0f0), 0xf0f0);
+        assert_eq!(deposit(0, u64::MAX), 0);
+    }
+
+    #[test]
+    fn subset_has_the_requested_size_inside_the_mask() {
+        let mut rng = CellRng::new(1);
+        for (mask, k) in [(u64::MAX, 0), (u64::MAX, 64), (u64::MAX, 33), (0xf0f0_0001, 5)] {
+            let n = u64::from(mask.count_ones());
+            let s = subset(&mut rng, mask, n, k.min(n));
+            assert_eq!(u64::from(s.count_ones()), k.min(n));
+            assert_eq!(s & !mask, 0);
+        }
+    }
+}
