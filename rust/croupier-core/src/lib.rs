@@ -21,12 +21,13 @@ pub mod hypergeom;
 pub mod index;
 pub mod partition;
 pub mod permute;
+pub mod share;
 pub mod split;
 pub mod stream;
 pub mod torch;
 
 pub use error::{Error, Result};
 pub use index::{Index, Indices};
-pub use partition::{rank_indices, Layout, Order};
+pub use partition::{first_stop, rank_indices, rank_range, Layout, Order};
 pub use permute::permutation;
 pub use stream::{Purpose, Stream};

@@ -14,7 +14,7 @@
 
 use crate::error::{Error, Result};
 use crate::index::{check_len, try_with_capacity, Index, Indices, MAX_LEN, U32_MAX_LEN};
-use crate::permute::permutation;
+use crate::share;
 use crate::torch;
 
 /// How one epoch of `n` samples is dealt to `num_replicas` ranks.
@@ -46,6 +46,11 @@ impl Layout {
     /// Number of samples in the dataset.
     pub fn n(&self) -> u64 {
         self.n
+    }
+
+    /// Whether the uneven tail is cut instead of padded.
+    pub fn drop_last(&self) -> bool {
+        self.drop_last
     }
 
     /// Number of ranks.
@@ -111,37 +116,103 @@ fn take_rank_share<T: Index>(mut order: Vec<T>, layout: &Layout, rank: u64) -> V
     order
 }
 
-/// `rank`'s share without shuffling: position `p` holds `p mod n`.
-fn sequential_share<T: Index>(layout: &Layout, rank: u64) -> Result<Vec<T>> {
-    let ns = layout.num_samples();
-    let mut v = try_with_capacity::<T>("a rank's indices", ns)?;
+/// Positions `[start, stop)` of `rank`'s share without shuffling: position `p` holds
+/// `(rank + p W) mod n`.
+fn sequential_share<T: Index>(layout: &Layout, rank: u64, start: u64, stop: u64) -> Result<Vec<T>> {
+    let mut v = try_with_capacity::<T>("a rank's indices", stop - start)?;
     let (n, w) = (layout.n, layout.num_replicas);
-    v.extend((0..ns).map(|k| T::from_u64((rank + w * k) % n)));
+    v.extend((start..stop).map(|k| T::from_u64((rank + w * k) % n)));
     Ok(v)
 }
 
 /// Which global order an epoch follows when shuffling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Order {
-    /// croupier's own order: [`crate::permutation`]`(n, seed, epoch)`.
+    /// croupier's own order ([`crate::share`]): uniform like torch's, but each rank computes
+    /// only its own share.
     Fast,
     /// torch's order: `torch.randperm(n)` seeded with `seed + epoch` ([`crate::torch`]), as the
     /// given torch releases compute it.
     Torch(torch::TorchRandperm),
 }
 
-fn epoch_order(n: u64, order: Order, seed: u64, epoch: u64) -> Result<Indices> {
+fn torch_share<T: Index>(
+    layout: &Layout,
+    rank: u64,
+    variant: torch::TorchRandperm,
+    seed: u64,
+    epoch: u64,
+) -> Result<Vec<T>> {
+    let order = torch::randperm(layout.n, torch::sampler_seed(seed, epoch)?, variant)?;
+    // The element type follows n in both places, so this conversion never copies in practice.
+    let order: Vec<T> = match order {
+        Indices::U32(v) => v.into_iter().map(|x| T::from_u64(x.into())).collect(),
+        Indices::U64(v) => v.into_iter().map(T::from_u64).collect(),
+    };
+    Ok(take_rank_share(order, layout, rank))
+}
+
+fn share_range<T: Index>(
+    layout: &Layout,
+    rank: u64,
+    shuffle: bool,
+    order: Order,
+    (seed, epoch): (u64, u64),
+    (start, stop): (u64, u64),
+) -> Result<Vec<T>> {
+    if !shuffle {
+        return sequential_share(layout, rank, start, stop);
+    }
     match order {
-        Order::Fast => permutation(n, seed, epoch),
-        Order::Torch(variant) => torch::randperm(n, torch::sampler_seed(seed, epoch)?, variant),
+        Order::Fast => share::fast_share(layout, rank, seed, epoch, start, stop),
+        Order::Torch(variant) => {
+            let mut v = torch_share::<T>(layout, rank, variant, seed, epoch)?;
+            let (from, len) = (start as usize, (stop - start) as usize);
+            v.copy_within(from..from + len, 0);
+            v.truncate(len);
+            v.shrink_to_fit();
+            Ok(v)
+        }
     }
 }
 
-/// The indices rank `rank` receives in epoch `epoch`, in the order it receives them.
+/// Positions `[start, stop)` of the sequence rank `rank` receives in epoch `epoch`, with
+/// `0 <= start <= stop <= num_samples`.
 ///
 /// With `shuffle`, the global order is the epoch's `order`; without, it is `0, 1, …, n-1` (in
 /// both orders, as in torch). Padding, `drop_last` and striding follow torch (see the module
-/// docs).
+/// docs). `order="fast"` computes only the blocks holding the positions asked for; the other
+/// modes compute the whole share and cut it.
+#[allow(clippy::too_many_arguments)]
+pub fn rank_range(
+    layout: &Layout,
+    rank: u64,
+    shuffle: bool,
+    order: Order,
+    seed: u64,
+    epoch: u64,
+    start: u64,
+    stop: u64,
+) -> Result<Indices> {
+    layout.check_rank(rank)?;
+    let ns = layout.num_samples();
+    if start > stop || stop > ns {
+        return Err(Error::out_of_range(
+            "start, stop",
+            format!("0 <= start <= stop <= num_samples = {ns}"),
+            format!("{start}, {stop}"),
+        ));
+    }
+    let args = ((seed, epoch), (start, stop));
+    Ok(if layout.n <= U32_MAX_LEN {
+        Indices::U32(share_range(layout, rank, shuffle, order, args.0, args.1)?)
+    } else {
+        Indices::U64(share_range(layout, rank, shuffle, order, args.0, args.1)?)
+    })
+}
+
+/// The indices rank `rank` receives in epoch `epoch`, in the order it receives them: all of
+/// [`rank_range`].
 pub fn rank_indices(
     layout: &Layout,
     rank: u64,
@@ -150,18 +221,33 @@ pub fn rank_indices(
     seed: u64,
     epoch: u64,
 ) -> Result<Indices> {
+    rank_range(
+        layout,
+        rank,
+        shuffle,
+        order,
+        seed,
+        epoch,
+        0,
+        layout.num_samples(),
+    )
+}
+
+/// Where a call that starts at `start` should stop to hand out its first index soonest: the
+/// end of the block holding `start` in `order="fast"` with shuffling, `num_samples` otherwise.
+pub fn first_stop(
+    layout: &Layout,
+    rank: u64,
+    shuffle: bool,
+    order: Order,
+    start: u64,
+) -> Result<u64> {
     layout.check_rank(rank)?;
-    if !shuffle {
-        return Ok(if layout.n <= U32_MAX_LEN {
-            Indices::U32(sequential_share(layout, rank)?)
-        } else {
-            Indices::U64(sequential_share(layout, rank)?)
-        });
+    if shuffle && order == Order::Fast {
+        share::first_stop(layout, rank, start.min(layout.num_samples()))
+    } else {
+        Ok(layout.num_samples())
     }
-    Ok(match epoch_order(layout.n, order, seed, epoch)? {
-        Indices::U32(v) => Indices::U32(take_rank_share(v, layout, rank)),
-        Indices::U64(v) => Indices::U64(take_rank_share(v, layout, rank)),
-    })
 }
 
 #[cfg(test)]
@@ -205,11 +291,11 @@ mod tests {
             for w in 1..=17u64 {
                 for drop_last in [false, true] {
                     let layout = Layout::new(n, w, drop_last).unwrap();
-                    for (shuffle, order) in
-                        [(false, Order::Fast), (true, Order::Fast), (true, TORCH)]
-                    {
+                    for (shuffle, order) in [(false, Order::Fast), (true, TORCH)] {
                         let global = if shuffle {
-                            epoch_order(n, order, 11, 3).unwrap().to_u64_vec()
+                            torch::randperm(n, 14, torch::TorchRandperm::InsideOutForLargeN)
+                                .unwrap()
+                                .to_u64_vec()
                         } else {
                             (0..n).collect()
                         };

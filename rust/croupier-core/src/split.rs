@@ -279,7 +279,10 @@ impl<C: Classes> Engine<'_, C> {
         self.split(lo, hi, src, &mut l, &mut r);
         let mut counts = vec![0u64; (self.c1 - self.c0) as usize];
         self.class_counts(&l, &mut 0, &mut counts);
-        let (mut ls, mut rs) = (Vec::with_capacity(segs.len()), Vec::with_capacity(segs.len()));
+        let (mut ls, mut rs) = (
+            Vec::with_capacity(segs.len()),
+            Vec::with_capacity(segs.len()),
+        );
         for (seg, &c) in segs.into_iter().zip(&counts) {
             let rest = &mut seg.buf[seg.at..];
             let (a, b) = rest.split_at_mut(c as usize);
@@ -335,8 +338,15 @@ pub fn class_values<T: Index, C: Classes>(
     c1: u64,
     base: u64,
 ) -> Result<(Vec<T>, Vec<u64>)> {
-    assert_eq!(classes.prefix(classes.count()), n, "class sizes must add up to n");
-    assert!(c0 < c1 && c1 <= classes.count(), "wanted classes out of range");
+    assert_eq!(
+        classes.prefix(classes.count()),
+        n,
+        "class sizes must add up to n"
+    );
+    assert!(
+        c0 < c1 && c1 <= classes.count(),
+        "wanted classes out of range"
+    );
     let offsets: Vec<u64> = (c0..=c1)
         .map(|x| classes.prefix(x) - classes.prefix(c0))
         .collect();
@@ -496,7 +506,12 @@ mod tests {
     #[test]
     fn subset_has_the_requested_size_inside_the_mask() {
         let mut rng = CellRng::new(1);
-        for (mask, k) in [(u64::MAX, 0), (u64::MAX, 64), (u64::MAX, 33), (0xf0f0_0001, 5)] {
+        for (mask, k) in [
+            (u64::MAX, 0),
+            (u64::MAX, 64),
+            (u64::MAX, 33),
+            (0xf0f0_0001, 5),
+        ] {
             let n = u64::from(mask.count_ones());
             let s = subset(&mut rng, mask, n, k.min(n));
             assert_eq!(u64::from(s.count_ones()), k.min(n));

@@ -35,6 +35,11 @@ use rand_core::{Rng, SeedableRng};
 pub enum Purpose {
     /// The global order of an epoch: a Fisher–Yates permutation of `[0, N)`.
     Permutation = u64::from_le_bytes(*b"permute\0"),
+    /// The partition of an epoch into rank shares ([`crate::share`]); only its first word is
+    /// used, as the base of the per-cell keys.
+    Share = u64::from_le_bytes(*b"shares\0\0"),
+    /// The order inside one block of a rank's share ([`crate::share`]).
+    ShareOrder = u64::from_le_bytes(*b"inshare\0"),
 }
 
 /// A deterministic random stream; see the module documentation for its derivation.

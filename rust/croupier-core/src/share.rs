@@ -1,0 +1,460 @@
+//! One rank's share of an epoch in `order="fast"`, computed without the other ranks' shares.
+//!
+//! # The order
+//!
+//! The epoch's global order is a uniform random permutation `π` of `[0, n)`, padded or cut and
+//! dealt to ranks with torch's arithmetic ([`crate::partition`]): rank `r` takes global
+//! positions `r, r+W, …`. Its first `c_r` positions (those below `min(n, total_size)`) hold
+//! distinct values; `drop_last=False` adds at most one padding position, which repeats
+//! `π[s]` for one `s < W`, i.e. the first index of rank `s mod W`.
+//!
+//! A uniform `π` dealt this way is exactly: a uniform random partition of `[0, n)` into the
+//! ranks' value sets (sizes `c_r`, plus the values `drop_last` cuts) and, independently, a
+//! uniform random order inside each rank's set. croupier draws it in that form, which is what
+//! lets a rank compute only its own share:
+//!
+//! - **Classes.** Rank `r`'s `c_r` positions are cut into blocks `[0, F)`, `[F, 2F)`,
+//!   `[2F, 4F)`, `[4F, 8F)`, … (`F` = [`FIRST_BLOCK`]), the last one ending at `c_r`. Every
+//!   (rank, block) pair is a class, numbered rank-major; the values `drop_last` cuts form one
+//!   last class. The partition of `[0, n)` into these classes is drawn by recursive
+//!   hypergeometric splitting ([`crate::split`]), keyed by `(seed, epoch)` and the layout.
+//! - **Order.** The values of each block (increasing) are shuffled by Fisher–Yates with the
+//!   stream `(seed, epoch, ShareOrder, fold(layout, class))`, and the blocks follow each other.
+//!
+//! Cutting a uniform partition into more classes and ordering each class uniformly is still a
+//! uniform permutation; the blocks only decide how much must be computed before a position
+//! can be read: the first index needs `F` values, a resume at position `p` needs the block
+//! holding `p` (at most half of the share), the whole share about as much as the share alone.
+//! Nothing here depends on the number of threads.
+
+use crate::cellrng::fold;
+use crate::error::{Error, Result};
+use crate::index::{try_with_capacity, Index};
+use crate::partition::Layout;
+use crate::permute::fisher_yates;
+use crate::split::{class_values, Classes};
+use crate::stream::{Purpose, Stream};
+use rayon::prelude::*;
+
+/// Size of a rank's first block, and the unit of the doubling block sizes.
+pub const FIRST_BLOCK: u64 = 1 << 12;
+
+/// The classes of an epoch: every rank's blocks, rank-major, then the values cut by
+/// `drop_last` (if any).
+#[derive(Debug, Clone)]
+pub struct RankClasses {
+    w: u64,
+    q: u64,
+    rem: u64,
+    kept: u64,
+    cut: u64,
+    blocks: u64,
+}
+
+impl RankClasses {
+    /// The classes of `layout`.
+    pub fn new(layout: &Layout) -> Result<Self> {
+        let (n, w) = (layout.n(), layout.num_replicas());
+        let kept = n.min(layout.total_size());
+        let (q, rem) = (kept / w, kept % w);
+        let largest = q + u64::from(rem > 0);
+        let blocks = block_of(largest.max(1) - 1) + 1;
+        if w.checked_mul(blocks)
+            .and_then(|x| x.checked_add(1))
+            .is_none()
+        {
+            return Err(Error::out_of_range(
+                "num_replicas",
+                format!(
+                    "at most {} for a dataset of this length",
+                    u64::MAX / blocks - 1
+                ),
+                w,
+            ));
+        }
+        Ok(RankClasses {
+            w,
+            q,
+            rem,
+            kept,
+            cut: n - kept,
+            blocks,
+        })
+    }
+
+    /// How many distinct values rank `r` receives.
+    pub fn share(&self, r: u64) -> u64 {
+        self.q + u64::from(r < self.rem)
+    }
+
+    /// Blocks per rank (the last ones of a smaller share may be empty).
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
+    /// The class number of rank `r`'s block `j`.
+    pub fn class(&self, r: u64, j: u64) -> u64 {
+        r * self.blocks + j
+    }
+}
+
+/// The block holding position `p` of a share.
+pub fn block_of(p: u64) -> u64 {
+    if p < FIRST_BLOCK {
+        0
+    } else {
+        1 + u64::from(63 - (p / FIRST_BLOCK).leading_zeros())
+    }
+}
+
+/// Where block `j` of a share of `c` values starts.
+pub fn block_start(c: u64, j: u64) -> u64 {
+    if j == 0 {
+        0
+    } else if j > u64::from(FIRST_BLOCK.leading_zeros()) {
+        c
+    } else {
+        c.min(FIRST_BLOCK << (j - 1))
+    }
+}
+
+impl Classes for RankClasses {
+    fn count(&self) -> u64 {
+        self.w * self.blocks + u64::from(self.cut > 0)
+    }
+
+    fn prefix(&self, x: u64) -> u64 {
+        let ranks = self.w * self.blocks;
+        if x > ranks {
+            return self.kept + self.cut;
+        }
+        if x == ranks {
+            return self.kept;
+        }
+        let (r, j) = (x / self.blocks, x % self.blocks);
+        r * self.q + r.min(self.rem) + block_start(self.share(r), j)
+    }
+}
+
+fn layout_key(layout: &Layout) -> u64 {
+    let tag = u64::from_le_bytes(*b"layout\0\0");
+    fold(
+        fold(fold(tag, layout.n()), layout.num_replicas()),
+        u64::from(layout.drop_last()),
+    )
+}
+
+/// Rank `rank`'s blocks `[j0, j1)`, each shuffled, one after the other.
+fn blocks<T: Index>(
+    layout: &Layout,
+    classes: &RankClasses,
+    rank: u64,
+    (j0, j1): (u64, u64),
+    seed: u64,
+    epoch: u64,
+) -> Result<Vec<T>> {
+    let key = layout_key(layout);
+    let base = fold(Stream::new(seed, epoch, Purpose::Share, 0).next_u64(), key);
+    let (c0, c1) = (classes.class(rank, j0), classes.class(rank, j1));
+    let (mut values, offsets) = class_values::<T, _>(layout.n(), classes, c0, c1, base)?;
+    let mut segs = Vec::with_capacity(offsets.len() - 1);
+    let mut rest: &mut [T] = &mut values;
+    for (i, w) in offsets.windows(2).enumerate() {
+        let (seg, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) as usize);
+        segs.push((c0 + i as u64, seg));
+        rest = tail;
+    }
+    // Largest blocks first, so the longest shuffle starts at once.
+    segs.reverse();
+    segs.into_par_iter().for_each(|(class, seg)| {
+        let mut stream = Stream::new(seed, epoch, Purpose::ShareOrder, fold(key, class));
+        fisher_yates(seg, &mut stream);
+    });
+    Ok(values)
+}
+
+/// Positions `[start, stop)` of rank `rank`'s sequence for the epoch, in `order="fast"` with
+/// shuffling; `start <= stop <= layout.num_samples()`.
+pub fn fast_share<T: Index>(
+    layout: &Layout,
+    rank: u64,
+    seed: u64,
+    epoch: u64,
+    start: u64,
+    stop: u64,
+) -> Result<Vec<T>> {
+    layout.check_rank(rank)?;
+    let ns = layout.num_samples();
+    if start > stop || stop > ns {
+        return Err(Error::out_of_range(
+            "start, stop",
+            format!("0 <= start <= stop <= num_samples = {ns}"),
+            format!("{start}, {stop}"),
+        ));
+    }
+    let classes = RankClasses::new(layout)?;
+    let c = classes.share(rank);
+    let own_stop = stop.min(c);
+    let mut out: Vec<T>;
+    if start < own_stop {
+        let (j0, j1) = (block_of(start), block_of(own_stop - 1) + 1);
+        out = blocks(layout, &classes, rank, (j0, j1), seed, epoch)?;
+        let first = block_start(c, j0);
+        let (from, len) = ((start - first) as usize, (own_stop - start) as usize);
+        out.copy_within(from..from + len, 0);
+        out.truncate(len);
+    } else {
+        out = try_with_capacity("a rank's indices", stop - start)?;
+    }
+    if stop > c && start <= c {
+        // The padding position: global position rank + c*W repeats π[s], the first index of
+        // rank s mod W (s < W, see the module docs).
+        let (n, w) = (layout.n(), layout.num_replicas());
+        let s = (rank + c * w - n) % n;
+        let source = s % w;
+        let head = blocks::<T>(layout, &classes, source, (0, 1), seed, epoch)?;
+        out.push(head[0]);
+    }
+    out.shrink_to_fit();
+    Ok(out)
+}
+
+/// The end of the block holding `start`: the positions one call should compute before the
+/// first index can be handed out.
+pub fn first_stop(layout: &Layout, rank: u64, start: u64) -> Result<u64> {
+    layout.check_rank(rank)?;
+    let classes = RankClasses::new(layout)?;
+    let c = classes.share(rank);
+    let ns = layout.num_samples();
+    if start >= c {
+        return Ok(ns);
+    }
+    let end = block_start(c, block_of(start) + 1);
+    Ok(if end >= c { ns } else { end })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::{rank_indices, rank_range, Order};
+    use std::collections::{HashMap, HashSet};
+
+    fn share(n: u64, w: u64, r: u64, drop_last: bool, seed: u64, epoch: u64) -> Vec<u64> {
+        let layout = Layout::new(n, w, drop_last).unwrap();
+        rank_indices(&layout, r, true, Order::Fast, seed, epoch)
+            .unwrap()
+            .to_u64_vec()
+    }
+
+    /// Interleaves all ranks' shares into the global sequence and checks it has torch's
+    /// structure: distinct values below min(n, total_size), padding repeating the head.
+    fn check_global(n: u64, w: u64, drop_last: bool, seed: u64) -> Vec<u64> {
+        let layout = Layout::new(n, w, drop_last).unwrap();
+        let shares: Vec<Vec<u64>> = (0..w).map(|r| share(n, w, r, drop_last, seed, 1)).collect();
+        let ns = layout.num_samples();
+        let total = layout.total_size();
+        for s in &shares {
+            assert_eq!(s.len() as u64, ns, "n={n} w={w} drop_last={drop_last}");
+        }
+        let global: Vec<u64> = (0..total)
+            .map(|j| shares[(j % w) as usize][(j / w) as usize])
+            .collect();
+        let kept = n.min(total) as usize;
+        let distinct: HashSet<u64> = global[..kept].iter().copied().collect();
+        assert_eq!(distinct.len(), kept, "repeats among first occurrences");
+        assert!(global.iter().all(|&v| v < n.max(1)));
+        if !drop_last {
+            assert_eq!(kept as u64, n);
+            for j in n..total {
+                assert_eq!(
+                    global[j as usize],
+                    global[((j - n) % n) as usize],
+                    "padding"
+                );
+            }
+        }
+        global
+    }
+
+    #[test]
+    fn shares_partition_the_dataset_over_a_sweep() {
+        let ns = (0..70u64).chain([97, 127, 128, 1009, 4095, 4096, 4097, 10_007]);
+        for n in ns {
+            for w in (1..=17u64).chain([31, 64]) {
+                for drop_last in [false, true] {
+                    check_global(n, w, drop_last, n ^ w);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn several_blocks_and_large_primes() {
+        for (n, w) in [(100_003u64, 3u64), (65_537, 1), (40_961, 7), (12_289, 2)] {
+            for drop_last in [false, true] {
+                check_global(n, w, drop_last, 5);
+            }
+        }
+    }
+
+    #[test]
+    fn every_position_range_equals_the_cut_of_the_whole() {
+        let layout = Layout::new(50_001, 3, false).unwrap();
+        let ns = layout.num_samples();
+        for r in 0..3 {
+            let whole = rank_indices(&layout, r, true, Order::Fast, 9, 2)
+                .unwrap()
+                .to_u64_vec();
+            let cuts = [
+                0,
+                1,
+                4095,
+                4096,
+                4097,
+                8191,
+                8192,
+                12_000,
+                16_384,
+                ns - 1,
+                ns,
+            ];
+            for &a in &cuts {
+                for &b in &cuts {
+                    if a > b {
+                        continue;
+                    }
+                    let got = rank_range(&layout, r, true, Order::Fast, 9, 2, a, b)
+                        .unwrap()
+                        .to_u64_vec();
+                    assert_eq!(got, whole[a as usize..b as usize], "r={r} [{a}, {b})");
+                }
+            }
+            assert!(rank_range(&layout, r, true, Order::Fast, 9, 2, 5, 4).is_err());
+            assert!(rank_range(&layout, r, true, Order::Fast, 9, 2, 0, ns + 1).is_err());
+        }
+    }
+
+    #[test]
+    fn first_stop_is_the_end_of_the_block() {
+        let layout = Layout::new(100_000, 2, false).unwrap();
+        let f = |p| first_stop(&layout, 0, p).unwrap();
+        assert_eq!(f(0), FIRST_BLOCK);
+        assert_eq!(f(FIRST_BLOCK - 1), FIRST_BLOCK);
+        assert_eq!(f(FIRST_BLOCK), 2 * FIRST_BLOCK);
+        assert_eq!(f(5 * FIRST_BLOCK), 8 * FIRST_BLOCK);
+        assert_eq!(f(49_999), 50_000);
+        assert_eq!(f(50_000), 50_000);
+    }
+
+    #[test]
+    fn block_arithmetic() {
+        assert_eq!(block_of(0), 0);
+        assert_eq!(block_of(FIRST_BLOCK - 1), 0);
+        assert_eq!(block_of(FIRST_BLOCK), 1);
+        assert_eq!(block_of(2 * FIRST_BLOCK - 1), 1);
+        assert_eq!(block_of(2 * FIRST_BLOCK), 2);
+        assert_eq!(block_of(u64::MAX), 52);
+        for c in [0u64, 1, 4096, 4097, 1 << 40, (1 << 63) - 1] {
+            let last = block_of(c.max(1) - 1);
+            assert_eq!(block_start(c, last + 1), c);
+            for j in 0..=last {
+                assert!(block_start(c, j) < c.max(1));
+                assert_eq!(block_of(block_start(c, j)), j);
+            }
+        }
+    }
+
+    #[test]
+    fn every_order_of_four_is_equally_likely() {
+        // W = 2: the global sequence of 4 values from two shares.
+        let trials = 24_000u64;
+        let mut counts: HashMap<Vec<u64>, u64> = HashMap::new();
+        for seed in 0..trials {
+            let g: Vec<u64> = (0..4)
+                .map(|j| share(4, 2, j % 2, false, seed, 0)[(j / 2) as usize])
+                .collect();
+            *counts.entry(g).or_default() += 1;
+        }
+        assert_eq!(counts.len(), 24);
+        let e = trials as f64 / 24.0;
+        let chi: f64 = counts.values().map(|&c| (c as f64 - e).powi(2) / e).sum();
+        assert!(chi < 49.73, "chi2 {chi}"); // 23 dof, p = 0.001
+    }
+
+    #[test]
+    fn value_to_rank_and_position_tables_are_flat() {
+        // n = 12 over W = 3: every value at every (rank, position) with probability 1/12.
+        let (n, w, trials) = (12u64, 3u64, 12_000u64);
+        let mut table = vec![vec![0u64; n as usize]; n as usize];
+        for seed in 0..trials {
+            for r in 0..w {
+                for (p, &v) in share(n, w, r, false, seed, 3).iter().enumerate() {
+                    table[v as usize][(r + p as u64 * w) as usize] += 1;
+                }
+            }
+        }
+        let e = trials as f64 / n as f64;
+        let chi: f64 = table
+            .iter()
+            .flatten()
+            .map(|&c| (c as f64 - e).powi(2) / e)
+            .sum();
+        // 121 dof (11 x 11), p = 0.001 quantile ~ 173.6.
+        assert!(chi < 173.6, "chi2 {chi}");
+    }
+
+    #[test]
+    fn same_for_any_thread_count() {
+        let layout = Layout::new(9_000_011, 4, false).unwrap();
+        let run = |threads| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| rank_indices(&layout, 2, true, Order::Fast, 3, 1).unwrap())
+        };
+        let one = run(1);
+        assert_eq!(one, run(2));
+        assert_eq!(one, run(3));
+    }
+
+    #[test]
+    fn huge_dataset_and_many_ranks_beyond_u32() {
+        let (n, w) = ((1u64 << 33) + 5, 1u64 << 20);
+        let layout = Layout::new(n, w, false).unwrap();
+        let a = rank_indices(&layout, w - 1, true, Order::Fast, 0, 0).unwrap();
+        assert!(matches!(a, crate::Indices::U64(_)));
+        let a = a.to_u64_vec();
+        let b = share(n, w, 3, false, 0, 0);
+        assert_eq!(a.len() as u64, layout.num_samples());
+        assert_eq!(b.len() as u64, layout.num_samples());
+        // Rank w-1 has the last padding position, total_size - 1, which repeats global
+        // position total_size - 1 - n = w - 6: the first index of rank w - 6.
+        let first0 = share(n, w, w - 6, false, 0, 0)[0];
+        assert_eq!(*a.last().unwrap(), first0);
+        let own_a: HashSet<u64> = a[..a.len() - 1].iter().copied().collect();
+        let own_b: HashSet<u64> = b.iter().copied().collect();
+        assert_eq!(own_a.len(), a.len() - 1);
+        assert_eq!(own_b.len(), b.len());
+        assert!(own_a.is_disjoint(&own_b));
+        assert!(a.iter().chain(&b).all(|&v| v < n));
+        // Spread over the whole range, beyond 2**32.
+        assert!(a.iter().any(|&v| v > 1 << 32));
+    }
+
+    #[test]
+    fn value_stability_pins() {
+        // Deliberate pins of order="fast": a change here is a breaking change.
+        assert_eq!(share(1000, 4, 1, false, 0, 0)[..8], PIN_1000_4_1);
+        assert_eq!(share(10, 3, 2, false, 1234, 7), PIN_10_3_2);
+        let big = (1u64 << 33) + 5;
+        let layout = Layout::new(big, 1 << 20, false).unwrap();
+        let got = rank_range(&layout, 7, true, Order::Fast, 1, 2, 0, 4)
+            .unwrap()
+            .to_u64_vec();
+        assert_eq!(got, PIN_BIG);
+    }
+    const PIN_1000_4_1: [u64; 8] = [955, 618, 392, 962, 85, 445, 957, 81];
+    const PIN_10_3_2: [u64; 4] = [7, 0, 3, 9];
+    const PIN_BIG: [u64; 4] = [1303306002, 7373364008, 8086510649, 7022295721];
+}
