@@ -10,7 +10,10 @@ fn main() {
     let (n, w, r) = (a[0], a[1], a[2]);
     let layout = Layout::new(n, w, false).expect("layout");
     let ns = layout.num_samples();
-    let (start, stop) = (a.get(3).copied().unwrap_or(0), a.get(4).copied().unwrap_or(ns));
+    let (start, stop) = (
+        a.get(3).copied().unwrap_or(0),
+        a.get(4).copied().unwrap_or(ns),
+    );
     let t = Instant::now();
     let first = first_stop(&layout, r, true, Order::Fast, start).expect("first stop");
     let head = rank_range(&layout, r, true, Order::Fast, 0, 0, start, first).expect("head");

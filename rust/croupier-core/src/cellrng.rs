@@ -68,6 +68,27 @@ impl CellRng {
         (m >> 64) as u64
     }
 
+    /// Two uniform integers in `[0, s1)` and `[0, s2)` (`1 <= s <= 2**32`) from one 64-bit
+    /// word (its low and high halves, Lemire's method on each; a rejected half draws a fresh
+    /// word of its own).
+    #[inline(always)]
+    pub fn below_pair(&mut self, s1: u32, s2: u32) -> (u32, u32) {
+        let x = self.next_u64();
+        (self.half(x as u32, s1), self.half((x >> 32) as u32, s2))
+    }
+
+    #[inline(always)]
+    fn half(&mut self, x: u32, s: u32) -> u32 {
+        let mut m = u64::from(x) * u64::from(s);
+        if (m as u32) < s {
+            let t = s.wrapping_neg() % s;
+            while (m as u32) < t {
+                m = u64::from(self.next_u64() as u32) * u64::from(s);
+            }
+        }
+        (m >> 32) as u32
+    }
+
     /// A uniform double in `(0, 1]` with 53 random bits (never 0, so its logarithm is finite).
     #[inline(always)]
     pub fn unit_open0(&mut self) -> f64 {

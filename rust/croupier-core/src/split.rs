@@ -43,10 +43,21 @@ pub trait Classes: Sync {
     fn count(&self) -> u64;
     /// Total size of classes `[0, x)` for `x <= C`; non-decreasing, `prefix(0) = 0`.
     fn prefix(&self, x: u64) -> u64;
+    /// Where the class tree splits `[a, b)` (`b - a >= 2`); the midpoint unless the classes
+    /// have a better shape. Must be in `(a, b)`.
+    fn split(&self, a: u64, b: u64) -> u64 {
+        a + (b - a) / 2
+    }
+    /// Leaves of the value tree hold at most this many values: a power of two in
+    /// `[64, MAX_LEAF]`. Big leaves suit classes that are a large fraction of `n`.
+    fn leaf(&self) -> u64 {
+        64
+    }
 }
 
-/// Leaves of the value tree hold at most this many values (one `u64` mask).
-pub const LEAF: u64 = 64;
+/// The largest value leaf: its values are dealt with bit sets of 64 words.
+pub const MAX_LEAF: u64 = 4096;
+const WORDS: usize = (MAX_LEAF / 64) as usize;
 
 /// Value subtrees larger than this are split across threads.
 const PAR_GRAIN: u64 = 1 << 21;
@@ -60,6 +71,7 @@ struct Entry {
 
 struct Engine<'c, C> {
     classes: &'c C,
+    leaf: u64,
     c0: u64,
     c1: u64,
     base: u64,
@@ -92,7 +104,7 @@ impl<C: Classes> Engine<'_, C> {
         };
         out.push(e);
         if self.expands(&e) {
-            let m = a + (b - a) / 2;
+            let m = self.classes.split(a, b);
             self.root(a, m, out);
             self.root(m, b, out);
         }
@@ -195,27 +207,35 @@ impl<C: Classes> Engine<'_, C> {
         debug_assert_eq!(idx, src.len());
     }
 
-    /// Deals the values of a leaf `[lo, hi)` (at most 64) as bit masks.
+    /// Deals the values of a leaf `[lo, hi)` as bit sets (bit `i` of word `k` is value
+    /// `lo + 64k + i`).
+    #[allow(clippy::too_many_arguments)]
     fn leaf_node<T: Index>(
         &self,
         lo: u64,
         hi: u64,
         src: &[Entry],
         idx: &mut usize,
-        mask: u64,
+        set: &[u64],
         segs: &mut [Seg<'_, T>],
     ) {
         let e = src[*idx];
         *idx += 1;
-        debug_assert_eq!(u64::from(mask.count_ones()), e.t);
+        debug_assert_eq!(
+            set.iter().map(|w| u64::from(w.count_ones())).sum::<u64>(),
+            e.t
+        );
         if e.b - e.a == 1 {
             if e.a >= self.c0 && e.a < self.c1 {
                 let seg = &mut segs[(e.a - self.c0) as usize];
-                let mut m = mask;
-                while m != 0 {
-                    seg.buf[seg.at] = T::from_u64(lo + u64::from(m.trailing_zeros()));
-                    seg.at += 1;
-                    m &= m - 1;
+                for (k, &word) in set.iter().enumerate() {
+                    let mut m = word;
+                    while m != 0 {
+                        let v = lo + 64 * k as u64 + u64::from(m.trailing_zeros());
+                        seg.buf[seg.at] = T::from_u64(v);
+                        seg.at += 1;
+                        m &= m - 1;
+                    }
                 }
             }
             return;
@@ -223,17 +243,21 @@ impl<C: Classes> Engine<'_, C> {
         if !self.expands(&e) {
             return;
         }
+        let words = set.len();
         let left_t = src[*idx].t;
-        let left = if left_t == 0 {
-            0
-        } else if left_t == e.t {
-            mask
-        } else {
+        let mut left = [0u64; WORDS];
+        let mut right = [0u64; WORDS];
+        if left_t == e.t {
+            left[..words].copy_from_slice(set);
+        } else if left_t > 0 {
             let mut rng = CellRng::for_cell(self.base, lo, hi, e.a, e.b);
-            subset(&mut rng, mask, e.t, left_t)
-        };
-        self.leaf_node(lo, hi, src, idx, left, segs);
-        self.leaf_node(lo, hi, src, idx, mask & !left, segs);
+            subset(&mut rng, set, e.t, left_t, &mut left[..words]);
+        }
+        for k in 0..words {
+            right[k] = set[k] & !left[k];
+        }
+        self.leaf_node(lo, hi, src, idx, &left[..words], segs);
+        self.leaf_node(lo, hi, src, idx, &right[..words], segs);
     }
 
     fn node<T: Index>(
@@ -247,13 +271,15 @@ impl<C: Classes> Engine<'_, C> {
         if self.wanted(src, &mut 0) == 0 {
             return;
         }
-        if hi - lo <= LEAF {
-            let full = if hi - lo == 64 {
-                u64::MAX
-            } else {
-                (1u64 << (hi - lo)) - 1
-            };
-            self.leaf_node(lo, hi, src, &mut 0, full, segs);
+        if hi - lo <= self.leaf {
+            let mut full = [0u64; WORDS];
+            let len = hi - lo;
+            let words = len.div_ceil(64) as usize;
+            full[..words].fill(u64::MAX);
+            if len % 64 != 0 {
+                full[words - 1] = (1u64 << (len % 64)) - 1;
+            }
+            self.leaf_node(lo, hi, src, &mut 0, &full[..words], segs);
             return;
         }
         let ((l, r), rest) = scratch
@@ -297,24 +323,91 @@ impl<C: Classes> Engine<'_, C> {
     }
 }
 
-/// A uniform random subset of size `k` of the `n` set bits of `mask` (`k <= n <= 64`).
-fn subset(rng: &mut CellRng, mask: u64, n: u64, k: u64) -> u64 {
-    // Floyd's algorithm draws the smaller of the subset and its complement.
+/// A uniform random subset of size `k` of the `n` set bits of `set`, written to `out`
+/// (`0 < k < n`).
+fn subset(rng: &mut CellRng, set: &[u64], n: u64, k: u64, out: &mut [u64]) {
+    // Floyd's algorithm over the compact positions [0, n), drawing the smaller of the subset
+    // and its complement; then the compact bits are deposited on the set's bits.
     let (want, complement) = if 2 * k > n { (n - k, true) } else { (k, false) };
-    let mut s = 0u64;
-    for j in (n - want)..n {
-        let t = rng.below(j + 1);
-        s |= if s >> t & 1 == 1 { 1 << j } else { 1 << t };
+    let mut compact = [0u64; WORDS];
+    let mut add = |j: u64, t: u64| {
+        let pick = if compact[(t / 64) as usize] >> (t % 64) & 1 == 1 {
+            j
+        } else {
+            t
+        };
+        compact[(pick / 64) as usize] |= 1 << (pick % 64);
+    };
+    // Two steps per 64-bit word: bounds are at most MAX_LEAF, far below 2**32.
+    let mut j = n - want;
+    while j + 1 < n {
+        let (t1, t2) = rng.below_pair(j as u32 + 1, j as u32 + 2);
+        add(j, u64::from(t1));
+        add(j + 1, u64::from(t2));
+        j += 2;
+    }
+    if j < n {
+        add(j, rng.below(j + 1));
     }
     if complement {
-        s = !s & if n == 64 { u64::MAX } else { (1 << n) - 1 };
+        let full = (n / 64) as usize;
+        for w in &mut compact[..full] {
+            *w = !*w;
+        }
+        if n % 64 != 0 {
+            compact[full] = !compact[full] & ((1 << (n % 64)) - 1);
+        }
     }
-    deposit(s, mask)
+    // Deposit: the i-th compact bit goes to the i-th set bit of `set`.
+    let mut taken = 0u64;
+    for (o, &word) in out.iter_mut().zip(set) {
+        let p = u64::from(word.count_ones());
+        if p == 0 {
+            *o = 0;
+            continue;
+        }
+        let bits = extract(&compact, taken, p);
+        *o = deposit(bits, word);
+        taken += p;
+    }
 }
 
-/// Moves bit `i` of `compact` to the position of the `i`-th set bit of `mask` (x86's `pdep`).
-#[inline]
+/// `len <= 64` bits of `words` from bit `from` on, as the low bits of a word.
+#[inline(always)]
+fn extract(words: &[u64], from: u64, len: u64) -> u64 {
+    let (k, s) = ((from / 64) as usize, from % 64);
+    let mut v = words[k] >> s;
+    if s != 0 && k + 1 < words.len() {
+        v |= words[k + 1] << (64 - s);
+    }
+    if len < 64 {
+        v & ((1 << len) - 1)
+    } else {
+        v
+    }
+}
+
+/// Moves bit `i` of `compact` to the position of the `i`-th set bit of `mask` (x86's `pdep`,
+/// which is used when the processor has it; the result is the same).
+#[inline(always)]
 fn deposit(compact: u64, mask: u64) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("bmi2") {
+            // SAFETY: the processor supports BMI2, checked just above.
+            return unsafe { pdep_bmi2(compact, mask) };
+        }
+    }
+    deposit_portable(compact, mask)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "bmi2")]
+unsafe fn pdep_bmi2(compact: u64, mask: u64) -> u64 {
+    std::arch::x86_64::_pdep_u64(compact, mask)
+}
+
+fn deposit_portable(compact: u64, mask: u64) -> u64 {
     let (mut out, mut m, mut c) = (0u64, mask, compact);
     while m != 0 {
         let low = m & m.wrapping_neg();
@@ -356,8 +449,11 @@ pub fn class_values<T: Index, C: Classes>(
     if total == 0 {
         return Ok((out, offsets));
     }
+    let leaf = classes.leaf();
+    assert!(leaf.is_power_of_two() && (64..=MAX_LEAF).contains(&leaf));
     let engine = Engine {
         classes,
+        leaf,
         c0,
         c1,
         base,
@@ -501,21 +597,70 @@ mod tests {
         assert_eq!(deposit(0b101, 0b1101_0010), 0b0100_0010);
         assert_eq!(deposit(u64::MAX, 0xf0f0), 0xf0f0);
         assert_eq!(deposit(0, u64::MAX), 0);
+        let mut rng = CellRng::new(8);
+        for _ in 0..10_000 {
+            let (c, m) = (rng.next_u64(), rng.next_u64() & rng.next_u64());
+            assert_eq!(deposit(c, m), deposit_portable(c, m));
+        }
     }
 
     #[test]
-    fn subset_has_the_requested_size_inside_the_mask() {
+    fn subset_has_the_requested_size_inside_the_set() {
         let mut rng = CellRng::new(1);
-        for (mask, k) in [
-            (u64::MAX, 0),
-            (u64::MAX, 64),
-            (u64::MAX, 33),
-            (0xf0f0_0001, 5),
-        ] {
-            let n = u64::from(mask.count_ones());
-            let s = subset(&mut rng, mask, n, k.min(n));
-            assert_eq!(u64::from(s.count_ones()), k.min(n));
-            assert_eq!(s & !mask, 0);
+        let sets: [&[u64]; 3] = [&[u64::MAX], &[0xf0f0_0001, 0, u64::MAX, 7], &[u64::MAX; 64]];
+        for set in sets {
+            let n: u64 = set.iter().map(|w| u64::from(w.count_ones())).sum();
+            for k in [1, 2, n / 2, n / 2 + 1, n - 1] {
+                let mut out = vec![0u64; set.len()];
+                subset(&mut rng, set, n, k, &mut out);
+                let got: u64 = out.iter().map(|w| u64::from(w.count_ones())).sum();
+                assert_eq!(got, k);
+                assert!(out.iter().zip(set).all(|(o, s)| o & !s == 0));
+            }
         }
+    }
+
+    /// Explicit sizes with big value leaves.
+    struct BigLeaves(Vec<u64>);
+    impl Classes for BigLeaves {
+        fn count(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn prefix(&self, x: u64) -> u64 {
+            self.0[..x as usize].iter().sum()
+        }
+        fn leaf(&self) -> u64 {
+            MAX_LEAF
+        }
+    }
+
+    #[test]
+    fn big_leaves_partition_and_are_uniform() {
+        for sizes in [vec![5000u64, 3, 7000, 1], vec![4096, 4096], vec![1, 10_000]] {
+            let n: u64 = sizes.iter().sum();
+            let c = BigLeaves(sizes.clone());
+            let (all, offs) = class_values::<u64, _>(n, &c, 0, sizes.len() as u64, 4).unwrap();
+            let mut sorted = all.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..n).collect::<Vec<_>>());
+            for (x, w) in offs.windows(2).enumerate() {
+                assert_eq!(w[1] - w[0], sizes[x]);
+            }
+        }
+        // Flat value-to-class table inside one leaf: n = 100, classes [30, 70].
+        let c = BigLeaves(vec![30, 70]);
+        let mut hits = [0u64; 100];
+        let trials = 4000;
+        for base in 0..trials {
+            for v in class_values::<u64, _>(100, &c, 0, 1, base).unwrap().0 {
+                hits[v as usize] += 1;
+            }
+        }
+        let e = trials as f64 * 0.3;
+        let chi: f64 = hits
+            .iter()
+            .map(|&h| (h as f64 - e).powi(2) / (e * 0.7))
+            .sum();
+        assert!(chi < 148.2, "chi2 {chi}"); // 99 dof, p = 0.001
     }
 }
