@@ -10,7 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data import DistributedSampler as TorchDistributedSampler
@@ -71,12 +71,49 @@ def test_ranks_partition_the_dataset(n, w, drop_last, shuffle, seed, epoch):
 
 
 @given(n=sizes, w=replicas, drop_last=st.booleans(), seed=seeds, epoch=epochs)
-def test_shares_stride_the_padded_global_order(n, w, drop_last, seed, epoch):
-    order = _core.permutation(n, seed, epoch).tolist()
+def test_shares_stride_a_padded_global_order(n, w, drop_last, seed, epoch):
+    # Interleaving the ranks' shares gives one global sequence with torch's structure:
+    # distinct first occurrences, then padding that repeats the head of the order.
+    shares = []
     for r in range(w):
         s = DistributedSampler(n, num_replicas=w, rank=r, seed=seed, drop_last=drop_last)
         s.set_epoch(epoch)
-        assert list(s) == reference_share(order, w, r, drop_last)
+        shares.append(list(s))
+    total = len(shares[0]) * w
+    glob = [shares[j % w][j // w] for j in range(total)]
+    kept = min(n, total)
+    assert len(set(glob[:kept])) == kept
+    for j in range(n, total):
+        assert glob[j] == glob[(j - n) % n]
+    assert reference_share(glob[:kept], w, 0, drop_last) == shares[0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    w=st.integers(min_value=1, max_value=3),
+    seed=seeds,
+    data=st.data(),
+)
+def test_resume_across_block_boundaries(w, seed, data):
+    # 30_001 samples: shares of 10_000+ positions span blocks [0, 4096), [4096, 8192), ...
+    n = 30_001
+    whole = list(DistributedSampler(n, num_replicas=w, rank=w - 1, seed=seed))
+    edges = [0, 1, 4095, 4096, 4097, 8191, 8192, 8193, len(whole) - 1, len(whole)]
+    position = data.draw(st.sampled_from(edges) | st.integers(0, len(whole)))
+    s = DistributedSampler(n, num_replicas=w, rank=w - 1, seed=seed)
+    s.set_skip(position)
+    assert list(s) == whole[position:]
+    fresh = DistributedSampler(n, num_replicas=w, rank=w - 1, seed=seed)
+    fresh.load_state_dict(json.loads(json.dumps(s.state_dict())))
+    assert fresh.indices().tolist() == []
+    again = DistributedSampler(n, num_replicas=w, rank=w - 1, seed=seed)
+    it = iter(again)
+    head = [next(it) for _ in range(position)]
+    assert head == whole[:position]
+    third = DistributedSampler(n, num_replicas=w, rank=w - 1, seed=seed)
+    third.load_state_dict(again.state_dict())
+    assert third.indices().tolist() == whole[position:]
+    assert list(third) == whole[position:]
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
@@ -131,11 +168,16 @@ def test_deterministic_per_seed_and_epoch():
 
 
 def test_value_stability_pins():
-    # Deliberate pins of order="fast": a change here changes every user's data order.
-    assert list(DistributedSampler(10, num_replicas=1, rank=0)) == [5, 2, 6, 9, 0, 4, 7, 1, 8, 3]
+    # Deliberate pins of order="fast": a change here changes every user's data order
+    # (0.2.0 changed them once, when each rank began computing only its own share).
+    assert list(DistributedSampler(10, num_replicas=1, rank=0)) == [1, 0, 4, 2, 6, 9, 5, 3, 7, 8]
     s = DistributedSampler(10, num_replicas=3, rank=1, seed=1234)
     s.set_epoch(7)
-    assert list(s) == [2, 6, 9, 1]  # positions 1, 4, 7 and 10 (padding: order[0])
+    s0 = DistributedSampler(10, num_replicas=3, rank=0, seed=1234)
+    s0.set_epoch(7)
+    pinned = [8, 3, 0, 2]
+    assert list(s) == pinned
+    assert pinned[-1] == list(s0)[0]  # position 10 is padding: global position 0, rank 0's first
 
 
 def test_epochs_reshuffle_uniformly_enough():

@@ -7,6 +7,7 @@ __all__ = [
     "MAX_LEN",
     "TORCH_LARGE_N",
     "__version__",
+    "first_stop",
     "layout",
     "permutation",
     "rank_indices",
@@ -34,11 +35,28 @@ def rank_indices(
     epoch: int,
     drop_last: bool,
     order: str,
+    start: int | None = None,
+    stop: int | None = None,
 ) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
-    """The indices ``rank`` receives in ``epoch``, in order, padded or cut as torch does.
+    """Positions ``[start, stop)`` (default: all ``num_samples``) of the sequence ``rank``
+    receives in ``epoch``, padded or cut as torch does.
 
     ``order`` is ``"fast"`` (croupier's order), ``"torch>=2.6"`` or ``"torch<2.6"`` (the order
-    of torch's ``randperm`` in those releases)."""
+    of torch's ``randperm`` in those releases). In the fast shuffled order only the blocks
+    holding the positions are computed."""
+
+def first_stop(
+    n: int,
+    num_replicas: int,
+    rank: int,
+    shuffle: bool,
+    drop_last: bool,
+    order: str,
+    start: int,
+) -> int:
+    """Where a :func:`rank_indices` call starting at ``start`` should stop to hand out its first
+    index soonest: the end of the block holding ``start`` in the fast shuffled order, else
+    ``num_samples``."""
 
 def torch_randperm(n: int, seed: int, order: str) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
     """``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` on the CPU, as the

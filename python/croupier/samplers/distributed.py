@@ -46,11 +46,13 @@ class _Cursor:
     def position(self) -> int:
         return self._base + self._size - operator.length_hint(self._chunk)
 
-    def next_chunk(self, indices: npt.NDArray[Any]) -> Iterator[int] | None:
-        """Moves to the chunk after the current one and returns its iterator, or ``None`` at
-        the end of the epoch."""
+    def next_chunk(self, indices: npt.NDArray[Any], offset: int) -> Iterator[int] | None:
+        """Moves to the chunk after the current one, taken from ``indices`` (which holds the
+        positions from ``offset`` on), and returns its iterator, or ``None`` when ``indices``
+        is used up."""
         self._base += self._size
-        values = indices[self._base : self._base + _CHUNK].tolist()
+        start = self._base - offset
+        values = indices[start : start + _CHUNK].tolist()
         self._size = len(values)
         self._chunk = iter(values)
         return self._chunk if values else None
@@ -135,7 +137,9 @@ class DistributedSampler(Sampler[int]):
         # which waits for the next iteration whatever its epoch.
         self._pending_epoch: int | None = None
         self._cursor: _Cursor | None = None  # the live (latest) iteration
-        self._cache: npt.NDArray[Any] | None = None  # this rank's indices for self._epoch
+        # This rank's indices of self._epoch from position self._cache_start to the end.
+        self._cache: npt.NDArray[Any] | None = None
+        self._cache_start = 0
 
     # -- epoch and position ---------------------------------------------------------------------
 
@@ -169,6 +173,7 @@ class DistributedSampler(Sampler[int]):
                 self._pending = self._pending_epoch = None
             self._cursor = None
             self._cache = None
+            self._cache_start = 0
 
     def set_skip(self, skip: int) -> None:
         """Makes the next iteration skip the first ``skip`` of this rank's indices, in O(1).
@@ -189,21 +194,48 @@ class DistributedSampler(Sampler[int]):
 
     # -- indices --------------------------------------------------------------------------------
 
-    def _epoch_indices(self) -> npt.NDArray[Any]:
-        if self._cache is None:
-            arr = _core.rank_indices(
-                self._n,
-                self.num_replicas,
-                self.rank,
-                self.shuffle,
-                self.seed,
-                self._epoch,
-                self.drop_last,
-                self._core_order,
-            )
-            arr.flags.writeable = False  # shared by every view handed out
-            self._cache = arr
-        return self._cache
+    def _range(self, start: int, stop: int | None = None) -> npt.NDArray[Any]:
+        arr = _core.rank_indices(
+            self._n,
+            self.num_replicas,
+            self.rank,
+            self.shuffle,
+            self.seed,
+            self._epoch,
+            self.drop_last,
+            self._core_order,
+            start,
+            stop,
+        )
+        arr.flags.writeable = False  # shared by every view handed out
+        return arr
+
+    def _tail(self, start: int) -> npt.NDArray[Any]:
+        """The cached indices from ``start`` to the end of the epoch (computed if needed)."""
+        if self._cache is None or self._cache_start > start:
+            self._cache, self._cache_start = self._range(start), start
+        return self._cache[start - self._cache_start :]
+
+    def _segments(self, start: int) -> Iterator[tuple[npt.NDArray[Any], int]]:
+        """The indices from ``start`` on as ``(array, first position)`` pieces: in the fast
+        order the block holding ``start`` comes first, so the first index is ready after a
+        few thousand values instead of the whole share."""
+        if self._cache is not None and self._cache_start <= start:
+            yield self._tail(start), start
+            return
+        stop = _core.first_stop(
+            self._n,
+            self.num_replicas,
+            self.rank,
+            self.shuffle,
+            self.drop_last,
+            self._core_order,
+            start,
+        )
+        if stop < self.num_samples:
+            yield self._range(start, stop), start
+            start = stop
+        yield self._tail(start), start
 
     def indices(self) -> npt.NDArray[Any]:
         """This rank's indices of the current epoch not yet consumed, as a read-only numpy
@@ -213,14 +245,14 @@ class DistributedSampler(Sampler[int]):
         this is empty, while iterating again would repeat the epoch. A view of the buffer the
         Rust core filled: no copy is made.
         """
-        return self._epoch_indices()[self._position() :]
+        return self._tail(self._position())
 
     def __iter__(self) -> Iterator[int]:
         start = self._pending if self._pending is not None else 0
         self._pending = self._pending_epoch = None
         cursor = _Cursor(start)
         self._cursor = cursor
-        return _emit(self._epoch_indices(), cursor)
+        return _emit(self._segments(start), cursor)
 
     def __len__(self) -> int:
         """This rank's number of indices per epoch (torch's ``num_samples``)."""
@@ -302,7 +334,7 @@ class DistributedSampler(Sampler[int]):
         # Pickling (and copy.copy) is a checkpoint: the live iterator's position is frozen into a
         # pending start, and the cached epoch is recomputed on demand, never shipped.
         state = self.__dict__.copy()
-        state["_cache"] = None
+        state["_cache"], state["_cache_start"] = None, 0
         state["_cursor"] = None
         if self._pending is None and self._cursor is not None:
             state["_pending"], state["_pending_epoch"] = self._cursor.position, self._epoch
@@ -316,7 +348,8 @@ class DistributedSampler(Sampler[int]):
         )
 
 
-def _emit(indices: npt.NDArray[Any], cursor: _Cursor) -> Iterator[int]:
-    """Yields ``indices[cursor.position:]`` as Python ints, a chunk at a time."""
-    while (chunk := cursor.next_chunk(indices)) is not None:
-        yield from chunk
+def _emit(segments: Iterator[tuple[npt.NDArray[Any], int]], cursor: _Cursor) -> Iterator[int]:
+    """Yields the indices of ``segments`` as Python ints, a chunk at a time."""
+    for indices, offset in segments:
+        while (chunk := cursor.next_chunk(indices, offset)) is not None:
+            yield from chunk

@@ -144,18 +144,28 @@ fn layout(
     num_replicas: &Bound<'_, PyAny>,
     drop_last: bool,
 ) -> PyResult<(u64, u64)> {
-    let layout = Layout::new(
+    let layout = arg_layout(n, num_replicas, drop_last)?;
+    Ok((layout.num_samples(), layout.total_size()))
+}
+
+/// A layout from Python arguments.
+fn arg_layout(
+    n: &Bound<'_, PyAny>,
+    num_replicas: &Bound<'_, PyAny>,
+    drop_last: bool,
+) -> PyResult<Layout> {
+    Ok(Layout::new(
         arg_u64("n", n, LEN_MAX)?,
         arg_u64("num_replicas", num_replicas, LEN_MAX)?,
         drop_last,
     )
-    .map_err(CoreError)?;
-    Ok((layout.num_samples(), layout.total_size()))
+    .map_err(CoreError)?)
 }
 
-/// The indices `rank` receives in `epoch`, in order (padding and `drop_last` as torch).
+/// Positions `[start, stop)` (default: all) of the sequence `rank` receives in `epoch`
+/// (padding and `drop_last` as torch).
 #[pyfunction]
-#[pyo3(signature = (n, num_replicas, rank, shuffle, seed, epoch, drop_last, order))]
+#[pyo3(signature = (n, num_replicas, rank, shuffle, seed, epoch, drop_last, order, start=None, stop=None))]
 #[allow(clippy::too_many_arguments)]
 fn rank_indices<'py>(
     py: Python<'py>,
@@ -167,23 +177,43 @@ fn rank_indices<'py>(
     epoch: &Bound<'py, PyAny>,
     drop_last: bool,
     order: &str,
+    start: Option<&Bound<'py, PyAny>>,
+    stop: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let layout = Layout::new(
-        arg_u64("n", n, LEN_MAX)?,
-        arg_u64("num_replicas", num_replicas, LEN_MAX)?,
-        drop_last,
-    )
-    .map_err(CoreError)?;
+    let layout = arg_layout(n, num_replicas, drop_last)?;
     let order = arg_order(order)?;
     let (rank, seed, epoch) = (
         arg_u64("rank", rank, LEN_MAX)?,
         arg_u64("seed", seed, WORD_MAX)?,
         arg_u64("epoch", epoch, WORD_MAX)?,
     );
+    let start = start.map_or(Ok(0), |s| arg_u64("start", s, LEN_MAX))?;
+    let stop = stop.map_or(Ok(layout.num_samples()), |s| arg_u64("stop", s, LEN_MAX))?;
     let out = detached(py, || {
-        croupier_core::rank_indices(&layout, rank, shuffle, order, seed, epoch)
+        croupier_core::rank_range(&layout, rank, shuffle, order, seed, epoch, start, stop)
     })?;
     Ok(to_numpy(py, out))
+}
+
+/// Where a call starting at `start` should stop to hand out its first index soonest (the end
+/// of the block holding `start` in the fast shuffled order, else `num_samples`).
+#[pyfunction]
+#[pyo3(signature = (n, num_replicas, rank, shuffle, drop_last, order, start))]
+#[allow(clippy::too_many_arguments)]
+fn first_stop(
+    n: &Bound<'_, PyAny>,
+    num_replicas: &Bound<'_, PyAny>,
+    rank: &Bound<'_, PyAny>,
+    shuffle: bool,
+    drop_last: bool,
+    order: &str,
+    start: &Bound<'_, PyAny>,
+) -> PyResult<u64> {
+    let layout = arg_layout(n, num_replicas, drop_last)?;
+    let order = arg_order(order)?;
+    let rank = arg_u64("rank", rank, LEN_MAX)?;
+    let start = arg_u64("start", start, LEN_MAX)?;
+    Ok(croupier_core::first_stop(&layout, rank, shuffle, order, start).map_err(CoreError)?)
 }
 
 /// The compiled core of croupier (private: use the `croupier` package).
@@ -192,6 +222,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
     m.add_function(wrap_pyfunction!(layout, m)?)?;
     m.add_function(wrap_pyfunction!(rank_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(first_stop, m)?)?;
     m.add_function(wrap_pyfunction!(torch_randperm, m)?)?;
     m.add("MAX_LEN", croupier_core::index::MAX_LEN)?;
     m.add("TORCH_LARGE_N", croupier_core::torch::LARGE_N_THRESHOLD)?;
