@@ -103,3 +103,34 @@ pub(crate) fn try_with_capacity<T>(what: &'static str, n: u64) -> Result<Vec<T>>
     })?;
     Ok(v)
 }
+
+/// Buffers from this size on ask the kernel for transparent huge pages.
+pub const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+/// Like [`try_with_capacity`], and on Linux advises the kernel to back a large buffer with
+/// transparent huge pages before it is first touched (`madvise(MADV_HUGEPAGE)`): a 4 GB
+/// shuffle then takes about 2,000 page faults instead of a million, and far fewer TLB misses.
+/// The advice changes speed only, never contents; where it is refused nothing changes.
+pub(crate) fn try_with_capacity_huge<T>(what: &'static str, n: u64) -> Result<Vec<T>> {
+    let v = try_with_capacity::<T>(what, n)?;
+    #[cfg(target_os = "linux")]
+    {
+        let bytes = v.capacity() * std::mem::size_of::<T>();
+        if bytes >= HUGE_PAGE_BYTES {
+            let start = v.as_ptr() as usize;
+            let aligned = start.next_multiple_of(HUGE_PAGE_BYTES);
+            let end = (start + bytes) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
+            if end > aligned {
+                // SAFETY: [aligned, end) lies inside the allocation; madvise only sets a hint.
+                unsafe {
+                    libc::madvise(
+                        aligned as *mut libc::c_void,
+                        end - aligned,
+                        libc::MADV_HUGEPAGE,
+                    );
+                }
+            }
+        }
+    }
+    Ok(v)
+}

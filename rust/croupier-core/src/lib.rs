@@ -19,6 +19,7 @@ pub mod cellrng;
 pub mod error;
 pub mod hypergeom;
 pub mod index;
+pub mod parshuffle;
 pub mod partition;
 pub mod permute;
 pub mod share;
@@ -28,6 +29,6 @@ pub mod torch;
 
 pub use error::{Error, Result};
 pub use index::{Index, Indices};
+pub use parshuffle::permutation;
 pub use partition::{first_stop, rank_indices, rank_range, Layout, Order};
-pub use permute::permutation;
 pub use stream::{Purpose, Stream};

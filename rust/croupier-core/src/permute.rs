@@ -6,8 +6,8 @@
 //! (given an ideal stream).
 
 use crate::error::Result;
-use crate::index::{check_len, try_with_capacity, Index, Indices, U32_MAX_LEN};
-use crate::stream::{Purpose, Stream};
+use crate::index::{try_with_capacity, Index};
+use crate::stream::Stream;
 
 /// How many swaps ahead the swap target is drawn and prefetched. Past the last-level cache
 /// every swap is a cache miss; drawing targets this far ahead lets those misses overlap. The
@@ -70,29 +70,11 @@ pub(crate) fn identity<T: Index>(n: u64) -> Result<Vec<T>> {
     Ok(v)
 }
 
-fn shuffled<T: Index>(n: u64, seed: u64, epoch: u64) -> Result<Vec<T>> {
-    let mut v = identity::<T>(n)?;
-    fisher_yates(
-        &mut v,
-        &mut Stream::new(seed, epoch, Purpose::Permutation, 0),
-    );
-    Ok(v)
-}
-
-/// The epoch's permutation of `[0, n)`: Fisher–Yates over the identity, driven by the stream
-/// `(seed, epoch, Purpose::Permutation, 0)`. A `u32` buffer when `n <= 2**32`, `u64` above.
-pub fn permutation(n: u64, seed: u64, epoch: u64) -> Result<Indices> {
-    check_len("n", n)?;
-    Ok(if n <= U32_MAX_LEN {
-        Indices::U32(shuffled(n, seed, epoch)?)
-    } else {
-        Indices::U64(shuffled(n, seed, epoch)?)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parshuffle::{fill, permutation};
+    use crate::stream::Purpose;
     use std::collections::HashMap;
 
     fn perm(n: u64, seed: u64, epoch: u64) -> Vec<u64> {
@@ -162,8 +144,9 @@ mod tests {
     #[test]
     fn u32_and_u64_buffers_share_one_algorithm() {
         // The buffer type is chosen by n; the shuffle of a u64 buffer must equal the u32 one.
-        let a: Vec<u32> = shuffled(5000, 9, 2).unwrap();
-        let b: Vec<u64> = shuffled(5000, 9, 2).unwrap();
+        let (mut a, mut b) = (vec![0u32; 5000], vec![0u64; 5000]);
+        fill(&mut a, 9, 2);
+        fill(&mut b, 9, 2);
         assert!(a.iter().map(|&x| x as u64).eq(b.iter().copied()));
     }
 

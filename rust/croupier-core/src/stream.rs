@@ -75,6 +75,13 @@ impl Stream {
         self.rng.next_u64()
     }
 
+    /// Fills `dst` with the stream's next bytes (ChaCha's output order, so the same on every
+    /// platform).
+    #[inline(always)]
+    pub fn fill_bytes(&mut self, dst: &mut [u8]) {
+        self.rng.fill_bytes(dst);
+    }
+
     /// A uniform integer in `[0, s)`; `s` must be at least 1. Consumes 32-bit words.
     #[inline(always)]
     pub fn below_u32(&mut self, s: u32) -> u32 {
