@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import croupier
 from croupier import _core
 
 
@@ -162,3 +163,40 @@ def test_no_argument_ever_panics(n, w, r, seed, epoch, shuffle, drop, order):
             _core.rank_indices(n, w, r, shuffle, seed, epoch, drop, order)
     with contextlib.suppress(ValueError, TypeError):
         _core.layout(n, w, drop)
+
+
+def test_public_permutation_matches_core_and_fills_buffers():
+    for n in (0, 1, 10, 40_000, 1_000_003):
+        want = croupier.permutation(n, seed=3, epoch=2)
+        assert want.dtype == np.uint32
+        assert np.array_equal(np.sort(want), np.arange(n))
+        buf = np.empty(n, dtype=np.uint32)
+        assert croupier.permutation(n, 3, 2, out=buf) is buf
+        assert np.array_equal(buf, want)
+        wide = np.zeros(n, dtype=np.int64)
+        croupier.permutation(n, 3, 2, out=wide)
+        assert np.array_equal(wide, want.astype(np.int64))
+    assert not np.array_equal(croupier.permutation(1000, 0, 0), croupier.permutation(1000, 0, 1))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"out": [0, 1]}, TypeError, "out must be a numpy array"),
+        ({"out": np.zeros(2, dtype=np.float64)}, TypeError, "dtype uint32 or int64"),
+        ({"out": np.zeros(3, dtype=np.uint32)}, ValueError, "length n = 2"),
+        ({"out": np.zeros((2, 1), dtype=np.uint32)}, ValueError, "1-D"),
+        ({"out": np.zeros(4, dtype=np.uint32)[::2]}, ValueError, "C-contiguous"),
+        ({"seed": -1}, ValueError, "seed"),
+    ],
+)
+def test_public_permutation_refuses_bad_buffers(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        croupier.permutation(2, **kwargs)
+
+
+def test_read_only_buffer_is_refused():
+    buf = np.zeros(2, dtype=np.uint32)
+    buf.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        croupier.permutation(2, out=buf)

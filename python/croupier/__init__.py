@@ -7,6 +7,7 @@ samplers subclass ``torch.utils.data.Sampler`` when torch is installed.
 """
 
 from croupier._core import __version__
+from croupier._permutation import permutation
 from croupier.samplers import DistributedSampler
 
-__all__ = ["DistributedSampler", "__version__"]
+__all__ = ["DistributedSampler", "__version__", "permutation"]

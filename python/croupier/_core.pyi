@@ -10,6 +10,7 @@ __all__ = [
     "first_stop",
     "layout",
     "permutation",
+    "permutation_into",
     "rank_indices",
     "torch_randperm",
 ]
@@ -21,7 +22,14 @@ TORCH_LARGE_N: int
 """From this length (2**32 // 20) on, torch >= 2.6 and torch < 2.6 permute differently."""
 
 def permutation(n: int, seed: int, epoch: int) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
-    """The epoch's permutation of ``[0, n)``: ``uint32`` when ``n <= 2**32``, else ``int64``."""
+    """The epoch's permutation of ``[0, n)`` (parallel, exact): ``uint32`` when
+    ``n <= 2**32``, else ``int64``."""
+
+def permutation_into(
+    out: npt.NDArray[np.uint32] | npt.NDArray[np.int64], seed: int, epoch: int
+) -> None:
+    """Fills ``out`` (writable, contiguous, 1-D, ``uint32`` or ``int64``) with the permutation of
+    ``[0, len(out))`` that :func:`permutation` returns, in place."""
 
 def layout(n: int, num_replicas: int, drop_last: bool) -> tuple[int, int]:
     """``(num_samples, total_size)`` of torch's ``DistributedSampler`` for these arguments."""

@@ -103,6 +103,49 @@ fn permutation<'py>(
     Ok(to_numpy(py, out))
 }
 
+/// Fills a writable, contiguous 1-D `uint32` or `int64` array with the permutation of
+/// `[0, len(out))` for `(seed, epoch)`: the values [`permutation`] returns, in place.
+#[pyfunction]
+#[pyo3(signature = (out, seed, epoch))]
+fn permutation_into<'py>(
+    py: Python<'py>,
+    out: &Bound<'py, PyAny>,
+    seed: &Bound<'py, PyAny>,
+    epoch: &Bound<'py, PyAny>,
+) -> PyResult<()> {
+    let (seed, epoch) = (
+        arg_u64("seed", seed, WORD_MAX)?,
+        arg_u64("epoch", epoch, WORD_MAX)?,
+    );
+    if let Ok(mut arr) = out.extract::<numpy::PyReadwriteArray1<'py, u32>>() {
+        let buf = arr
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+        if buf.len() as u64 > croupier_core::index::U32_MAX_LEN {
+            return Err(PyValueError::new_err(
+                "out must be int64 for more than 2**32 indices",
+            ));
+        }
+        return detached(py, || {
+            croupier_core::parshuffle::fill(buf, seed, epoch);
+            Ok(())
+        });
+    }
+    if let Ok(mut arr) = out.extract::<numpy::PyReadwriteArray1<'py, i64>>() {
+        let buf = arr
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+        let buf: &mut [u64] = bytemuck::cast_slice_mut(buf);
+        return detached(py, || {
+            croupier_core::parshuffle::fill(buf, seed, epoch);
+            Ok(())
+        });
+    }
+    Err(PyTypeError::new_err(
+        "out must be a writable 1-D numpy array of dtype uint32 or int64",
+    ))
+}
+
 /// The epoch order named by a Python string: `"fast"`, `"torch>=2.6"` or `"torch<2.6"` (the
 /// torch releases whose `randperm` to reproduce).
 fn arg_order(order: &str) -> PyResult<Order> {
@@ -220,6 +263,7 @@ fn first_stop(
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
+    m.add_function(wrap_pyfunction!(permutation_into, m)?)?;
     m.add_function(wrap_pyfunction!(layout, m)?)?;
     m.add_function(wrap_pyfunction!(rank_indices, m)?)?;
     m.add_function(wrap_pyfunction!(first_stop, m)?)?;
