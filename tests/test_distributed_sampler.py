@@ -177,7 +177,8 @@ def test_value_stability_pins():
     s0.set_epoch(7)
     pinned = [8, 3, 0, 2]
     assert list(s) == pinned
-    assert pinned[-1] == list(s0)[0]  # position 10 is padding: global position 0, rank 0's first
+    # Position 10 is padding: it repeats global position 0, rank 0's first index.
+    assert pinned[-1] == next(iter(s0))
 
 
 def test_epochs_reshuffle_uniformly_enough():

@@ -21,8 +21,8 @@ def permutation(
     """A uniform random permutation of ``[0, n)``, the same for the same ``(n, seed, epoch)`` on
     every platform and for every number of threads.
 
-    An exact parallel shuffle (Rao–Sandelius: values dealt to cache-sized buckets by random
-    labels, each bucket shuffled by Fisher–Yates) over a ``uint32`` buffer when ``n <= 2**32``
+    An exact parallel shuffle (Rao-Sandelius: values dealt to cache-sized buckets by random
+    labels, each bucket shuffled by Fisher-Yates) over a ``uint32`` buffer when ``n <= 2**32``
     (``int64`` above), with transparent huge pages for large buffers. The GIL is released.
 
     Args:
