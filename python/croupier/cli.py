@@ -1,11 +1,13 @@
-"""The ``croupier`` command line: ``croupier demo`` and ``croupier --version``."""
+"""The ``croupier`` command line: ``croupier bench``, ``croupier demo`` and ``croupier --version``."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from croupier import __version__
 from croupier.samplers import DistributedSampler
@@ -32,12 +34,99 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(text: str) -> int:
+    """An integer written as ``100000000``, ``1e8``, ``1_000`` or ``2**33+5``."""
+    t = text.replace("_", "").strip()
+    m = re.fullmatch(r"2\*\*(\d+)([+-]\d+)?", t)
+    if m:
+        return 2 ** int(m.group(1)) + int(m.group(2) or 0)
+    try:
+        return int(t)
+    except ValueError:
+        pass
+    try:
+        value = float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
+    return int(value)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from croupier.bench import BenchConfig, run
+    from croupier.bench._report import plot, table, write_json
+
+    cfg = BenchConfig(
+        ns=tuple(args.n),
+        ranks=args.ranks,
+        rank=args.rank,
+        seeds=tuple(args.seeds),
+        repeats=args.repeats,
+        systems=tuple(args.systems or ()),
+        timeout=args.timeout,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"croupier bench: N in {[f'{n:,}' for n in cfg.ns]}, {cfg.ranks} ranks (rank "
+        f"{cfg.rank}), seeds {list(cfg.seeds)}, {cfg.repeats} run(s) each; results in {out}/",
+        file=sys.stderr,
+    )
+    results = run(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    text = table(results)
+    write_json(results, out / "bench.json")
+    m = results["machine"]
+    header = (
+        f"croupier {m['croupier']}, {m.get('cpu', '?')}, {m.get('cpus')} cores, "
+        f"{m.get('memory_gib')} GiB, Python {m['python']}, numpy {m.get('numpy')}, "
+        f"torch {m.get('torch')}, torchdata {m.get('torchdata')}"
+    )
+    (out / "bench.md").write_text(f"{header}\n\n{text}\n")
+    drew = plot(results, out / "bench.png")
+    print(header)
+    print()
+    print(text)
+    print()
+    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}", end="")
+    print(f", {out / 'bench.png'}" if drew else " (no plot: matplotlib is not installed)")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="croupier", description="Fast, reproducible, resumable index samplers for PyTorch."
     )
     parser.add_argument("--version", action="version", version=f"croupier {__version__}")
     sub = parser.add_subparsers(dest="command")
+    bench = sub.add_parser(
+        "bench",
+        help="compare croupier with torch, torchdata and numpy (time, resume, peak RSS)",
+        description="Runs each system in its own subprocess, one at a time, and prints a "
+        "table of medians with ratios; writes bench.json, bench.md and bench.png.",
+    )
+    bench.add_argument(
+        "--n",
+        nargs="+",
+        type=_count,
+        default=[1_000_000, 10_000_000, 100_000_000],
+        help="dataset lengths, up to 1e10 (default: 1e6 1e7 1e8); 1e8 and 2**33+5 work",
+    )
+    bench.add_argument("--ranks", type=_count, default=8, help="number of ranks W (default 8)")
+    bench.add_argument("--rank", type=_count, default=3, help="the rank timed (default 3)")
+    bench.add_argument("--seeds", nargs="+", type=_count, default=[0], help="seeds (default 0)")
+    bench.add_argument("--repeats", type=int, default=1, help="runs per seed (default 1)")
+    bench.add_argument(
+        "--systems",
+        nargs="+",
+        default=None,
+        help="which systems (default: all installed): croupier, torch-sampler, "
+        "torchdata-sampler, croupier-torch-order, croupier-permutation, numpy-permutation, "
+        "torch-randperm",
+    )
+    bench.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    bench.add_argument("--out", default="croupier-bench", help="output folder")
+    bench.set_defaults(func=_bench)
     demo = sub.add_parser("demo", help="print one rank's first indices and how long they took")
     demo.add_argument("--n", type=int, default=10_000_000, help="dataset length (default 1e7)")
     demo.add_argument("--num-replicas", type=int, default=8, help="number of ranks (default 8)")

@@ -1,0 +1,170 @@
+"""One measurement, run in its own process by ``croupier bench``: ``python -m
+croupier.bench._child '<json spec>'`` prints one JSON line.
+
+Each run imports what it needs first (not timed), then times the work with
+``time.perf_counter`` and reads the peak resident set (``VmHWM``) before anything else
+allocates. Peak RSS is for the whole process; ``rss_base_mib`` is the resident set after the
+imports, so the sampler's own share is the difference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _status_mib(field: str) -> float:
+    """A ``/proc/self/status`` memory field in MiB (Linux), or ``ru_maxrss`` as a fallback."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib / 1024 / (1024 if sys.platform == "darwin" else 1)
+
+
+def _digest(values: Any) -> str:
+    import numpy as np
+
+    arr = np.asarray(values, dtype=np.int64)
+    return hashlib.sha256(arr.tobytes()).hexdigest()[:16]
+
+
+def _sampler(system: str, n: int, ranks: int, rank: int, seed: int) -> Any:
+    if system == "croupier":
+        from croupier import DistributedSampler
+
+        return DistributedSampler(n, num_replicas=ranks, rank=rank, seed=seed)
+    if system == "croupier-torch-order":
+        from croupier import DistributedSampler
+
+        return DistributedSampler(n, num_replicas=ranks, rank=rank, seed=seed, order="torch")
+    if system == "torch-sampler":
+        from torch.utils.data import DistributedSampler as TorchSampler
+
+        return TorchSampler(range(n), num_replicas=ranks, rank=rank, seed=seed)
+    if system == "torchdata-sampler":
+        from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+        return StatefulDistributedSampler(range(n), num_replicas=ranks, rank=rank, seed=seed)
+    raise ValueError(f"not a sampler system: {system}")
+
+
+def _resume_state(system: str, sampler: Any, epoch: int, position: int) -> Any:
+    """A checkpoint at ``position`` of ``epoch``, in the system's own format (``None`` when the
+    system cannot resume)."""
+    if system.startswith("croupier"):
+        sampler.set_epoch(epoch)
+        sampler.set_skip(position)
+        return sampler.state_dict()
+    if system == "torchdata-sampler":
+        return {"yielded": position}
+    return None
+
+
+def _reset_peak() -> None:
+    """Resets the kernel's peak-RSS counter (Linux ``clear_refs``), so the next phase's peak
+    is its own."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _measure_sampler(spec: dict[str, Any]) -> dict[str, Any]:
+    system, n, ranks, rank, seed = (spec[k] for k in ("system", "n", "ranks", "rank", "seed"))
+    epoch = 1
+    out: dict[str, Any] = {}
+    # Time to the first index: construct, set the epoch, start iterating.
+    t0 = time.perf_counter()
+    s = _sampler(system, n, ranks, rank, seed)
+    s.set_epoch(epoch)
+    first = next(iter(s))
+    out["first_s"] = time.perf_counter() - t0
+    del s
+    # The whole epoch: torch's samplers give a list, croupier a numpy array (indices()).
+    t0 = time.perf_counter()
+    s = _sampler(system, n, ranks, rank, seed)
+    s.set_epoch(epoch)
+    whole = s.indices() if system.startswith("croupier") else list(s)
+    out["epoch_s"] = time.perf_counter() - t0
+    out["peak_mib"] = _status_mib("VmHWM")
+    count = len(whole)
+    out["count"] = count
+    out["first_ok"] = bool(count and first == int(whole[0]))
+    mid = count // 2
+    at_mid = int(whole[mid]) if count else None
+    if spec.get("digest", True):
+        out["digest"] = _digest(whole)
+    del whole, s
+    # Resume at mid-epoch: a fresh sampler, a checkpoint loaded, the next index.
+    state = _resume_state(system, _sampler(system, n, ranks, rank, seed), epoch, mid)
+    if state is not None and count:
+        _reset_peak()
+        t0 = time.perf_counter()
+        s = _sampler(system, n, ranks, rank, seed)
+        s.set_epoch(epoch)
+        s.load_state_dict(state)
+        resumed = next(iter(s))
+        out["resume_s"] = time.perf_counter() - t0
+        out["resume_peak_mib"] = _status_mib("VmHWM")
+        out["resume_ok"] = resumed == at_mid
+    return out
+
+
+def _measure_permutation(spec: dict[str, Any]) -> dict[str, Any]:
+    system, n, seed = spec["system"], spec["n"], spec["seed"]
+    out: dict[str, Any] = {}
+    if system == "croupier-permutation":
+        import croupier
+
+        t0 = time.perf_counter()
+        p = croupier.permutation(n, seed=seed, epoch=1)
+    elif system == "numpy-permutation":
+        import numpy as np
+
+        t0 = time.perf_counter()
+        p = np.random.default_rng(seed).permutation(n)
+    elif system == "torch-randperm":
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        t0 = time.perf_counter()
+        p = torch.randperm(n, generator=g)
+    else:
+        raise ValueError(f"not a permutation system: {system}")
+    out["epoch_s"] = time.perf_counter() - t0
+    out["count"] = len(p)
+    out["peak_mib"] = _status_mib("VmHWM")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the measurement named by the JSON spec in ``argv[0]`` and prints the result."""
+    spec = json.loads((argv if argv is not None else sys.argv[1:])[0])
+    # Imports first, untimed: every system pays them once per process anyway.
+    for module in spec["needs"]:
+        __import__(module)
+    base = _status_mib("VmRSS")
+    if spec["family"] == "sampler":
+        result = _measure_sampler(spec)
+    else:
+        result = _measure_permutation(spec)
+    result["rss_base_mib"] = base
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

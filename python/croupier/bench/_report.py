@@ -1,0 +1,173 @@
+"""Turns ``croupier bench`` results into a table (with ratios), JSON and a log-log plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["plot", "table", "write_json"]
+
+
+def _time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds:.2f} s"
+
+
+def _ratio(theirs: float | None, ours: float | None) -> str:
+    if theirs is None or ours is None or ours <= 0:
+        return ""
+    r = theirs / ours
+    return f" ({r:,.0f}x)" if r >= 10 else f" ({r:.1f}x)"
+
+
+def _mem(row: dict[str, Any]) -> str:
+    peak, base = row.get("peak_mib"), row.get("rss_base_mib")
+    if peak is None:
+        return "-"
+    added = f", +{peak - base:,.0f}" if base is not None else ""
+    return f"{peak:,.0f}{added}"
+
+
+def _find(rows: list[dict[str, Any]], system: str, n: int) -> dict[str, Any] | None:
+    for r in rows:
+        if r["system"] == system and r["n"] == n and r.get("status") == "ok":
+            return r
+    return None
+
+
+def table(results: dict[str, Any]) -> str:
+    """A Markdown table of the medians. Each baseline's cells carry, in parentheses, how many
+    times longer (or more memory) it took than the croupier system it is compared with; the
+    ``order="torch"`` row is compared with torch's sampler and says whether the output was
+    identical."""
+    rows = results["rows"]
+    baselines: dict[str, str] = results["baselines"]
+    lines: list[str] = []
+    samplers = [r for r in rows if r["family"] == "sampler"]
+    perms = [r for r in rows if r["family"] == "permutation"]
+    if samplers:
+        lines += [
+            "| N | sampler | first index | whole epoch | resume at mid-epoch | peak RSS MiB "
+            "(+ above imports) |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in samplers:
+            lines.append(_sampler_line(r, rows, baselines))
+    if perms:
+        if lines:
+            lines.append("")
+        lines += [
+            "| N | full permutation | time | peak RSS MiB (+ above imports) |",
+            "| --- | --- | --- | --- |",
+        ]
+        for r in perms:
+            ref = _find(rows, baselines.get(r["system"], ""), r["n"])
+            cells = [f"{r['n']:.0e}".replace("+0", ""), r["system"]]
+            if r.get("status") != "ok":
+                cells += [f"{r['status']}: {r.get('detail', '')}", ""]
+            else:
+                t = _time(r.get("epoch_s")) + _ratio(r.get("epoch_s"), ref and ref.get("epoch_s"))
+                cells += [t, _mem(r)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _sampler_line(r: dict[str, Any], rows: list[dict[str, Any]], baselines: dict[str, str]) -> str:
+    n = r["n"]
+    cells = [f"{n:.0e}".replace("+0", ""), r["system"]]
+    if r.get("status") != "ok":
+        return (
+            "| " + " | ".join([*cells, f"{r['status']}: {r.get('detail', '')}", "", "", ""]) + " |"
+        )
+    ref = _find(rows, baselines.get(r["system"], ""), n)
+    note = ""
+    if r["system"] == "croupier-torch-order":
+        # Compared with torch's sampler, which yields the same sequence.
+        torch_row = _find(rows, "torch-sampler", n)
+        if torch_row is not None:
+            same = torch_row.get("digest") is not None and torch_row.get("digest") == r.get(
+                "digest"
+            )
+            note = " same output as torch" if same else " OUTPUT DIFFERS from torch"
+            cells += [
+                _time(r.get("first_s")) + _ratio(torch_row.get("first_s"), r.get("first_s")),
+                _time(r.get("epoch_s")) + _ratio(torch_row.get("epoch_s"), r.get("epoch_s")),
+                _time(r.get("resume_s")),
+                _mem(r) + _mem_ratio(torch_row, r) + f";{note}",
+            ]
+            return "| " + " | ".join(cells) + " |"
+    for key in ("first_s", "epoch_s", "resume_s"):
+        cells.append(_time(r.get(key)) + (_ratio(r.get(key), ref.get(key)) if ref else ""))
+    cells.append(_mem(r) + (_mem_ratio(r, ref) if ref else ""))
+    if not r.get("checks_ok", True):
+        cells[-1] += " CHECK FAILED"
+    return "| " + " | ".join(cells) + " |"
+
+
+def _mem_ratio(big: dict[str, Any], small: dict[str, Any]) -> str:
+    """Ratio of the memory each added above its imports."""
+    b = big.get("peak_mib", 0) - big.get("rss_base_mib", 0)
+    s = small.get("peak_mib", 0) - small.get("rss_base_mib", 0)
+    if b <= 0 or s <= 0:
+        return ""
+    return _ratio(b, s)
+
+
+def write_json(results: dict[str, Any], path: Path) -> None:
+    """Writes the full results (every run, the medians, the machine) as JSON."""
+    path.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def plot(results: dict[str, Any], path: Path) -> bool:
+    """Draws cost against N (log-log) for every system: time to the first index, to the whole
+    epoch (or permutation), and peak RSS above the imports. Returns ``False`` when matplotlib
+    is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in results["rows"] if r.get("status") == "ok"]
+    panels = (
+        ("first_s", "time to the first index (s)"),
+        ("epoch_s", "whole epoch / permutation (s)"),
+        ("resume_s", "resume at mid-epoch (s)"),
+        ("added_mib", "peak RSS above imports (MiB)"),
+    )
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2))
+    for ax, (key, title) in zip(axes, panels):
+        for system in results["systems"]:
+            pts = []
+            for r in rows:
+                if r["system"] != system:
+                    continue
+                value = r.get(key)
+                if key == "added_mib" and "peak_mib" in r:
+                    value = max(r["peak_mib"] - r.get("rss_base_mib", 0), 0.1)
+                if value is not None and value > 0:
+                    pts.append((r["n"], value))
+            if pts:
+                pts.sort()
+                ax.loglog(*zip(*pts), marker="o", label=system)
+        ax.set_title(title)
+        ax.set_xlabel("N (samples)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    m = results["machine"]
+    cfg = results["config"]
+    fig.suptitle(
+        f"croupier {m['croupier']} bench, W={cfg['ranks']} ranks, rank {cfg['rank']}: "
+        f"{m.get('cpu', '?')}, {m.get('cpus')} cores, {m.get('memory_gib')} GiB"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,192 @@
+"""Runs the benchmark: which measurements, in which order, skipped when they cannot fit."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from croupier import __version__
+from croupier.bench._systems import SYSTEMS, System, by_name
+
+__all__ = ["BenchConfig", "machine", "run"]
+
+DEFAULT_NS = (1_000_000, 10_000_000, 100_000_000)
+METRICS = ("first_s", "epoch_s", "resume_s", "peak_mib")
+
+
+@dataclass
+class BenchConfig:
+    """What ``croupier bench`` measures.
+
+    Attributes:
+        ns: dataset lengths (each up to ``1e10``).
+        ranks: number of data-parallel ranks ``W``.
+        rank: the rank whose share is timed.
+        seeds: one repeat per seed and per ``repeats``; medians are reported.
+        repeats: runs per seed.
+        systems: names from :data:`croupier.bench._systems.SYSTEMS` (default: all installed).
+        timeout: seconds before one run is abandoned (reported as a timeout).
+        memory_fraction: skip a run whose estimated memory exceeds this fraction of the
+            memory available now.
+    """
+
+    ns: tuple[int, ...] = DEFAULT_NS
+    ranks: int = 8
+    rank: int = 3
+    seeds: tuple[int, ...] = (0,)
+    repeats: int = 1
+    systems: tuple[str, ...] = ()
+    timeout: float = 1800.0
+    memory_fraction: float = 0.8
+    digest: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def available_memory() -> int:
+    """Bytes of memory available for new work (``MemAvailable``), or 0 if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def machine() -> dict[str, Any]:
+    """A description of the machine and software the numbers come from."""
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "croupier": __version__,
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as f:
+            info["memory_gib"] = round(int(f.readline().split()[1]) / (1 << 20), 1)
+    except OSError:
+        pass
+    for module in ("numpy", "torch", "torchdata"):
+        try:
+            from importlib.metadata import version
+
+            info[module] = version(module)
+        except Exception:  # not installed
+            info[module] = None
+    return info
+
+
+def installed(system: System) -> bool:
+    """Whether every module ``system`` needs can be imported."""
+    return all(importlib.util.find_spec(m) is not None for m in system.needs)
+
+
+def _one(system: System, n: int, cfg: BenchConfig, seed: int) -> dict[str, Any]:
+    spec = {
+        "system": system.name,
+        "family": system.family,
+        "needs": list(system.needs),
+        "n": n,
+        "ranks": cfg.ranks,
+        "rank": cfg.rank,
+        "seed": seed,
+        "digest": cfg.digest,
+    }
+    cmd = [sys.executable, "-m", "croupier.bench._child", json.dumps(spec)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=cfg.timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "detail": f"over {cfg.timeout:.0f} s"}
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        killed = done.returncode < 0 or "MemoryError" in done.stderr
+        return {"status": "out of memory" if killed else "failed", "detail": tail}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["status"] = "ok"
+    return result
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get("status") == "ok" and key in r]
+    return statistics.median(values) if values else None
+
+
+def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Runs every (system, N) pair of ``cfg`` and returns the results as a JSON-ready dict.
+
+    ``progress`` receives one line per step (what runs, then how long it took, or why it was
+    skipped).
+    """
+    say = progress or (lambda _line: None)
+    for n in cfg.ns:
+        if not 0 <= n <= 10**10:
+            raise ValueError(f"n must be in [0, 1e10], got {n}")
+    if cfg.ranks < 1:
+        raise ValueError(f"ranks must be at least 1, got {cfg.ranks}")
+    if not 0 <= cfg.rank < cfg.ranks:
+        raise ValueError(f"rank must be in [0, ranks) = [0, {cfg.ranks}), got {cfg.rank}")
+    if cfg.repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {cfg.repeats}")
+    if not cfg.seeds or any(s < 0 for s in cfg.seeds):
+        raise ValueError(f"seeds must be non-negative and at least one, got {list(cfg.seeds)}")
+    chosen = [by_name(name) for name in cfg.systems] if cfg.systems else list(SYSTEMS)
+    rows: list[dict[str, Any]] = []
+    plan = [(s, n) for n in cfg.ns for s in chosen]
+    for step, (system, n) in enumerate(plan, 1):
+        head = f"[{step}/{len(plan)}] {system.name} N={n:,}"
+        row: dict[str, Any] = {"system": system.name, "family": system.family, "n": n}
+        rows.append(row)
+        if not installed(system):
+            row["status"] = "not installed"
+            row["detail"] = f"needs {', '.join(system.needs)}"
+            say(f"{head}: skipped, {row['detail']}")
+            continue
+        need, have = system.memory_estimate(n, cfg.ranks), available_memory()
+        if have and need > cfg.memory_fraction * have:
+            row["status"] = "skipped"
+            row["detail"] = f"needs ~{need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB available"
+            say(f"{head}: skipped, {row['detail']}")
+            continue
+        runs = []
+        for seed in cfg.seeds:
+            for rep in range(cfg.repeats):
+                say(f"{head} seed={seed} run {rep + 1}/{cfg.repeats} ...")
+                t0 = time.perf_counter()
+                result = _one(system, n, cfg, seed)
+                runs.append(result)
+                say(f"{head}: {result['status']} in {time.perf_counter() - t0:.1f} s")
+        row["runs"] = runs
+        ok = [r for r in runs if r.get("status") == "ok"]
+        row["status"] = "ok" if ok else runs[0]["status"]
+        if not ok:
+            row["detail"] = runs[0].get("detail", "")
+        for key in (*METRICS, "rss_base_mib"):
+            value = _median(runs, key)
+            if value is not None:
+                row[key] = value
+        digests = {r.get("digest") for r in ok if r.get("digest")}
+        if len(digests) == 1 and len(cfg.seeds) == 1:
+            row["digest"] = digests.pop()
+        row["checks_ok"] = all(r.get("first_ok", True) and r.get("resume_ok", True) for r in ok)
+    return {
+        "config": asdict(cfg),
+        "machine": machine(),
+        "systems": {s.name: {"label": s.label, "family": s.family} for s in chosen},
+        "baselines": {s.name: s.baseline_for for s in chosen if s.baseline_for},
+        "rows": rows,
+    }

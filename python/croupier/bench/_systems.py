@@ -1,0 +1,99 @@
+"""What ``croupier bench`` compares: each system, what it measures and how much memory it needs.
+
+Two families. *Sampler* systems produce one rank's epoch of a ``DistributedSampler`` (time to
+the first index, to the whole epoch, to the first index after resuming at mid-epoch).
+*Permutation* systems produce a full permutation of ``[0, N)`` (time to the whole of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SYSTEMS", "System", "by_name"]
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class System:
+    """One benchmarked implementation."""
+
+    name: str
+    family: str  # "sampler" or "permutation"
+    label: str
+    needs: tuple[str, ...]  # importable modules it needs
+    bytes_per_index: float  # working memory per sample of N (per share sample if per_rank)
+    per_rank: bool = False  # memory scales with N / W instead of N
+    baseline_for: str = ""  # the croupier system it is compared with
+
+    def memory_estimate(self, n: int, ranks: int) -> int:
+        """Bytes the run needs above the interpreter, a rough upper estimate."""
+        count = n / ranks if self.per_rank else n
+        return int(count * self.bytes_per_index) + (64 << 20)
+
+
+SYSTEMS: tuple[System, ...] = (
+    System(
+        "croupier",
+        "sampler",
+        'croupier.DistributedSampler(order="fast")',
+        ("croupier",),
+        bytes_per_index=8,
+        per_rank=True,
+    ),
+    System(
+        "torch-sampler",
+        "sampler",
+        "torch.utils.data.DistributedSampler",
+        ("torch",),
+        # a torch tensor, a Python list of N ints and the int objects: ~50 bytes measured
+        bytes_per_index=56,
+        baseline_for="croupier",
+    ),
+    System(
+        "torchdata-sampler",
+        "sampler",
+        "torchdata StatefulDistributedSampler",
+        ("torch", "torchdata"),
+        bytes_per_index=56,
+        baseline_for="croupier",
+    ),
+    System(
+        "croupier-torch-order",
+        "sampler",
+        'croupier.DistributedSampler(order="torch")',
+        ("croupier", "torch"),
+        bytes_per_index=4.5,
+    ),
+    System(
+        "croupier-permutation",
+        "permutation",
+        "croupier.permutation",
+        ("croupier",),
+        bytes_per_index=4.5,
+    ),
+    System(
+        "numpy-permutation",
+        "permutation",
+        "numpy.random.default_rng().permutation",
+        ("numpy",),
+        bytes_per_index=8,
+        baseline_for="croupier-permutation",
+    ),
+    System(
+        "torch-randperm",
+        "permutation",
+        "torch.randperm",
+        ("torch",),
+        bytes_per_index=8,
+        baseline_for="croupier-permutation",
+    ),
+)
+
+
+def by_name(name: str) -> System:
+    """The system called ``name``."""
+    for s in SYSTEMS:
+        if s.name == name:
+            return s
+    raise ValueError(f"unknown system {name!r}; known: {', '.join(s.name for s in SYSTEMS)}")
