@@ -1,4 +1,4 @@
-"""The ``croupier`` command line: ``croupier bench``, ``croupier demo`` and ``croupier --version``."""
+"""The ``croupier`` command line: ``croupier bench``, ``croupier demo``, ``croupier --version``."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _count(text: str) -> int:
     t = text.replace("_", "").strip()
     m = re.fullmatch(r"2\*\*(\d+)([+-]\d+)?", t)
     if m:
-        return 2 ** int(m.group(1)) + int(m.group(2) or 0)
+        return int(2 ** int(m.group(1))) + int(m.group(2) or 0)
     try:
         return int(t)
     except ValueError:

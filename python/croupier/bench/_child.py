@@ -52,9 +52,11 @@ def _sampler(system: str, n: int, ranks: int, rank: int, seed: int) -> Any:
     if system == "torch-sampler":
         from torch.utils.data import DistributedSampler as TorchSampler
 
-        return TorchSampler(range(n), num_replicas=ranks, rank=rank, seed=seed)
+        return TorchSampler(range(n), num_replicas=ranks, rank=rank, seed=seed)  # type: ignore[arg-type]
     if system == "torchdata-sampler":
-        from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+        from torchdata.stateful_dataloader.sampler import (  # type: ignore[import-untyped]
+            StatefulDistributedSampler,
+        )
 
         return StatefulDistributedSampler(range(n), num_replicas=ranks, rank=rank, seed=seed)
     raise ValueError(f"not a sampler system: {system}")
@@ -126,6 +128,7 @@ def _measure_sampler(spec: dict[str, Any]) -> dict[str, Any]:
 def _measure_permutation(spec: dict[str, Any]) -> dict[str, Any]:
     system, n, seed = spec["system"], spec["n"], spec["seed"]
     out: dict[str, Any] = {}
+    p: Any
     if system == "croupier-permutation":
         import croupier
 
@@ -157,10 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     for module in spec["needs"]:
         __import__(module)
     base = _status_mib("VmRSS")
-    if spec["family"] == "sampler":
-        result = _measure_sampler(spec)
-    else:
-        result = _measure_permutation(spec)
+    measure = _measure_sampler if spec["family"] == "sampler" else _measure_permutation
+    result = measure(spec)
     result["rss_base_mib"] = base
     print(json.dumps(result))
     return 0

@@ -72,7 +72,8 @@ def table(results: dict[str, Any]) -> str:
             if r.get("status") != "ok":
                 cells += [f"{r['status']}: {r.get('detail', '')}", ""]
             else:
-                t = _time(r.get("epoch_s")) + _ratio(r.get("epoch_s"), ref and ref.get("epoch_s"))
+                ref_s = ref.get("epoch_s") if ref else None
+                t = _time(r.get("epoch_s")) + _ratio(r.get("epoch_s"), ref_s)
                 cells += [t, _mem(r)]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -142,9 +143,10 @@ def plot(results: dict[str, Any], path: Path) -> bool:
         ("resume_s", "resume at mid-epoch (s)"),
         ("added_mib", "peak RSS above imports (MiB)"),
     )
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2))
-    for ax, (key, title) in zip(axes, panels):
-        for system in results["systems"]:
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6))
+    colors = plt.get_cmap("tab10")
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for i, system in enumerate(results["systems"]):
             pts = []
             for r in rows:
                 if r["system"] != system:
@@ -156,18 +158,20 @@ def plot(results: dict[str, Any], path: Path) -> bool:
                     pts.append((r["n"], value))
             if pts:
                 pts.sort()
-                ax.loglog(*zip(*pts), marker="o", label=system)
+                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+                ax.loglog(xs, ys, marker="o", label=system, color=colors(i))
         ax.set_title(title)
         ax.set_xlabel("N (samples)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
+    handles = {h.get_label(): h for ax in axes for h in ax.get_lines()}
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), fontsize=8)
     m = results["machine"]
     cfg = results["config"]
     fig.suptitle(
         f"croupier {m['croupier']} bench, W={cfg['ranks']} ranks, rank {cfg['rank']}: "
         f"{m.get('cpu', '?')}, {m.get('cpus')} cores, {m.get('memory_gib')} GiB"
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
