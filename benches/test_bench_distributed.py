@@ -47,11 +47,65 @@ def test_torch_iterate(benchmark):
     assert benchmark(run) == N // W
 
 
+@pytest.mark.benchmark(group="first index, N=1e6 W=8")
+def test_croupier_first_index(benchmark):
+    benchmark(lambda: next(iter(DistributedSampler(N, num_replicas=W, rank=3, seed=0))))
+
+
+@pytest.mark.benchmark(group="first index, N=1e6 W=8")
+def test_torch_first_index(benchmark):
+    def run():
+        return next(iter(TorchDistributedSampler(range(N), num_replicas=W, rank=3, seed=0)))
+
+    benchmark(run)
+
+
+@pytest.mark.benchmark(group="resume at mid-epoch, N=1e6 W=8")
+def test_croupier_resume(benchmark):
+    saved = DistributedSampler(N, num_replicas=W, rank=3, seed=0)
+    saved.set_skip(N // W // 2)
+    state = saved.state_dict()
+
+    def run():
+        s = DistributedSampler(N, num_replicas=W, rank=3, seed=0)
+        s.load_state_dict(state)
+        return next(iter(s))
+
+    benchmark(run)
+
+
+@pytest.mark.benchmark(group="resume at mid-epoch, N=1e6 W=8")
+def test_torchdata_resume(benchmark):
+    sampler = pytest.importorskip("torchdata.stateful_dataloader.sampler")
+
+    def run():
+        s = sampler.StatefulDistributedSampler(range(N), num_replicas=W, rank=3, seed=0)
+        s.load_state_dict({"yielded": N // W // 2})
+        return next(iter(s))
+
+    benchmark(run)
+
+
 @pytest.mark.benchmark(group="full permutation, N=1e7")
 def test_croupier_permutation(benchmark):
-    from croupier import _core
+    import croupier
 
-    assert len(benchmark(_core.permutation, 10_000_000, 0, 0)) == 10_000_000
+    assert len(benchmark(croupier.permutation, 10_000_000)) == 10_000_000
+
+
+@pytest.mark.benchmark(group="full permutation, N=1e7")
+def test_croupier_permutation_into_reused_buffer(benchmark):
+    import croupier
+
+    buf = np.empty(10_000_000, dtype=np.uint32)
+    assert benchmark(croupier.permutation, 10_000_000, out=buf) is buf
+
+
+@pytest.mark.benchmark(group="full permutation, N=1e7")
+def test_torch_randperm(benchmark):
+    import torch
+
+    assert len(benchmark(torch.randperm, 10_000_000)) == 10_000_000
 
 
 @pytest.mark.benchmark(group="full permutation, N=1e7")

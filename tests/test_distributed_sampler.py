@@ -446,3 +446,20 @@ def test_epoch_boundary_state_loads_on_a_different_number_of_replicas(drop_last)
         assert list(new) == list(ref), "at the start of the epoch: the whole epoch on w ranks"
         new.load_state_dict(done)
         assert new.state_dict()["position"] == len(new) and list(new) == []
+
+
+def test_beyond_2_32_samples_and_a_million_ranks():
+    # The issue's extreme: N = 2**33 + 5 over 2**20 ranks; a share is 8193 int64 indices.
+    n, w = 2**33 + 5, 2**20
+    a = DistributedSampler(n, num_replicas=w, rank=w - 1, seed=3)
+    b = DistributedSampler(n, num_replicas=w, rank=12345, seed=3)
+    ia, ib = a.indices(), b.indices()
+    assert ia.dtype == np.int64 and len(ia) == len(ib) == 8193
+    # rank w-1 pads (n mod w = 5 ranks have 8193 values); its padding repeats rank w-6's first
+    assert ia[-1] == next(iter(DistributedSampler(n, num_replicas=w, rank=w - 6, seed=3)))
+    own = set(ia[:-1].tolist())
+    assert len(own) == 8192 and own.isdisjoint(ib.tolist())
+    assert max(own) < n and max(own) > 2**32
+    # resume deep in the share
+    b.set_skip(5000)
+    assert list(b) == ib[5000:].tolist()

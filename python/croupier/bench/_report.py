@@ -19,6 +19,12 @@ def _time(seconds: float | None) -> str:
     return f"{seconds:.2f} s"
 
 
+def _n(n: int) -> str:
+    """``1e8`` for powers of ten, digits with separators otherwise."""
+    k = len(str(n)) - 1
+    return f"1e{k}" if n == 10**k and k >= 3 else f"{n:,}"
+
+
 def _ratio(theirs: float | None, ours: float | None) -> str:
     if theirs is None or ours is None or ours <= 0:
         return ""
@@ -68,7 +74,7 @@ def table(results: dict[str, Any]) -> str:
         ]
         for r in perms:
             ref = _find(rows, baselines.get(r["system"], ""), r["n"])
-            cells = [f"{r['n']:.0e}".replace("+0", ""), r["system"]]
+            cells = [_n(r["n"]), r["system"]]
             if r.get("status") != "ok":
                 cells += [f"{r['status']}: {r.get('detail', '')}", ""]
             else:
@@ -81,7 +87,7 @@ def table(results: dict[str, Any]) -> str:
 
 def _sampler_line(r: dict[str, Any], rows: list[dict[str, Any]], baselines: dict[str, str]) -> str:
     n = r["n"]
-    cells = [f"{n:.0e}".replace("+0", ""), r["system"]]
+    cells = [_n(n), r["system"]]
     if r.get("status") != "ok":
         return (
             "| " + " | ".join([*cells, f"{r['status']}: {r.get('detail', '')}", "", "", ""]) + " |"

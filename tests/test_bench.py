@@ -1,0 +1,130 @@
+"""``croupier bench``: argument parsing, the harness on tiny workloads, and its outputs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from croupier import cli
+from croupier.bench import BenchConfig, run
+from croupier.bench._report import table
+from croupier.bench._systems import SYSTEMS, by_name
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1000", 1000),
+        ("1e8", 100_000_000),
+        ("1_000", 1000),
+        ("2**33+5", 2**33 + 5),
+        ("2**20", 2**20),
+    ],
+)
+def test_counts_are_parsed(text, value):
+    assert cli._count(text) == value
+
+
+@pytest.mark.parametrize("text", ["1.5", "abc", "1e-3", "2**x"])
+def test_bad_counts_are_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="not an integer"):
+        cli._count(text)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "match"),
+    [
+        (BenchConfig(ns=(10**10 + 1,)), r"n must be in \[0, 1e10\]"),
+        (BenchConfig(ranks=0), "ranks must be at least 1"),
+        (BenchConfig(ranks=4, rank=4), r"rank must be in \[0, ranks\) = \[0, 4\)"),
+        (BenchConfig(repeats=0), "repeats must be at least 1"),
+        (BenchConfig(seeds=()), "seeds must be"),
+        (BenchConfig(systems=("nope",)), "unknown system 'nope'"),
+    ],
+)
+def test_bad_configs_are_refused_before_any_run(cfg, match):
+    with pytest.raises(ValueError, match=match):
+        run(cfg)
+
+
+def test_every_system_has_a_known_baseline_and_estimate():
+    names = {s.name for s in SYSTEMS}
+    for s in SYSTEMS:
+        assert s.baseline_for in names | {""}
+        assert s.memory_estimate(10**9, 8) > 0
+    # A rank's share of croupier needs ~N/W, torch's sampler ~N.
+    assert by_name("croupier").memory_estimate(10**9, 8) < 2 << 30
+    assert by_name("torch-sampler").memory_estimate(10**9, 8) > 40 << 30
+
+
+def test_harness_measures_checks_and_compares():
+    lines: list[str] = []
+    cfg = BenchConfig(
+        ns=(5000,),
+        ranks=4,
+        rank=1,
+        systems=("croupier", "torch-sampler", "croupier-torch-order", "croupier-permutation"),
+    )
+    results = run(cfg, progress=lines.append)
+    rows = {r["system"]: r for r in results["rows"]}
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    for name in ("croupier", "torch-sampler", "croupier-torch-order"):
+        assert rows[name]["runs"][0]["count"] == 1250
+        assert rows[name]["checks_ok"]
+        assert rows[name]["epoch_s"] > 0
+        assert rows[name]["peak_mib"] >= rows[name]["rss_base_mib"] > 0
+    assert "resume_s" in rows["croupier"] and "resume_s" not in rows["torch-sampler"]
+    assert rows["croupier-permutation"]["runs"][0]["count"] == 5000
+    # order="torch" yields torch's exact sequence: same digest.
+    assert rows["croupier-torch-order"]["digest"] == rows["torch-sampler"]["digest"]
+    assert rows["croupier"]["digest"] != rows["torch-sampler"]["digest"]
+    text = table(results)
+    assert "same output as torch" in text
+    assert "| 5,000 | torch-sampler |" in text
+    assert any("[4/4]" in line for line in lines)
+    json.dumps(results)  # JSON-ready
+
+
+def test_runs_that_cannot_fit_are_skipped_and_said_so():
+    cfg = BenchConfig(ns=(10**10,), systems=("torch-sampler",))
+    results = run(cfg)
+    (row,) = results["rows"]
+    assert row["status"] == "skipped"
+    assert "GiB available" in row["detail"]
+    assert "skipped" in table(results)
+
+
+def test_cli_writes_table_json_and_plot(tmp_path, capsys):
+    code = cli.main(
+        [
+            "bench",
+            "--n",
+            "2000",
+            "--ranks",
+            "2",
+            "--rank",
+            "1",
+            "--systems",
+            "croupier",
+            "numpy-permutation",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| 2,000 | croupier |" in out
+    assert "| 2,000 | numpy-permutation |" in out
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["config"]["ranks"] == 2
+    assert data["machine"]["cpus"] >= 1
+    assert (tmp_path / "bench.md").read_text().count("|") > 10
+    png = (tmp_path / "bench.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_refuses_bad_arguments(capsys):
+    assert cli.main(["bench", "--ranks", "2", "--rank", "5", "--n", "10"]) == 2
+    assert "rank must be in [0, ranks)" in capsys.readouterr().err
