@@ -463,3 +463,19 @@ def test_beyond_2_32_samples_and_a_million_ranks():
     # resume deep in the share
     b.set_skip(5000)
     assert list(b) == ib[5000:].tolist()
+
+
+@pytest.mark.parametrize("order", ["fast", "torch"])
+def test_a_running_iterator_keeps_its_epoch(order):
+    # torch's samplers fix the epoch's list when iteration starts; so must croupier, also when
+    # its first block is handed out before the rest is computed.
+    n = 50_000
+    want0 = list(DistributedSampler(n, num_replicas=2, rank=1, order=order))
+    s = DistributedSampler(n, num_replicas=2, rank=1, order=order)
+    it = iter(s)
+    head = [next(it) for _ in range(10)]
+    s.set_epoch(1)
+    assert head + list(it) == want0
+    fresh1 = DistributedSampler(n, num_replicas=2, rank=1, order=order)
+    fresh1.set_epoch(1)
+    assert list(s) == list(fresh1) != want0

@@ -140,6 +140,7 @@ class DistributedSampler(Sampler[int]):
         # This rank's indices of self._epoch from position self._cache_start to the end.
         self._cache: npt.NDArray[Any] | None = None
         self._cache_start = 0
+        self._cache_epoch = 0
 
     # -- epoch and position ---------------------------------------------------------------------
 
@@ -194,14 +195,14 @@ class DistributedSampler(Sampler[int]):
 
     # -- indices --------------------------------------------------------------------------------
 
-    def _range(self, start: int, stop: int | None = None) -> npt.NDArray[Any]:
+    def _range(self, epoch: int, start: int, stop: int | None = None) -> npt.NDArray[Any]:
         arr = _core.rank_indices(
             self._n,
             self.num_replicas,
             self.rank,
             self.shuffle,
             self.seed,
-            self._epoch,
+            epoch,
             self.drop_last,
             self._core_order,
             start,
@@ -210,18 +211,26 @@ class DistributedSampler(Sampler[int]):
         arr.flags.writeable = False  # shared by every view handed out
         return arr
 
-    def _tail(self, start: int) -> npt.NDArray[Any]:
-        """The cached indices from ``start`` to the end of the epoch (computed if needed)."""
-        if self._cache is None or self._cache_start > start:
-            self._cache, self._cache_start = self._range(start), start
-        return self._cache[start - self._cache_start :]
+    def _tail(self, epoch: int, start: int) -> npt.NDArray[Any]:
+        """``epoch``'s indices from ``start`` to its end: a view of the cache when it holds
+        them, else computed (and cached if ``epoch`` is still the current one)."""
+        cached = self._cache is not None and self._cache_epoch == epoch
+        if cached and self._cache_start <= start:
+            assert self._cache is not None
+            return self._cache[start - self._cache_start :]
+        arr = self._range(epoch, start)
+        if epoch == self._epoch:
+            self._cache, self._cache_start, self._cache_epoch = arr, start, epoch
+        return arr
 
-    def _segments(self, start: int) -> Iterator[tuple[npt.NDArray[Any], int]]:
-        """The indices from ``start`` on as ``(array, first position)`` pieces: in the fast
-        order the block holding ``start`` comes first, so the first index is ready after a
-        few thousand values instead of the whole share."""
-        if self._cache is not None and self._cache_start <= start:
-            yield self._tail(start), start
+    def _segments(self, epoch: int, start: int) -> Iterator[tuple[npt.NDArray[Any], int]]:
+        """``epoch``'s indices from ``start`` on as ``(array, first position)`` pieces: in the
+        fast order the block holding ``start`` comes first, so the first index is ready after
+        a few thousand values instead of the whole share. The epoch is fixed when iteration
+        starts, as torch's samplers fix their list: a later ``set_epoch`` does not leak into
+        an iterator already running."""
+        if self._cache is not None and self._cache_epoch == epoch and self._cache_start <= start:
+            yield self._tail(epoch, start), start
             return
         stop = _core.first_stop(
             self._n,
@@ -233,9 +242,9 @@ class DistributedSampler(Sampler[int]):
             start,
         )
         if stop < self.num_samples:
-            yield self._range(start, stop), start
+            yield self._range(epoch, start, stop), start
             start = stop
-        yield self._tail(start), start
+        yield self._tail(epoch, start), start
 
     def indices(self) -> npt.NDArray[Any]:
         """This rank's indices of the current epoch not yet consumed, as a read-only numpy
@@ -245,14 +254,14 @@ class DistributedSampler(Sampler[int]):
         this is empty, while iterating again would repeat the epoch. A view of the buffer the
         Rust core filled: no copy is made.
         """
-        return self._tail(self._position())
+        return self._tail(self._epoch, self._position())
 
     def __iter__(self) -> Iterator[int]:
         start = self._pending if self._pending is not None else 0
         self._pending = self._pending_epoch = None
         cursor = _Cursor(start)
         self._cursor = cursor
-        return _emit(self._segments(start), cursor)
+        return _emit(self._segments(self._epoch, start), cursor)
 
     def __len__(self) -> int:
         """This rank's number of indices per epoch (torch's ``num_samples``)."""

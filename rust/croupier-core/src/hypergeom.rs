@@ -69,7 +69,7 @@ fn ln_factorial_table() -> &'static [f64; TABLE] {
 /// `ln(k!)`: summed logarithms below 256, Stirling's series with three correction terms above
 /// (truncation error below 1e-19 there).
 pub fn ln_factorial(k: u64) -> f64 {
-    if (k as usize) < TABLE {
+    if k < TABLE as u64 {
         return ln_factorial_table()[k as usize];
     }
     let x = k as f64;
@@ -80,6 +80,46 @@ pub fn ln_factorial(k: u64) -> f64 {
     (x + 0.5) * ln(x) - x
         + HALF_LN_2PI
         + inv * (1.0 / 12.0 - inv2 * (1.0 / 360.0 - inv2 * (1.0 / 1260.0)))
+}
+
+/// `ln(a/b)` for positive `a, b`, accurate when they are close: `2 atanh(z)` with
+/// `z = (a-b)/(a+b)` (the difference taken exactly in integers) when `|z| <= 1/3`, summed to 20
+/// terms; `ln a - ln b` otherwise (the ratio is then far from 1 and nothing cancels).
+fn ln_ratio(a: u64, b: u64) -> f64 {
+    let (d, s) = (a as i128 - b as i128, a as f64 + b as f64);
+    let z = d as f64 / s;
+    if z.abs() > 1.0 / 3.0 {
+        return ln(a as f64) - ln(b as f64);
+    }
+    let z2 = z * z;
+    let mut poly = 1.0 / 41.0;
+    let mut k = 39.0;
+    while k >= 1.0 {
+        poly = poly * z2 + 1.0 / k;
+        k -= 2.0;
+    }
+    2.0 * z * poly
+}
+
+/// Stirling's correction series `ln(x!) - ((x+1/2) ln x - x + ln(2 pi)/2)` for `x >= 256`.
+fn stirling_correction(x: f64) -> f64 {
+    let inv = 1.0 / x;
+    let inv2 = inv * inv;
+    inv * (1.0 / 12.0 - inv2 * (1.0 / 360.0 - inv2 * (1.0 / 1260.0)))
+}
+
+/// `ln(a!) - ln(b!)` without the cancellation of subtracting two huge logarithms: at a
+/// population of 2**40 each `ln(k!)` is about 3e13 and its last bit is worth 0.004, enough to
+/// bend an acceptance test; the difference written as
+/// `(a+1/2) ln(a/b) + (a-b) ln b - (a-b) + corr(a) - corr(b)` keeps every term small.
+pub fn ln_factorial_ratio(a: u64, b: u64) -> f64 {
+    if a < TABLE as u64 || b < TABLE as u64 {
+        return ln_factorial(a) - ln_factorial(b);
+    }
+    let (af, bf) = (a as f64, b as f64);
+    let d = (a as i128 - b as i128) as f64;
+    (af + 0.5) * ln_ratio(a, b) + d * ln(bf) - d
+        + (stirling_correction(af) - stirling_correction(bf))
 }
 
 /// The number of marked items among `a` drawn without replacement from `n` items of which `s`
@@ -141,13 +181,14 @@ fn hrua(rng: &mut CellRng, n: u64, good: u64, sample: u64) -> u64 {
     let h = D1 * c + D2;
     // The mode, in exact integer arithmetic.
     let mode = ((u128::from(sample) + 1) * (u128::from(good) + 1) / (u128::from(n) + 2)) as u64;
-    let lf = |k: u64| {
-        ln_factorial(k)
-            + ln_factorial(good - k)
-            + ln_factorial(sample - k)
-            + ln_factorial(bad - sample + k)
+    // ln f(k) - ln f(mode) for the pmf f (at most 0), as four factorial ratios: f(k) is
+    // proportional to 1 / (k! (good-k)! (sample-k)! (bad-sample+k)!).
+    let log_ratio = |k: u64| {
+        ln_factorial_ratio(mode, k)
+            + ln_factorial_ratio(good - mode, good - k)
+            + ln_factorial_ratio(sample - mode, sample - k)
+            + ln_factorial_ratio(bad - sample + mode, bad - sample + k)
     };
-    let g = lf(mode);
     // The support is [0, min(sample, good)] = [0, sample].
     let upper = (sample + 1) as f64;
     loop {
@@ -158,7 +199,7 @@ fn hrua(rng: &mut CellRng, n: u64, good: u64, sample: u64) -> u64 {
             continue;
         }
         let k = x as u64; // floor, x >= 0
-        let t = g - lf(k);
+        let t = log_ratio(k);
         if u * (4.0 - u) - 3.0 <= t {
             return k;
         }
@@ -198,6 +239,25 @@ mod tests {
         assert_eq!(ln(10.0).to_bits(), 0x40026bb1bbb55516);
         assert_eq!(ln(0.3).to_bits(), 0xbff34378fcbda721);
         assert_eq!(ln(123456789.0).to_bits(), 0x4032a1a38bd0540a);
+    }
+
+    #[test]
+    fn factorial_ratios_are_exact_where_direct_subtraction_is_not() {
+        // ln(a!/b!) = sum of ln(i) for i in (b, a]: compare with that sum, at 2**40.
+        let b = 1u64 << 40;
+        for d in [1u64, 2, 17, 1000] {
+            let direct: f64 = (b + 1..=b + d).map(|i| (i as f64).ln()).sum();
+            let got = ln_factorial_ratio(b + d, b);
+            assert!(
+                (got - direct).abs() < 1e-9 * direct,
+                "d={d}: {got} vs {direct}"
+            );
+            assert!((ln_factorial_ratio(b, b + d) + direct).abs() < 1e-9 * direct);
+        }
+        assert_eq!(ln_factorial_ratio(12345, 12345), 0.0);
+        assert!(
+            (ln_factorial_ratio(300, 10) - (ln_factorial(300) - ln_factorial(10))).abs() < 1e-9
+        );
     }
 
     #[test]
@@ -269,19 +329,28 @@ mod tests {
     }
 
     #[test]
-    fn large_method_mean_and_variance_at_billion_scale() {
-        let (n, s, a) = (10_000_000_000u64, 5_000_000_000u64, 1_250_000_000u64);
-        let draws = 4000;
-        let xs: Vec<f64> = (0..draws)
-            .map(|i| hypergeometric(&mut CellRng::for_cell(5, i, 0, 0, 0), n, s, a) as f64)
-            .collect();
-        let mean = xs.iter().sum::<f64>() / draws as f64;
-        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (draws - 1) as f64;
-        let (nf, sf, af) = (n as f64, s as f64, a as f64);
-        let mu = af * sf / nf;
-        let sigma2 = af * sf / nf * (1.0 - sf / nf) * (nf - af) / (nf - 1.0);
-        assert!((mean - mu).abs() < 4.0 * (sigma2 / draws as f64).sqrt());
-        assert!((var / sigma2 - 1.0).abs() < 0.1, "{var} vs {sigma2}");
+    fn large_method_mean_and_variance_up_to_2_62() {
+        // Where ln(k!) alone loses whole units, the factorial ratios keep the law right.
+        for &(n, s, a) in &[
+            (10_000_000_000u64, 5_000_000_000u64, 1_250_000_000u64),
+            (1 << 50, 1 << 49, 1 << 48),
+            (1 << 62, 3 << 59, 1 << 60),
+        ] {
+            let draws = 4000;
+            let xs: Vec<f64> = (0..draws)
+                .map(|i| hypergeometric(&mut CellRng::for_cell(5, i, n, 0, 0), n, s, a) as f64)
+                .collect();
+            let mean = xs.iter().sum::<f64>() / draws as f64;
+            let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (draws - 1) as f64;
+            let (nf, sf, af) = (n as f64, s as f64, a as f64);
+            let mu = af * sf / nf;
+            let sigma2 = af * sf / nf * (1.0 - sf / nf) * (nf - af) / (nf - 1.0);
+            assert!(
+                (mean - mu).abs() < 4.0 * (sigma2 / draws as f64).sqrt(),
+                "n={n}"
+            );
+            assert!((var / sigma2 - 1.0).abs() < 0.1, "n={n}: {var} vs {sigma2}");
+        }
     }
 
     #[test]
