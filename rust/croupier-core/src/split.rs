@@ -55,9 +55,15 @@ pub trait Classes: Sync {
     }
 }
 
-/// The largest value leaf: its values are dealt with bit sets of 64 words.
-pub const MAX_LEAF: u64 = 4096;
+/// The largest value leaf: its values are dealt with bit sets of 16 words.
+pub const MAX_LEAF: u64 = 1024;
 const WORDS: usize = (MAX_LEAF / 64) as usize;
+
+thread_local! {
+    /// Per-thread entry vectors, one pair per level of the value tree, reused across calls.
+    static SCRATCH: std::cell::RefCell<Vec<(Vec<Entry>, Vec<Entry>)>> =
+        std::cell::RefCell::new(vec![(Vec::new(), Vec::new()); 64]);
+}
 
 /// Value subtrees larger than this are split across threads.
 const PAR_GRAIN: u64 = 1 << 21;
@@ -151,7 +157,9 @@ impl<C: Classes> Engine<'_, C> {
     }
 
     /// Splits the entries of value node `[lo, hi)` into those of its halves; `tl` is the count
-    /// of the current class node in the left half.
+    /// of the current class node in the left half. Adds to `wanted` how many values of each
+    /// half belong to the wanted classes (counted at the topmost class nodes inside them;
+    /// `inside` says an ancestor already was).
     #[allow(clippy::too_many_arguments)]
     fn split_node(
         &self,
@@ -162,11 +170,19 @@ impl<C: Classes> Engine<'_, C> {
         tl: u64,
         mut l: Option<&mut Vec<Entry>>,
         mut r: Option<&mut Vec<Entry>>,
+        inside: bool,
+        wanted: &mut [u64; 2],
     ) {
         let e = src[*idx];
         *idx += 1;
         let el = Entry { t: tl, ..e };
         let er = Entry { t: e.t - tl, ..e };
+        let full = !inside && e.a >= self.c0 && e.b <= self.c1;
+        if full {
+            wanted[0] += el.t;
+            wanted[1] += er.t;
+        }
+        let inside = inside || full;
         if let Some(v) = l.as_deref_mut() {
             v.push(el);
         }
@@ -194,17 +210,40 @@ impl<C: Classes> Engine<'_, C> {
             let mut rng = CellRng::for_cell(self.base, lo, hi, e.a, e.b);
             hypergeometric(&mut rng, e.t, left_t, tl)
         };
-        self.split_node(lo, hi, src, idx, x, l.as_deref_mut(), r.as_deref_mut());
-        self.split_node(lo, hi, src, idx, tl - x, l, r);
+        let (lx, rx) = (l.as_deref_mut(), r.as_deref_mut());
+        self.split_node(lo, hi, src, idx, x, lx, rx, inside, wanted);
+        self.split_node(lo, hi, src, idx, tl - x, l, r, inside, wanted);
     }
 
-    fn split(&self, lo: u64, hi: u64, src: &[Entry], l: &mut Vec<Entry>, r: &mut Vec<Entry>) {
+    /// Splits value node `[lo, hi)`'s entries into its halves' and returns how many values of
+    /// each half the wanted classes hold.
+    fn split(
+        &self,
+        lo: u64,
+        hi: u64,
+        src: &[Entry],
+        l: &mut Vec<Entry>,
+        r: &mut Vec<Entry>,
+    ) -> [u64; 2] {
         l.clear();
         r.clear();
         let mid = lo + (hi - lo) / 2;
-        let mut idx = 0;
-        self.split_node(lo, hi, src, &mut idx, mid - lo, Some(l), Some(r));
+        let (mut idx, mut wanted) = (0, [0u64; 2]);
+        self.split_node(
+            lo,
+            hi,
+            src,
+            &mut idx,
+            mid - lo,
+            Some(l),
+            Some(r),
+            false,
+            &mut wanted,
+        );
         debug_assert_eq!(idx, src.len());
+        debug_assert_eq!(wanted[0], self.wanted(l, &mut 0));
+        debug_assert_eq!(wanted[1], self.wanted(r, &mut 0));
+        wanted
     }
 
     /// Deals the values of a leaf `[lo, hi)` as bit sets (bit `i` of word `k` is value
@@ -260,15 +299,19 @@ impl<C: Classes> Engine<'_, C> {
         self.leaf_node(lo, hi, src, idx, &right[..words], segs);
     }
 
+    /// Fills the wanted classes' values of value node `[lo, hi)` (which holds `wanted` of
+    /// them) into `segs`.
+    #[allow(clippy::too_many_arguments)]
     fn node<T: Index>(
         &self,
         lo: u64,
         hi: u64,
         src: &[Entry],
+        wanted: u64,
         segs: &mut [Seg<'_, T>],
         scratch: &mut [(Vec<Entry>, Vec<Entry>)],
     ) {
-        if self.wanted(src, &mut 0) == 0 {
+        if wanted == 0 {
             return;
         }
         if hi - lo <= self.leaf {
@@ -285,24 +328,33 @@ impl<C: Classes> Engine<'_, C> {
         let ((l, r), rest) = scratch
             .split_first_mut()
             .expect("scratch holds one pair per level of the value tree");
-        self.split(lo, hi, src, l, r);
+        let [wl, wr] = self.split(lo, hi, src, l, r);
         let mid = lo + (hi - lo) / 2;
-        self.node(lo, mid, l, segs, rest);
-        self.node(mid, hi, r, segs, rest);
+        self.node(lo, mid, l, wl, segs, rest);
+        self.node(mid, hi, r, wr, segs, rest);
     }
 
-    fn node_par<T: Index>(&self, lo: u64, hi: u64, src: &[Entry], segs: Vec<Seg<'_, T>>) {
-        if hi - lo <= PAR_GRAIN {
-            let mut segs = segs;
-            let mut scratch = vec![(Vec::new(), Vec::new()); 64];
-            self.node(lo, hi, src, &mut segs, &mut scratch);
+    fn node_par<T: Index>(
+        &self,
+        lo: u64,
+        hi: u64,
+        src: &[Entry],
+        wanted: u64,
+        segs: Vec<Seg<'_, T>>,
+    ) {
+        if wanted == 0 {
             return;
         }
-        if self.wanted(src, &mut 0) == 0 {
+        if hi - lo <= PAR_GRAIN {
+            let mut segs = segs;
+            SCRATCH.with(|scratch| {
+                let mut scratch = scratch.borrow_mut();
+                self.node(lo, hi, src, wanted, &mut segs, &mut scratch);
+            });
             return;
         }
         let (mut l, mut r) = (Vec::new(), Vec::new());
-        self.split(lo, hi, src, &mut l, &mut r);
+        let [wl, wr] = self.split(lo, hi, src, &mut l, &mut r);
         let mut counts = vec![0u64; (self.c1 - self.c0) as usize];
         self.class_counts(&l, &mut 0, &mut counts);
         let (mut ls, mut rs) = (
@@ -317,26 +369,94 @@ impl<C: Classes> Engine<'_, C> {
         }
         let mid = lo + (hi - lo) / 2;
         rayon::join(
-            || self.node_par(lo, mid, &l, ls),
-            || self.node_par(mid, hi, &r, rs),
+            || self.node_par(lo, mid, &l, wl, ls),
+            || self.node_par(mid, hi, &r, wr, rs),
         );
     }
 }
 
 /// A uniform random subset of size `k` of the `n` set bits of `set`, written to `out`
 /// (`0 < k < n`).
+///
+/// Drawn in the compact positions `[0, n)`, then deposited on the set's bits. Instead of `k`
+/// (or `n - k`) sequential draws, each position first gets an independent random bit with
+/// probability `e/8` close to `k/n` (whole words at a time: `e/8` from and/or of three random
+/// words), and then the count is corrected: `x - k` of the `x` chosen positions are dropped,
+/// or `k - x` of the others added, chosen uniformly by Floyd's algorithm. Independent bits are
+/// exchangeable and so are the corrections, so every `k`-subset is equally likely; the
+/// corrections are about `sqrt(n)/2 + n/16` draws instead of `n/2`.
 fn subset(rng: &mut CellRng, set: &[u64], n: u64, k: u64, out: &mut [u64]) {
-    // Floyd's algorithm over the compact positions [0, n), drawing the smaller of the subset
-    // and its complement; then the compact bits are deposited on the set's bits.
-    let (want, complement) = if 2 * k > n { (n - k, true) } else { (k, false) };
+    let words = n.div_ceil(64) as usize;
+    let eighths = ((8 * k + n / 2) / n).clamp(1, 7);
     let mut compact = [0u64; WORDS];
+    for w in &mut compact[..words] {
+        *w = bernoulli_eighths(rng, eighths);
+    }
+    if n % 64 != 0 {
+        compact[words - 1] &= (1 << (n % 64)) - 1;
+    }
+    let x: u64 = compact[..words]
+        .iter()
+        .map(|w| u64::from(w.count_ones()))
+        .sum();
+    if x != k {
+        // The positions to flip: x - k of the ones, or k - x of the zeros.
+        let mut pool = [0u64; WORDS];
+        let flips = if x > k {
+            pool[..words].copy_from_slice(&compact[..words]);
+            x - k
+        } else {
+            for (p, &c) in pool[..words].iter_mut().zip(&compact[..words]) {
+                *p = !c;
+            }
+            if n % 64 != 0 {
+                pool[words - 1] &= (1 << (n % 64)) - 1;
+            }
+            k - x
+        };
+        let size = if x > k { x } else { n - x };
+        let mut pick = [0u64; WORDS];
+        floyd(rng, size, flips, &mut pick);
+        let mut flip = [0u64; WORDS];
+        deposit_words(&pick, &pool[..words], &mut flip[..words]);
+        for (c, f) in compact[..words].iter_mut().zip(&flip[..words]) {
+            *c ^= f;
+        }
+    }
+    deposit_words(&compact, set, out);
+}
+
+/// A word of independent bits, each 1 with probability `e/8` (`1 <= e <= 7`).
+#[inline(always)]
+fn bernoulli_eighths(rng: &mut CellRng, e: u64) -> u64 {
+    let a = rng.next_u64();
+    match e {
+        4 => a,
+        2 => a & rng.next_u64(),
+        6 => a | rng.next_u64(),
+        _ => {
+            let (b, c) = (rng.next_u64(), rng.next_u64());
+            match e {
+                1 => a & b & c,
+                3 => a & (b | c),
+                5 => a | (b & c),
+                _ => a | b | c,
+            }
+        }
+    }
+}
+
+/// A uniform random `k`-subset of `[0, n)` as bits (`k <= n <= MAX_LEAF`), by Floyd's
+/// algorithm, drawing the smaller of the subset and its complement.
+fn floyd(rng: &mut CellRng, n: u64, k: u64, out: &mut [u64; WORDS]) {
+    let (want, complement) = if 2 * k > n { (n - k, true) } else { (k, false) };
     let mut add = |j: u64, t: u64| {
-        let pick = if compact[(t / 64) as usize] >> (t % 64) & 1 == 1 {
+        let pick = if out[(t / 64) as usize] >> (t % 64) & 1 == 1 {
             j
         } else {
             t
         };
-        compact[(pick / 64) as usize] |= 1 << (pick % 64);
+        out[(pick / 64) as usize] |= 1 << (pick % 64);
     };
     // Two steps per 64-bit word: bounds are at most MAX_LEAF, far below 2**32.
     let mut j = n - want;
@@ -351,23 +471,47 @@ fn subset(rng: &mut CellRng, set: &[u64], n: u64, k: u64, out: &mut [u64]) {
     }
     if complement {
         let full = (n / 64) as usize;
-        for w in &mut compact[..full] {
+        for w in &mut out[..full] {
             *w = !*w;
         }
         if n % 64 != 0 {
-            compact[full] = !compact[full] & ((1 << (n % 64)) - 1);
+            out[full] = !out[full] & ((1 << (n % 64)) - 1);
         }
     }
-    // Deposit: the i-th compact bit goes to the i-th set bit of `set`.
+}
+
+/// The `i`-th bit of `compact` goes to the `i`-th set bit of `set`.
+fn deposit_words(compact: &[u64], set: &[u64], out: &mut [u64]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("bmi2") {
+            // SAFETY: the processor supports BMI2, checked just above.
+            return unsafe { deposit_words_bmi2(compact, set, out) };
+        }
+    }
     let mut taken = 0u64;
     for (o, &word) in out.iter_mut().zip(set) {
         let p = u64::from(word.count_ones());
-        if p == 0 {
-            *o = 0;
-            continue;
-        }
-        let bits = extract(&compact, taken, p);
-        *o = deposit(bits, word);
+        *o = if p == 0 {
+            0
+        } else {
+            deposit_portable(extract(compact, taken, p), word)
+        };
+        taken += p;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "bmi2")]
+unsafe fn deposit_words_bmi2(compact: &[u64], set: &[u64], out: &mut [u64]) {
+    let mut taken = 0u64;
+    for (o, &word) in out.iter_mut().zip(set) {
+        let p = u64::from(word.count_ones());
+        *o = if p == 0 {
+            0
+        } else {
+            std::arch::x86_64::_pdep_u64(extract(compact, taken, p), word)
+        };
         taken += p;
     }
 }
@@ -387,24 +531,13 @@ fn extract(words: &[u64], from: u64, len: u64) -> u64 {
     }
 }
 
-/// Moves bit `i` of `compact` to the position of the `i`-th set bit of `mask` (x86's `pdep`,
-/// which is used when the processor has it; the result is the same).
-#[inline(always)]
+/// Moves bit `i` of `compact` to the position of the `i`-th set bit of `mask` (x86's `pdep`;
+/// the hardware instruction is used when the processor has it, with the same result).
+#[cfg(test)]
 fn deposit(compact: u64, mask: u64) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("bmi2") {
-            // SAFETY: the processor supports BMI2, checked just above.
-            return unsafe { pdep_bmi2(compact, mask) };
-        }
-    }
-    deposit_portable(compact, mask)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "bmi2")]
-unsafe fn pdep_bmi2(compact: u64, mask: u64) -> u64 {
-    std::arch::x86_64::_pdep_u64(compact, mask)
+    let mut out = [0u64];
+    deposit_words(&[compact], &[mask], &mut out);
+    out[0]
 }
 
 fn deposit_portable(compact: u64, mask: u64) -> u64 {
@@ -467,7 +600,7 @@ pub fn class_values<T: Index, C: Classes>(
         segs.push(Seg { buf: a, at: 0 });
         rest = b;
     }
-    engine.node_par(0, n, &root, segs);
+    engine.node_par(0, n, &root, total, segs);
     Ok((out, offsets))
 }
 
@@ -593,6 +726,27 @@ mod tests {
     }
 
     #[test]
+    fn every_subset_is_equally_likely() {
+        // All C(12, 5) = 792 subsets of 5 of 12 positions (near 1/2: bits of probability 3/8
+        // and corrections), and all C(10, 1) and C(10, 9) (probability 1/8 and 7/8).
+        for (n, k, trials) in [(12u64, 5u64, 79_200u64), (10, 1, 10_000), (10, 9, 10_000)] {
+            let set = [(1u64 << n) - 1];
+            let mut counts = std::collections::HashMap::new();
+            for i in 0..trials {
+                let mut out = [0u64];
+                subset(&mut CellRng::new(i), &set, n, k, &mut out);
+                assert_eq!(u64::from(out[0].count_ones()), k);
+                *counts.entry(out[0]).or_insert(0u64) += 1;
+            }
+            let cells = counts.len() as f64;
+            let e = trials as f64 / cells;
+            let chi: f64 = counts.values().map(|&c| (c as f64 - e).powi(2) / e).sum();
+            let bound = cells + 3.1 * (2.0 * cells).sqrt() + 10.0;
+            assert!(chi < bound, "n={n} k={k}: chi2 {chi} over {cells} subsets");
+        }
+    }
+
+    #[test]
     fn deposit_is_pdep() {
         assert_eq!(deposit(0b101, 0b1101_0010), 0b0100_0010);
         assert_eq!(deposit(u64::MAX, 0xf0f0), 0xf0f0);
@@ -607,7 +761,7 @@ mod tests {
     #[test]
     fn subset_has_the_requested_size_inside_the_set() {
         let mut rng = CellRng::new(1);
-        let sets: [&[u64]; 3] = [&[u64::MAX], &[0xf0f0_0001, 0, u64::MAX, 7], &[u64::MAX; 64]];
+        let sets: [&[u64]; 3] = [&[u64::MAX], &[0xf0f0_0001, 0, u64::MAX, 7], &[u64::MAX; 16]];
         for set in sets {
             let n: u64 = set.iter().map(|w| u64::from(w.count_ones())).sum();
             for k in [1, 2, n / 2, n / 2 + 1, n - 1] {
