@@ -59,28 +59,36 @@ const TABLE: usize = 1 << 16;
 fn ln_factorial_table() -> &'static [f64] {
     static T: OnceLock<Vec<f64>> = OnceLock::new();
     T.get_or_init(|| {
+        // Summed logarithms up to 255; from 256 on Stirling's series, which (unlike a running
+        // sum) does not accumulate rounding errors.
         let mut t = vec![0.0; TABLE];
         for i in 2..TABLE {
-            t[i] = t[i - 1] + ln(i as f64);
+            t[i] = if i < 256 {
+                t[i - 1] + ln(i as f64)
+            } else {
+                stirling(i as u64)
+            };
         }
         t
     })
 }
 
-/// `ln(k!)`: summed logarithms below 2**16, Stirling's series with three correction terms
-/// above (truncation error below 1e-30 there).
+/// `ln(k!)` by Stirling's series with three correction terms, for `k >= 256` (truncation
+/// error below 1e-19).
+fn stirling(k: u64) -> f64 {
+    let x = k as f64;
+    // 0.5 * ln(2 pi)
+    const HALF_LN_2PI: f64 = 0.918_938_533_204_672_8;
+    (x + 0.5) * ln(x) - x + HALF_LN_2PI + stirling_correction(x)
+}
+
+/// `ln(k!)`: tabulated below 2**16 (summed logarithms below 256, Stirling's series above),
+/// Stirling's series beyond.
 pub fn ln_factorial(k: u64) -> f64 {
     if k < TABLE as u64 {
         return ln_factorial_table()[k as usize];
     }
-    let x = k as f64;
-    let inv = 1.0 / x;
-    let inv2 = inv * inv;
-    // 0.5 * ln(2 pi)
-    const HALF_LN_2PI: f64 = 0.918_938_533_204_672_8;
-    (x + 0.5) * ln(x) - x
-        + HALF_LN_2PI
-        + inv * (1.0 / 12.0 - inv2 * (1.0 / 360.0 - inv2 * (1.0 / 1260.0)))
+    stirling(k)
 }
 
 /// `ln(a/b)` for positive `a, b`, accurate when they are close: `2 atanh(z)` with
@@ -111,7 +119,7 @@ fn signed_difference(a: u64, b: u64) -> f64 {
     }
 }
 
-/// Stirling's correction series `ln(x!) - ((x+1/2) ln x - x + ln(2 pi)/2)` for `x >= 2**16`.
+/// Stirling's correction series `ln(x!) - ((x+1/2) ln x - x + ln(2 pi)/2)` for `x >= 256`.
 fn stirling_correction(x: f64) -> f64 {
     let inv = 1.0 / x;
     let inv2 = inv * inv;

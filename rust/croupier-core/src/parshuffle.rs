@@ -11,16 +11,16 @@
 //! - `n <= SMALL`: Fisher–Yates of the identity with the stream `(seed, epoch, Permutation,
 //!   0)` (the permutation croupier has always produced for these sizes).
 //! - Above: `B` buckets, a power of two (labels are `log2 B` bits, so no rejection), about
-//!   `n / SMALL` of them, at most 8192 up to `n = 2**25` and 64 above. Values are labelled in
-//!   stripes of `STRIPE`; stripe `i` draws its labels from the stream
-//!   `(seed, epoch, Permutation, 1 << 56 | i)`. One
+//!   `n / SMALL` of them (at most 1024) up to `n = 2**25` and 64 above. Values are labelled
+//!   in stripes of `STRIPE`; stripe `i` draws its labels from the stream
+//!   `(seed, epoch, Permutation, 1 << 60 | i)`. One
 //!   pass counts the labels of every stripe, a second writes each value to its slot (bucket by
 //!   bucket, stripe by stripe inside a bucket, increasing inside a stripe).
 //! - Each bucket is then shuffled the same way, recursively: a node of the bucket tree at
 //!   `depth` with path `p` (its level-1 bucket, then 6 bits a level) that holds more than
 //!   `SMALL` values is scattered into at most 64 sub-buckets (labels from the stream
-//!   `(…, 2 << 56 | depth << 52 | p)`) through a scratch buffer; a smaller one is shuffled by
-//!   Fisher–Yates (`(…, 3 << 56 | depth << 52 | p)`), in cache.
+//!   `(…, 2 << 60 | depth << 56 | p)`) through a scratch buffer; a smaller one is shuffled by
+//!   Fisher–Yates (`(…, 3 << 60 | depth << 56 | p)`), in cache.
 //!
 //! Every stream is named by stripe and bucket numbers that depend on `n` alone, so the result
 //! is the same for every number of threads. Stripes and buckets are spread over threads with
@@ -42,22 +42,24 @@ const FANOUT: u64 = 64;
 const BITS: u32 = FANOUT.trailing_zeros();
 
 /// The first scatter writes straight from the labels; while the whole output spans at most
-/// 2**25 indices (128 MiB of `u32`), thousands of buckets there still measured faster than a
-/// second pass (10M: 0.12 s against 0.155 s), beyond it 64 buckets do (100M: 1.0 s against
-/// 1.25 s). A function of `n` alone, so the order never depends on the machine.
+/// 2**25 indices (128 MiB of `u32`), up to 1024 buckets there (one scatter, then Fisher–Yates)
+/// measured faster than two scatters (10M: 0.12 s against 0.155 s), beyond it 64 buckets do
+/// (100M: 1.0 s against 1.25 s). A function of `n` alone, so the order never depends on the
+/// machine.
 fn level1_max(n: u64) -> u64 {
     if n <= 1 << 25 {
-        1 << 13
+        1 << 10
     } else {
         FANOUT
     }
 }
-// Stream ids, injective by construction: the kind in the top byte; for stripes the stripe
-// number (< 2**47); for bucket-tree nodes the depth (< 16) in bits 52..56 and the path below
-// (the level-1 bucket, at most 13 bits, then 6 bits a level: < 2**52).
-const LEVEL1: u64 = 1 << 56;
-const SPLIT: u64 = 2 << 56;
-const LEAF: u64 = 3 << 56;
+// Stream ids, injective by construction: the kind in the top four bits; for stripes the stripe
+// number (< 2**47); for bucket-tree nodes the depth (< 16) in bits 56..60 and the path below
+// (the level-1 bucket, at most 10 bits, then 6 bits a level; at most 9 levels below the first
+// for n < 2**63, so < 2**56).
+const LEVEL1: u64 = 1 << 60;
+const SPLIT: u64 = 2 << 60;
+const LEAF: u64 = 3 << 60;
 
 /// A raw pointer that threads may share because they write disjoint positions.
 #[derive(Clone, Copy)]
@@ -228,7 +230,7 @@ fn shuffle_node<T: Index>(
     path: u64,
 ) {
     let stream =
-        |tag: u64| Stream::new(seed, epoch, Purpose::Permutation, tag | depth << 52 | path);
+        |tag: u64| Stream::new(seed, epoch, Purpose::Permutation, tag | depth << 56 | path);
     let len = part.len() as u64;
     if len <= SMALL {
         fisher_yates(part, &mut stream(LEAF));
@@ -373,5 +375,5 @@ mod tests {
             PIN_100K
         );
     }
-    const PIN_100K: [u64; 4] = [21903, 96006, 11969, 51870];
+    const PIN_100K: [u64; 4] = [67071, 46725, 97070, 30536];
 }
