@@ -48,23 +48,21 @@ def _find(rows: list[dict[str, Any]], system: str, n: int) -> dict[str, Any] | N
 
 
 def table(results: dict[str, Any]) -> str:
-    """A Markdown table of the medians. Each baseline's cells carry, in parentheses, how many
-    times longer (or more memory) it took than the croupier system it is compared with; the
-    ``order="torch"`` row is compared with torch's sampler and says whether the output was
-    identical."""
+    """A Markdown table of the medians. Every row compared with another system carries, in
+    parentheses, how many times longer (or more memory) the baseline took than the croupier
+    side: on a baseline's row against croupier, and on the ``order="torch"`` row against
+    torch's sampler, whose output it must equal (the row says whether it did)."""
     rows = results["rows"]
-    baselines: dict[str, str] = results["baselines"]
-    lines: list[str] = []
     samplers = [r for r in rows if r["family"] == "sampler"]
     perms = [r for r in rows if r["family"] == "permutation"]
+    lines: list[str] = []
     if samplers:
         lines += [
             "| N | sampler | first index | whole epoch | resume at mid-epoch | peak RSS MiB "
             "(+ above imports) |",
             "| --- | --- | --- | --- | --- | --- |",
         ]
-        for r in samplers:
-            lines.append(_sampler_line(r, rows, baselines))
+        lines += [_line(r, results, ("first_s", "epoch_s", "resume_s")) for r in samplers]
     if perms:
         if lines:
             lines.append("")
@@ -72,49 +70,37 @@ def table(results: dict[str, Any]) -> str:
             "| N | full permutation | time | peak RSS MiB (+ above imports) |",
             "| --- | --- | --- | --- |",
         ]
-        for r in perms:
-            ref = _find(rows, baselines.get(r["system"], ""), r["n"])
-            cells = [_n(r["n"]), r["system"]]
-            if r.get("status") != "ok":
-                cells += [f"{r['status']}: {r.get('detail', '')}", ""]
-            else:
-                ref_s = ref.get("epoch_s") if ref else None
-                t = _time(r.get("epoch_s")) + _ratio(r.get("epoch_s"), ref_s)
-                cells += [t, _mem(r)]
-            lines.append("| " + " | ".join(cells) + " |")
+        lines += [_line(r, results, ("epoch_s",)) for r in perms]
     return "\n".join(lines)
 
 
-def _sampler_line(r: dict[str, Any], rows: list[dict[str, Any]], baselines: dict[str, str]) -> str:
-    n = r["n"]
-    cells = [_n(n), r["system"]]
+def _pair(
+    r: dict[str, Any], results: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(baseline row, croupier row)`` of the comparison ``r`` is part of, if both ran."""
+    other = _find(results["rows"], results["baselines"].get(r["system"], ""), r["n"])
+    if other is None:
+        return None
+    return (other, r) if results["systems"][r["system"]]["ours"] else (r, other)
+
+
+def _line(r: dict[str, Any], results: dict[str, Any], keys: tuple[str, ...]) -> str:
+    cells = [_n(r["n"]), r["system"]]
     if r.get("status") != "ok":
-        return (
-            "| " + " | ".join([*cells, f"{r['status']}: {r.get('detail', '')}", "", "", ""]) + " |"
+        cells += [f"{r['status']}: {r.get('detail', '')}"] + [""] * len(keys)
+        return "| " + " | ".join(cells) + " |"
+    pair = _pair(r, results)
+    for key in keys:
+        cells.append(
+            _time(r.get(key)) + (_ratio(pair[0].get(key), pair[1].get(key)) if pair else "")
         )
-    ref = _find(rows, baselines.get(r["system"], ""), n)
-    note = ""
-    if r["system"] == "croupier-torch-order":
-        # Compared with torch's sampler, which yields the same sequence.
-        torch_row = _find(rows, "torch-sampler", n)
-        if torch_row is not None:
-            same = torch_row.get("digest") is not None and torch_row.get("digest") == r.get(
-                "digest"
-            )
-            note = " same output as torch" if same else " OUTPUT DIFFERS from torch"
-            cells += [
-                _time(r.get("first_s")) + _ratio(torch_row.get("first_s"), r.get("first_s")),
-                _time(r.get("epoch_s")) + _ratio(torch_row.get("epoch_s"), r.get("epoch_s")),
-                _time(r.get("resume_s")),
-                _mem(r) + _mem_ratio(torch_row, r) + f";{note}",
-            ]
-            return "| " + " | ".join(cells) + " |"
-    for key in ("first_s", "epoch_s", "resume_s"):
-        cells.append(_time(r.get(key)) + (_ratio(r.get(key), ref.get(key)) if ref else ""))
-    cells.append(_mem(r) + (_mem_ratio(r, ref) if ref else ""))
+    mem = _mem(r) + (_mem_ratio(*pair) if pair else "")
+    if pair and results["systems"][r["system"]]["same_output"]:
+        same = pair[0].get("digest") is not None and pair[0].get("digest") == r.get("digest")
+        mem += "; same output as torch" if same else "; OUTPUT DIFFERS from torch"
     if not r.get("checks_ok", True):
-        cells[-1] += " CHECK FAILED"
-    return "| " + " | ".join(cells) + " |"
+        mem += " CHECK FAILED"
+    return "| " + " | ".join([*cells, mem]) + " |"
 
 
 def _mem_ratio(big: dict[str, Any], small: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from croupier import __version__
@@ -48,7 +48,6 @@ class BenchConfig:
     timeout: float = 1800.0
     memory_fraction: float = 0.8
     digest: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def available_memory() -> int:
@@ -186,7 +185,15 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
     return {
         "config": asdict(cfg),
         "machine": machine(),
-        "systems": {s.name: {"label": s.label, "family": s.family} for s in chosen},
+        "systems": {
+            s.name: {
+                "label": s.label,
+                "family": s.family,
+                "ours": s.ours,
+                "same_output": s.same_output,
+            }
+            for s in chosen
+        },
         "baselines": {s.name: s.baseline_for for s in chosen if s.baseline_for},
         "rows": rows,
     }

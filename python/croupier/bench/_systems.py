@@ -11,8 +11,6 @@ from dataclasses import dataclass
 
 __all__ = ["SYSTEMS", "System", "by_name"]
 
-GiB = 1 << 30
-
 
 @dataclass(frozen=True)
 class System:
@@ -24,7 +22,15 @@ class System:
     needs: tuple[str, ...]  # importable modules it needs
     bytes_per_index: float  # working memory per sample of N (per share sample if per_rank)
     per_rank: bool = False  # memory scales with N / W instead of N
-    baseline_for: str = ""  # the croupier system it is compared with
+    # The system it is compared with: a baseline names the croupier system it is measured
+    # against; a croupier system may name a baseline that yields the same output.
+    baseline_for: str = ""
+    same_output: bool = False  # its output must equal that of `baseline_for`
+
+    @property
+    def ours(self) -> bool:
+        """Whether this is croupier's (the faster side of a ratio)."""
+        return self.name.startswith("croupier")
 
     def memory_estimate(self, n: int, ranks: int) -> int:
         """Bytes the run needs above the interpreter, a rough upper estimate."""
@@ -64,6 +70,8 @@ SYSTEMS: tuple[System, ...] = (
         'croupier.DistributedSampler(order="torch")',
         ("croupier", "torch"),
         bytes_per_index=4.5,
+        baseline_for="torch-sampler",
+        same_output=True,
     ),
     System(
         "croupier-permutation",

@@ -211,13 +211,18 @@ class DistributedSampler(Sampler[int]):
         arr.flags.writeable = False  # shared by every view handed out
         return arr
 
+    def _cached(self, epoch: int, start: int) -> npt.NDArray[Any] | None:
+        """A view of the cache from ``start`` to the end of ``epoch``, if it holds them."""
+        if self._cache is None or self._cache_epoch != epoch or self._cache_start > start:
+            return None
+        return self._cache[start - self._cache_start :]
+
     def _tail(self, epoch: int, start: int) -> npt.NDArray[Any]:
         """``epoch``'s indices from ``start`` to its end: a view of the cache when it holds
         them, else computed (and cached if ``epoch`` is still the current one)."""
-        cached = self._cache is not None and self._cache_epoch == epoch
-        if cached and self._cache_start <= start:
-            assert self._cache is not None
-            return self._cache[start - self._cache_start :]
+        view = self._cached(epoch, start)
+        if view is not None:
+            return view
         arr = self._range(epoch, start)
         if epoch == self._epoch:
             self._cache, self._cache_start, self._cache_epoch = arr, start, epoch
@@ -229,8 +234,9 @@ class DistributedSampler(Sampler[int]):
         a few thousand values instead of the whole share. The epoch is fixed when iteration
         starts, as torch's samplers fix their list: a later ``set_epoch`` does not leak into
         an iterator already running."""
-        if self._cache is not None and self._cache_epoch == epoch and self._cache_start <= start:
-            yield self._tail(epoch, start), start
+        view = self._cached(epoch, start)
+        if view is not None:
+            yield view, start
             return
         stop = _core.first_stop(
             self._n,

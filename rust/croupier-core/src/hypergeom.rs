@@ -41,16 +41,21 @@ pub fn ln(x: f64) -> f64 {
         m *= 0.5;
         e += 1;
     }
-    let z = (m - 1.0) / (m + 1.0);
+    let ef = e as f64;
+    ef * LN2_HI + (ef * LN2_LO + two_atanh((m - 1.0) / (m + 1.0), 25.0))
+}
+
+/// `2 atanh(z) = 2 (z + z**3/3 + z**5/5 + …)` summed by Horner's rule up to the term
+/// `z**last / last` (`last` odd).
+fn two_atanh(z: f64, last: f64) -> f64 {
     let z2 = z * z;
-    let mut poly = 1.0 / 25.0;
-    let mut k = 23.0;
+    let mut poly = 1.0 / last;
+    let mut k = last - 2.0;
     while k >= 1.0 {
         poly = poly * z2 + 1.0 / k;
         k -= 2.0;
     }
-    let ef = e as f64;
-    ef * LN2_HI + (ef * LN2_LO + 2.0 * z * poly)
+    2.0 * z * poly
 }
 
 /// `ln(k!)` is tabulated below this (512 KiB, built once per process in about a millisecond).
@@ -99,14 +104,7 @@ fn ln_ratio(a: u64, b: u64) -> f64 {
     if z.abs() > 1.0 / 3.0 {
         return ln(a as f64) - ln(b as f64);
     }
-    let z2 = z * z;
-    let mut poly = 1.0 / 41.0;
-    let mut k = 39.0;
-    while k >= 1.0 {
-        poly = poly * z2 + 1.0 / k;
-        k -= 2.0;
-    }
-    2.0 * z * poly
+    two_atanh(z, 41.0)
 }
 
 /// `a - b` as a double, the difference taken exactly in integers first.

@@ -104,6 +104,14 @@ pub(crate) fn try_with_capacity<T>(what: &'static str, n: u64) -> Result<Vec<T>>
     Ok(v)
 }
 
+/// Keeps `v[from..from + len]` in place (moved to the front, the rest dropped; the capacity is
+/// kept for the caller to release): cutting a computed share to the positions asked for
+/// without a second buffer.
+pub(crate) fn keep_range<T: Copy>(v: &mut Vec<T>, from: usize, len: usize) {
+    v.copy_within(from..from + len, 0);
+    v.truncate(len);
+}
+
 /// Buffers from this size on ask the kernel for transparent huge pages.
 pub const HUGE_PAGE_BYTES: usize = 2 << 20;
 

@@ -13,7 +13,9 @@
 //! arithmetic, so the two agree wherever torch's own arithmetic is exact.
 
 use crate::error::{Error, Result};
-use crate::index::{check_len, try_with_capacity, Index, Indices, MAX_LEN, U32_MAX_LEN};
+use crate::index::{
+    check_len, keep_range, try_with_capacity, Index, Indices, MAX_LEN, U32_MAX_LEN,
+};
 use crate::share;
 use crate::torch;
 
@@ -81,6 +83,19 @@ impl Layout {
                 "rank",
                 format!("in [0, num_replicas) = [0, {})", self.num_replicas),
                 rank,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a range of positions of a rank's sequence: `start <= stop <= num_samples`.
+    pub fn check_range(&self, start: u64, stop: u64) -> Result<()> {
+        let ns = self.num_samples();
+        if start > stop || stop > ns {
+            return Err(Error::out_of_range(
+                "start, stop",
+                format!("0 <= start <= stop <= num_samples = {ns}"),
+                format!("{start}, {stop}"),
             ));
         }
         Ok(())
@@ -167,9 +182,7 @@ fn share_range<T: Index>(
         Order::Fast => share::fast_share(layout, rank, seed, epoch, start, stop),
         Order::Torch(variant) => {
             let mut v = torch_share::<T>(layout, rank, variant, seed, epoch)?;
-            let (from, len) = (start as usize, (stop - start) as usize);
-            v.copy_within(from..from + len, 0);
-            v.truncate(len);
+            keep_range(&mut v, start as usize, (stop - start) as usize);
             v.shrink_to_fit();
             Ok(v)
         }
@@ -195,19 +208,12 @@ pub fn rank_range(
     stop: u64,
 ) -> Result<Indices> {
     layout.check_rank(rank)?;
-    let ns = layout.num_samples();
-    if start > stop || stop > ns {
-        return Err(Error::out_of_range(
-            "start, stop",
-            format!("0 <= start <= stop <= num_samples = {ns}"),
-            format!("{start}, {stop}"),
-        ));
-    }
-    let args = ((seed, epoch), (start, stop));
+    layout.check_range(start, stop)?;
+    let range = ((seed, epoch), (start, stop));
     Ok(if layout.n <= U32_MAX_LEN {
-        Indices::U32(share_range(layout, rank, shuffle, order, args.0, args.1)?)
+        Indices::U32(share_range(layout, rank, shuffle, order, range.0, range.1)?)
     } else {
-        Indices::U64(share_range(layout, rank, shuffle, order, args.0, args.1)?)
+        Indices::U64(share_range(layout, rank, shuffle, order, range.0, range.1)?)
     })
 }
 

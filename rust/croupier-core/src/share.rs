@@ -29,7 +29,7 @@
 
 use crate::cellrng::fold;
 use crate::error::{Error, Result};
-use crate::index::{try_with_capacity, Index};
+use crate::index::{keep_range, try_with_capacity, Index};
 use crate::partition::Layout;
 use crate::permute::fisher_yates;
 use crate::split::{class_values, Classes};
@@ -213,14 +213,7 @@ pub fn fast_share<T: Index>(
     stop: u64,
 ) -> Result<Vec<T>> {
     layout.check_rank(rank)?;
-    let ns = layout.num_samples();
-    if start > stop || stop > ns {
-        return Err(Error::out_of_range(
-            "start, stop",
-            format!("0 <= start <= stop <= num_samples = {ns}"),
-            format!("{start}, {stop}"),
-        ));
-    }
+    layout.check_range(start, stop)?;
     let classes = RankClasses::new(layout)?;
     let c = classes.share(rank);
     let own_stop = stop.min(c);
@@ -228,10 +221,8 @@ pub fn fast_share<T: Index>(
     if start < own_stop {
         let (j0, j1) = (block_of(start), block_of(own_stop - 1) + 1);
         out = blocks(layout, &classes, rank, (j0, j1), seed, epoch)?;
-        let first = block_start(c, j0);
-        let (from, len) = ((start - first) as usize, (own_stop - start) as usize);
-        out.copy_within(from..from + len, 0);
-        out.truncate(len);
+        let from = (start - block_start(c, j0)) as usize;
+        keep_range(&mut out, from, (own_stop - start) as usize);
     } else {
         out = try_with_capacity("a rank's indices", stop - start)?;
     }

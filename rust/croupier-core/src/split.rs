@@ -5,9 +5,9 @@
 //!
 //! `n` values are dealt into `C` classes of fixed sizes (class `x` gets `prefix(x+1) -
 //! prefix(x)` values), every such partition equally likely. Two binary trees organise it:
-//! the *value tree* halves `[lo, hi)` at `lo + (hi - lo) / 2` down to leaves of at most 64
-//! values, and the *class tree* halves class ranges `[a, b)` the same way down to single
-//! classes. Write `t(G, V)` for how many values of value node `V` go to class node `G`; at the
+//! the *value tree* halves `[lo, hi)` at `lo + (hi - lo) / 2` down to leaves of at most
+//! [`Classes::leaf`] values (64 to 1024), and the *class tree* splits class ranges `[a, b)` at
+//! [`Classes::split`] (the midpoint by default) down to single classes. Write `t(G, V)` for how many values of value node `V` go to class node `G`; at the
 //! root `t(G, [0, n))` is `G`'s size and `t([0, C), V) = |V|`. For a value node `V` with
 //! halves `Vl, Vr` and a class node `G` with halves `Gl, Gr`, the values of `V` that `G` gets
 //! are a uniform random subset of `V` of size `t(G, V)`, so how many of them lie in `Vl` while
@@ -17,9 +17,9 @@
 //! t(Gl, Vl) ~ Hyp(population t(G, V), marked t(Gl, V), drawn t(G, Vl))
 //! ```
 //!
-//! and the other three counts follow by subtraction. In a leaf `V` of at most 64 values the
-//! values themselves are dealt: `G`'s values are a bit mask, `Gl` takes a uniform random
-//! subset of it of size `t(Gl, V)` (Floyd's algorithm), `Gr` the rest. Each decision is drawn
+//! and the other three counts follow by subtraction. In a leaf `V` the values themselves are
+//! dealt: `G`'s values are a bit set, `Gl` takes a uniform random subset of it of size
+//! `t(Gl, V)` (see [`subset`]), `Gr` the rest. Each decision is drawn
 //! from the generator of its cell `(V, G)` ([`crate::cellrng`]), so any process that needs a
 //! cell draws the same thing, and skipping a cell whose outcome is forced changes nothing else.
 //!
@@ -27,9 +27,10 @@
 //!
 //! To get the classes `[c0, c1)` one walks only the class nodes that overlap them (and their
 //! siblings' counts), and only value nodes where those classes have values. For one rank of
-//! `W` that is `O(log W)` cells per value node and about `2N/64` value nodes when the rank's
-//! values are dense, `O(k log(N/k) log W)` when they are sparse (`k` values wanted); memory is
-//! the output plus `O(log N)` small vectors. Work splits over value subtrees with rayon; the
+//! `W` that is `O(log W)` cells per value node: about `2N/L` value nodes for leaves of `L`
+//! when the rank's values are dense, `O(k log(N/k))` when they are sparse (`k` values
+//! wanted); a leaf costs `O(L/64)` word operations per class level. Memory is the output plus
+//! `O(log N)` small vectors. Work splits over value subtrees with rayon; the
 //! output never depends on how.
 
 use crate::cellrng::CellRng;

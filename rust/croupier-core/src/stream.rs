@@ -85,30 +85,14 @@ impl Stream {
     /// A uniform integer in `[0, s)`; `s` must be at least 1. Consumes 32-bit words.
     #[inline(always)]
     pub fn below_u32(&mut self, s: u32) -> u32 {
-        debug_assert!(s > 0);
-        let mut m = u64::from(self.next_u32()) * u64::from(s);
-        if (m as u32) < s {
-            // Only here can the low half fall in the biased zone; t = 2**32 mod s.
-            let t = s.wrapping_neg() % s;
-            while (m as u32) < t {
-                m = u64::from(self.next_u32()) * u64::from(s);
-            }
-        }
-        (m >> 32) as u32
+        let first = self.next_u32();
+        lemire_u32(first, s, || self.next_u32())
     }
 
     /// A uniform integer in `[0, s)`; `s` must be at least 1. Consumes 64-bit words.
     #[inline(always)]
     pub fn below_u64(&mut self, s: u64) -> u64 {
-        debug_assert!(s > 0);
-        let mut m = u128::from(self.next_u64()) * u128::from(s);
-        if (m as u64) < s {
-            let t = s.wrapping_neg() % s;
-            while (m as u64) < t {
-                m = u128::from(self.next_u64()) * u128::from(s);
-            }
-        }
-        (m >> 64) as u64
+        lemire_u64(s, || self.next_u64())
     }
 
     /// A uniform integer in `[0, s)` for any `s >= 1`: a 32-bit draw when `s < 2**32`, a 64-bit
@@ -121,6 +105,37 @@ impl Stream {
             self.below_u64(s)
         }
     }
+}
+
+/// Lemire's multiply-shift with rejection on 32-bit words: a uniform integer in `[0, s)`
+/// (`s >= 1`) from the word `first`, drawing more words from `next` only in the rare biased
+/// zone.
+#[inline(always)]
+pub(crate) fn lemire_u32(first: u32, s: u32, mut next: impl FnMut() -> u32) -> u32 {
+    debug_assert!(s > 0);
+    let mut m = u64::from(first) * u64::from(s);
+    if (m as u32) < s {
+        // Only here can the low half fall in the biased zone; t = 2**32 mod s.
+        let t = s.wrapping_neg() % s;
+        while (m as u32) < t {
+            m = u64::from(next()) * u64::from(s);
+        }
+    }
+    (m >> 32) as u32
+}
+
+/// Lemire's method on 64-bit words from `next`: a uniform integer in `[0, s)`, `s >= 1`.
+#[inline(always)]
+pub(crate) fn lemire_u64(s: u64, mut next: impl FnMut() -> u64) -> u64 {
+    debug_assert!(s > 0);
+    let mut m = u128::from(next()) * u128::from(s);
+    if (m as u64) < s {
+        let t = s.wrapping_neg() % s;
+        while (m as u64) < t {
+            m = u128::from(next()) * u128::from(s);
+        }
+    }
+    (m >> 64) as u64
 }
 
 #[cfg(test)]
