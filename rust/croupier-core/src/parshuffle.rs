@@ -159,7 +159,7 @@ fn fisher_yates_fast<T: Index>(buf: &mut [T], rng: &mut Xoshiro256PlusPlus, pref
     };
     let swaps = n.saturating_sub(1);
     if prefetch {
-        swaps_with_lookahead(buf, swaps, |s| n - 1 - s, draw);
+        swaps_with_lookahead::<_, LEAF_LOOKAHEAD>(buf, swaps, |s| n - 1 - s, draw);
     } else {
         for s in 0..swaps {
             let j = draw(s);
@@ -170,6 +170,9 @@ fn fisher_yates_fast<T: Index>(buf: &mut [T], rng: &mut Xoshiro256PlusPlus, pref
 
 /// Leaves longer than this (1 MiB of `u32`) are shuffled with prefetching.
 const PREFETCH_FROM: usize = 1 << 18;
+/// How far ahead leaf targets are prefetched: on the VM of the README, 1e8 values in 64 leaves
+/// of 6 MiB took 0.15 s with 64, 0.175 s with 32, 0.19 s with 16 and 0.18 s with 128.
+const LEAF_LOOKAHEAD: usize = 64;
 
 /// Fills `out` with the permutation of `[0, out.len())` for `(seed, epoch)`, reusing the
 /// buffer.
@@ -462,7 +465,8 @@ mod tests {
 
     #[test]
     fn prefetching_makes_the_same_swaps() {
-        for n in [0usize, 1, 2, 3, 31, 32, 33, 64, 1000, 100_001] {
+        let edge = LEAF_LOOKAHEAD;
+        for n in [0usize, 1, 2, 3, edge - 1, edge, edge + 1, 1000, 100_001] {
             let run = |prefetch| {
                 let mut v: Vec<u32> = (0..n as u32).collect();
                 fisher_yates_fast(&mut v, &mut generator(4, 5, NODE_LEAF | n as u64), prefetch);

@@ -24,7 +24,7 @@ use rand_mt::Mt;
 
 use crate::error::{Error, Result};
 use crate::index::{check_len, try_with_capacity, Index, Indices, U32_MAX_LEN};
-use crate::permute::{identity, swaps_with_lookahead};
+use crate::permute::{identity, swaps_with_lookahead, LOOKAHEAD};
 
 /// From this length on, torch 2.6 and later use the inside-out variant with 64-bit draws.
 pub const LARGE_N_THRESHOLD: u64 = u32::MAX as u64 / 20;
@@ -63,7 +63,7 @@ fn forward_swaps<T: Index>(buf: &mut [T], mt: &mut Mt) {
 fn forward_swaps_with<T: Index>(buf: &mut [T], mt: &mut Mt, rem: impl Fn(u32, usize) -> usize) {
     let n = buf.len();
     let swaps = n.saturating_sub(1);
-    swaps_with_lookahead(buf, swaps, |i| i, |i| i + rem(mt.next_u32(), n - i));
+    swaps_with_lookahead::<_, LOOKAHEAD>(buf, swaps, |i| i, |i| i + rem(mt.next_u32(), n - i));
 }
 
 /// torch's inside-out variant for large `n`, written straight into a fresh buffer.
