@@ -87,6 +87,23 @@ def test_harness_measures_checks_and_compares():
     json.dumps(results)  # JSON-ready
 
 
+def test_repeats_go_round_robin_over_systems():
+    lines: list[str] = []
+    cfg = BenchConfig(ns=(3000,), repeats=2, systems=("croupier-permutation", "numpy-permutation"))
+    results = run(cfg, progress=lines.append)
+    started = [line.split("] ")[1] for line in lines if line.endswith("...")]
+    assert started == [
+        "croupier-permutation N=3,000 seed=0 run 1/2 ...",
+        "numpy-permutation N=3,000 seed=0 run 1/2 ...",
+        "croupier-permutation N=3,000 seed=0 run 2/2 ...",
+        "numpy-permutation N=3,000 seed=0 run 2/2 ...",
+    ]
+    for row in results["rows"]:
+        assert [r["count"] for r in row["runs"]] == [3000, 3000]
+        # The reported time is the median of the runs (of two: their mean).
+        assert row["epoch_s"] == pytest.approx(sum(r["epoch_s"] for r in row["runs"]) / 2)
+
+
 def test_runs_that_cannot_fit_are_skipped_and_said_so():
     cfg = BenchConfig(ns=(10**10,), systems=("torch-sampler",))
     results = run(cfg)

@@ -32,7 +32,8 @@ class BenchConfig:
         ranks: number of data-parallel ranks ``W``.
         rank: the rank whose share is timed.
         seeds: one repeat per seed and per ``repeats``; medians are reported.
-        repeats: runs per seed.
+        repeats: runs per seed. Runs go round-robin over the systems of one N (every
+            system's first run, then every system's second run, ...).
         systems: names from :data:`croupier.bench._systems.SYSTEMS` (default: all installed).
         timeout: seconds before one run is abandoned (reported as a timeout).
         memory_fraction: skip a run whose estimated memory exceeds this fraction of the
@@ -125,6 +126,33 @@ def _median(runs: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _cannot_run(system: System, n: int, cfg: BenchConfig) -> tuple[str, str] | None:
+    """Why ``system`` is not run at ``n`` (status, detail), or ``None`` when it can run."""
+    if not installed(system):
+        return "not installed", f"needs {', '.join(system.needs)}"
+    need, have = system.memory_estimate(n, cfg.ranks), available_memory()
+    if have and need > cfg.memory_fraction * have:
+        return "skipped", f"needs ~{need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB available"
+    return None
+
+
+def _summarise(row: dict[str, Any], cfg: BenchConfig) -> None:
+    """Adds to ``row`` its status, the medians of its runs and whether its checks held."""
+    runs = row["runs"]
+    ok = [r for r in runs if r.get("status") == "ok"]
+    row["status"] = "ok" if ok else runs[0]["status"]
+    if not ok:
+        row["detail"] = runs[0].get("detail", "")
+    for key in (*METRICS, "rss_base_mib"):
+        value = _median(runs, key)
+        if value is not None:
+            row[key] = value
+    digests = {r.get("digest") for r in ok if r.get("digest")}
+    if len(digests) == 1 and len(cfg.seeds) == 1:
+        row["digest"] = digests.pop()
+    row["checks_ok"] = all(r.get("first_ok", True) and r.get("resume_ok", True) for r in ok)
+
+
 def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Runs every (system, N) pair of ``cfg`` and returns the results as a JSON-ready dict.
 
@@ -145,43 +173,33 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
         raise ValueError(f"seeds must be non-negative and at least one, got {list(cfg.seeds)}")
     chosen = [by_name(name) for name in cfg.systems] if cfg.systems else list(SYSTEMS)
     rows: list[dict[str, Any]] = []
-    plan = [(s, n) for n in cfg.ns for s in chosen]
-    for step, (system, n) in enumerate(plan, 1):
-        head = f"[{step}/{len(plan)}] {system.name} N={n:,}"
-        row: dict[str, Any] = {"system": system.name, "family": system.family, "n": n}
-        rows.append(row)
-        if not installed(system):
-            row["status"] = "not installed"
-            row["detail"] = f"needs {', '.join(system.needs)}"
-            say(f"{head}: skipped, {row['detail']}")
-            continue
-        need, have = system.memory_estimate(n, cfg.ranks), available_memory()
-        if have and need > cfg.memory_fraction * have:
-            row["status"] = "skipped"
-            row["detail"] = f"needs ~{need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB available"
-            say(f"{head}: skipped, {row['detail']}")
-            continue
-        runs = []
+    total, step = len(cfg.ns) * len(chosen), 0
+    for n in cfg.ns:
+        pending: list[tuple[System, dict[str, Any], str]] = []
+        for system in chosen:
+            step += 1
+            head = f"[{step}/{total}] {system.name} N={n:,}"
+            row: dict[str, Any] = {"system": system.name, "family": system.family, "n": n}
+            rows.append(row)
+            reason = _cannot_run(system, n, cfg)
+            if reason:
+                row["status"], row["detail"] = reason
+                say(f"{head}: skipped, {row['detail']}")
+                continue
+            row["runs"] = []
+            pending.append((system, row, head))
+        # Round-robin: every system's run r before any system's run r + 1, so that a slow
+        # spell of a noisy machine falls on all of them alike rather than on one.
         for seed in cfg.seeds:
             for rep in range(cfg.repeats):
-                say(f"{head} seed={seed} run {rep + 1}/{cfg.repeats} ...")
-                t0 = time.perf_counter()
-                result = _one(system, n, cfg, seed)
-                runs.append(result)
-                say(f"{head}: {result['status']} in {time.perf_counter() - t0:.1f} s")
-        row["runs"] = runs
-        ok = [r for r in runs if r.get("status") == "ok"]
-        row["status"] = "ok" if ok else runs[0]["status"]
-        if not ok:
-            row["detail"] = runs[0].get("detail", "")
-        for key in (*METRICS, "rss_base_mib"):
-            value = _median(runs, key)
-            if value is not None:
-                row[key] = value
-        digests = {r.get("digest") for r in ok if r.get("digest")}
-        if len(digests) == 1 and len(cfg.seeds) == 1:
-            row["digest"] = digests.pop()
-        row["checks_ok"] = all(r.get("first_ok", True) and r.get("resume_ok", True) for r in ok)
+                for system, row, head in pending:
+                    say(f"{head} seed={seed} run {rep + 1}/{cfg.repeats} ...")
+                    t0 = time.perf_counter()
+                    result = _one(system, n, cfg, seed)
+                    row["runs"].append(result)
+                    say(f"{head}: {result['status']} in {time.perf_counter() - t0:.1f} s")
+        for _system, row, _head in pending:
+            _summarise(row, cfg)
     return {
         "config": asdict(cfg),
         "machine": machine(),
