@@ -95,8 +95,8 @@ def test_repeats_go_round_robin_over_systems():
     assert started == [
         "croupier-permutation N=3,000 seed=0 run 1/2 ...",
         "numpy-permutation N=3,000 seed=0 run 1/2 ...",
-        "croupier-permutation N=3,000 seed=0 run 2/2 ...",
         "numpy-permutation N=3,000 seed=0 run 2/2 ...",
+        "croupier-permutation N=3,000 seed=0 run 2/2 ...",
     ]
     for row in results["rows"]:
         assert [r["count"] for r in row["runs"]] == [3000, 3000]

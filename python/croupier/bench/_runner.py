@@ -33,7 +33,8 @@ class BenchConfig:
         rank: the rank whose share is timed.
         seeds: one repeat per seed and per ``repeats``; medians are reported.
         repeats: runs per seed. Runs go round-robin over the systems of one N (every
-            system's first run, then every system's second run, ...).
+            system's first run, then every system's second run, ..., each round starting
+            one system later).
         systems: names from :data:`croupier.bench._systems.SYSTEMS` (default: all installed).
         timeout: seconds before one run is abandoned (reported as a timeout).
         memory_fraction: skip a run whose estimated memory exceeds this fraction of the
@@ -189,15 +190,17 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
             row["runs"] = []
             pending.append((system, row, head))
         # Round-robin: every system's run r before any system's run r + 1, so that a slow
-        # spell of a noisy machine falls on all of them alike rather than on one.
-        for seed in cfg.seeds:
-            for rep in range(cfg.repeats):
-                for system, row, head in pending:
-                    say(f"{head} seed={seed} run {rep + 1}/{cfg.repeats} ...")
-                    t0 = time.perf_counter()
-                    result = _one(system, n, cfg, seed)
-                    row["runs"].append(result)
-                    say(f"{head}: {result['status']} in {time.perf_counter() - t0:.1f} s")
+        # spell of a noisy machine falls on all of them alike rather than on one; each round
+        # starts one system later, so no system always follows the same one.
+        rounds = [(seed, rep) for seed in cfg.seeds for rep in range(cfg.repeats)]
+        for r, (seed, rep) in enumerate(rounds):
+            shift = r % len(pending) if pending else 0
+            for system, row, head in pending[shift:] + pending[:shift]:
+                say(f"{head} seed={seed} run {rep + 1}/{cfg.repeats} ...")
+                t0 = time.perf_counter()
+                result = _one(system, n, cfg, seed)
+                row["runs"].append(result)
+                say(f"{head}: {result['status']} in {time.perf_counter() - t0:.1f} s")
         for _system, row, _head in pending:
             _summarise(row, cfg)
     return {

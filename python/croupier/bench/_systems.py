@@ -35,7 +35,10 @@ class System:
     def memory_estimate(self, n: int, ranks: int) -> int:
         """Bytes the run needs above the interpreter, a rough upper estimate."""
         count = n / ranks if self.per_rank else n
-        return int(count * self.bytes_per_index) + (64 << 20)
+        per_index = self.bytes_per_index
+        if self.ours and n > 2**32:
+            per_index *= 2  # croupier's buffers widen from uint32 to int64 above 2**32
+        return int(count * per_index) + (64 << 20)
 
 
 SYSTEMS: tuple[System, ...] = (

@@ -31,10 +31,11 @@
 //! whose 256-bit state is the first 32 bytes of the ChaCha8 stream `(seed, epoch, Permutation,
 //! id)`, not from ChaCha itself: a Fisher–Yates swap costs 1.05 ns with xoshiro256++ (two
 //! 32-bit draws from each 64-bit word) against 2.4 ns with ChaCha8 on the 2-core VM of the
-//! README (`cargo run --release --example perm_timing`), and these draws are most of the
-//! work. ChaCha keying keeps the generators of different ids as good as independent, and
+//! README (a scratch timing loop over a 250k-value buffer in L2), and these draws are most of
+//! the work. ChaCha keying keeps the generators of different ids as good as independent, and
 //! xoshiro256++ is integer-only, so the output is the same on every platform.
 
+use crate::cellrng::fold;
 use crate::error::Result;
 use crate::index::{check_len, try_with_capacity_huge, Index, Indices, U32_MAX_LEN};
 use crate::permute::{fisher_yates, swaps_with_lookahead};
@@ -52,16 +53,30 @@ const FANOUT: usize = 64;
 const BITS: u32 = FANOUT.trailing_zeros();
 /// A bucket of at most this many values is shuffled by Fisher–Yates in place (8 MiB of `u32`,
 /// in the last-level cache; with prefetching this measured faster than one more scatter: 1e8
-/// values in 64 buckets, 0.37–0.42 s against 0.43–0.50 s). A function of `n` alone, so the
-/// order never depends on the machine.
+/// values in 64 buckets, 0.37–0.42 s against 0.43–0.50 s). Counted in values, not bytes, so
+/// it is a function of `n` alone and the order never depends on the machine (`u64` buffers,
+/// `n > 2**32`, simply have twice the bytes per leaf).
 const LEAF: usize = 1 << 21;
-// Generator ids, injective by construction: the kind in the top four bits; for stripes the
-// stripe number (< 2**47); for bucket-tree nodes the depth (< 16) in bits 56..60 and the path
-// below (6 bits a level; a node deeper than 7 levels would hold fewer than 2**63 / 64**7 <
-// LEAF values, so paths stay below 2**48).
+// Generator ids: the kind in the top four bits; for stripes the stripe number (< 2**47); for
+// bucket-tree nodes the depth in bits 56..60 and the path below, 6 bits a level (see
+// `child_path`), which is injective down to depth 9. A node at depth 8 is expected to hold
+// n / 64**8 < 2**15 values for any n < 2**63, so a node at depth 9 or more (a depth-8 node 64
+// times its expected size) does not happen in practice; should one, its path is hashed into
+// 56 bits and its depth capped at 15, which keeps the kinds apart and streams distinct with
+// probability 1 - 2**-56.
 const LEVEL1: u64 = 1 << 60;
 const SPLIT: u64 = 2 << 60;
 const NODE_LEAF: u64 = 3 << 60;
+const PATH_BITS: u32 = 56;
+
+/// The path of child `s` of the node at `depth` with `path` (see the generator ids above).
+fn child_path(depth: u64, path: u64, s: u64) -> u64 {
+    if u64::from(BITS) * (depth + 1) <= u64::from(PATH_BITS) {
+        path << BITS | s
+    } else {
+        fold(path, s) >> (64 - PATH_BITS)
+    }
+}
 
 /// A raw pointer that threads may share because they write disjoint positions.
 #[derive(Clone, Copy)]
@@ -95,7 +110,7 @@ impl Labels {
     /// other's increments).
     fn count(mut self, len: usize) -> [usize; FANOUT] {
         debug_assert_eq!(self.left, 0);
-        let mut tables = [[0u32; FANOUT]; 4];
+        let mut tables = [[0u64; FANOUT]; 4];
         let mut left = len;
         while left >= PER_WORD as usize {
             let mut word = self.rng.next_u64();
@@ -141,7 +156,8 @@ impl Labels {
 /// halves of the generator's words (low half first, then high half; a rejection draws a fresh
 /// word's high half). Past [`PREFETCH_FROM`] values the targets are drawn ahead and prefetched
 /// (same draws, same swaps): that pays once `buf` outgrows L2, and costs inside it (on the VM
-/// of the README, 244k-value leaves took 3.3 ns a swap with prefetching, 2.0 ns without).
+/// of the README, timing the leaves of a 1e9 permutation, 244k-value leaves took 3.3 ns a swap
+/// with prefetching, 2.0 ns without).
 fn fisher_yates_fast<T: Index>(buf: &mut [T], rng: &mut Xoshiro256PlusPlus, prefetch: bool) {
     let n = buf.len();
     debug_assert!(n as u64 <= u64::from(u32::MAX));
@@ -177,6 +193,12 @@ const LEAF_LOOKAHEAD: usize = 64;
 /// Fills `out` with the permutation of `[0, out.len())` for `(seed, epoch)`, reusing the
 /// buffer.
 pub fn fill<T: Index>(out: &mut [T], seed: u64, epoch: u64) {
+    fill_with_leaf(out, seed, epoch, LEAF);
+}
+
+/// [`fill`] with bucket-tree leaves of at most `leaf` values (tests use small ones to reach
+/// the deeper levels at small `n`).
+fn fill_with_leaf<T: Index>(out: &mut [T], seed: u64, epoch: u64, leaf: usize) {
     let n = out.len() as u64;
     if n <= SMALL {
         for (i, x) in out.iter_mut().enumerate() {
@@ -187,7 +209,7 @@ pub fn fill<T: Index>(out: &mut [T], seed: u64, epoch: u64) {
     }
     // SAFETY: `out` is valid for n writes.
     let bounds = unsafe { level1(Shared(out.as_mut_ptr()), n, seed, epoch) };
-    level2(out, &bounds, seed, epoch);
+    level2(out, &bounds, seed, epoch, leaf);
 }
 
 fn fresh<T: Index>(n: u64, seed: u64, epoch: u64) -> Result<Vec<T>> {
@@ -205,7 +227,7 @@ fn fresh<T: Index>(n: u64, seed: u64, epoch: u64) -> Result<Vec<T>> {
         v.set_len(n as usize);
         bounds
     };
-    level2(&mut v, &bounds, seed, epoch);
+    level2(&mut v, &bounds, seed, epoch, LEAF);
     Ok(v)
 }
 
@@ -258,7 +280,7 @@ unsafe fn level1<T: Index>(out: Shared<T>, n: u64, seed: u64, epoch: u64) -> Vec
 }
 
 /// Shuffles every level-1 bucket (in parallel) with [`shuffle_node`].
-fn level2<T: Index>(out: &mut [T], bounds: &[usize], seed: u64, epoch: u64) {
+fn level2<T: Index>(out: &mut [T], bounds: &[usize], seed: u64, epoch: u64, leaf: usize) {
     let mut parts = Vec::with_capacity(bounds.len() - 1);
     let mut rest: &mut [T] = out;
     for w in bounds.windows(2) {
@@ -271,7 +293,7 @@ fn level2<T: Index>(out: &mut [T], bounds: &[usize], seed: u64, epoch: u64) {
         .enumerate()
         .for_each_init(Vec::<T>::new, |scratch, (bucket, part)| {
             let len = part.len();
-            let scratch: &mut [T] = if len > LEAF {
+            let scratch: &mut [T] = if len > leaf {
                 if scratch.len() < len {
                     scratch.resize(len, T::from_u64(0));
                 }
@@ -279,7 +301,7 @@ fn level2<T: Index>(out: &mut [T], bounds: &[usize], seed: u64, epoch: u64) {
             } else {
                 &mut []
             };
-            shuffle_node(part, scratch, (seed, epoch), LEAF, 1, bucket as u64);
+            shuffle_node(part, scratch, (seed, epoch), leaf, 1, bucket as u64);
         });
 }
 
@@ -295,7 +317,7 @@ fn shuffle_node<T: Index>(
     depth: u64,
     path: u64,
 ) {
-    let id = depth << 56 | path;
+    let id = depth.min(15) << PATH_BITS | path;
     if part.len() <= leaf {
         let mut rng = generator(seed, epoch, NODE_LEAF | id);
         fisher_yates_fast(part, &mut rng, part.len() > PREFETCH_FROM);
@@ -317,7 +339,7 @@ fn shuffle_node<T: Index>(
     }
     for s in 0..FANOUT {
         let (lo, hi) = (bounds[s], bounds[s + 1]);
-        let child = path << BITS | s as u64;
+        let child = child_path(depth, path, s as u64);
         shuffle_node(
             &mut scratch[lo..hi],
             &mut part[lo..hi],
@@ -349,22 +371,43 @@ mod tests {
         permutation(n, seed, 1).unwrap().to_u64_vec()
     }
 
+    /// The permutation of `n` with leaves of at most `leaf` values, under `threads` threads.
+    fn perm_leaf(n: u64, seed: u64, leaf: usize, threads: usize) -> Vec<u32> {
+        let mut out = vec![0u32; n as usize];
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| fill_with_leaf(&mut out, seed, 1, leaf));
+        out
+    }
+
     #[test]
-    fn is_a_permutation_on_both_levels() {
-        // Around the single-Fisher-Yates bound, level 1 only, level 1 + 2 with sub-buckets.
-        for n in [
-            SMALL - 1,
-            SMALL,
-            SMALL + 1,
-            3 * STRIPE + 7,
-            100_000,
-            5_000_011,
-        ] {
+    fn is_a_permutation_on_every_level() {
+        // Around the single-Fisher-Yates bound, then 64 leaf buckets (real LEAF), then leaves
+        // of 100 and 1000 values, so that level-1 buckets are scattered once or twice more.
+        for n in [SMALL - 1, SMALL, SMALL + 1, 3 * STRIPE + 7, 5_000_011] {
             let mut p = perm(n, n);
             assert_eq!(p.len() as u64, n);
             p.sort_unstable();
             assert!(p.iter().copied().eq(0..n), "n = {n}");
         }
+        for (n, leaf) in [(SMALL + 1, 100), (400_003, 100), (3 * STRIPE + 7, 1000)] {
+            let mut p = perm_leaf(n, 7, leaf, 2);
+            p.sort_unstable();
+            assert!(p.iter().map(|&x| u64::from(x)).eq(0..n), "n = {n}");
+        }
+    }
+
+    #[test]
+    fn deep_paths_stay_distinct() {
+        // Exact paths while they fit in 56 bits; hashed (still below 2**56) beyond.
+        assert_eq!(child_path(1, 5, 3), 5 << BITS | 3);
+        assert_eq!(child_path(8, 1 << 47, 63), (1 << 53) | 63);
+        let deep: std::collections::HashSet<u64> =
+            (0..64).map(|s| child_path(9, (1 << 53) | 17, s)).collect();
+        assert_eq!(deep.len(), 64);
+        assert!(deep.iter().all(|&p| p < 1 << PATH_BITS));
     }
 
     #[test]
@@ -405,16 +448,25 @@ mod tests {
         let one = run(1);
         assert_eq!(one, run(2));
         assert_eq!(one, run(3));
+        // With leaves of 1000, every level-1 bucket (~47k) is scattered again through a
+        // per-thread scratch buffer that is reused across buckets.
+        let deep = perm_leaf(3_000_017, 5, 1000, 1);
+        assert_eq!(deep, perm_leaf(3_000_017, 5, 1000, 2));
+        assert_eq!(deep, perm_leaf(3_000_017, 5, 1000, 5));
     }
 
     #[test]
     fn positions_are_uniform_through_both_levels() {
-        // n = 100_000: two buckets of ~50_000, each split into sub-buckets. Where do values
-        // 0, 50_000 and 99_999 land, by tenth of the output? 3 x 10 cells, 27 dof.
+        // n = 100_000: 64 buckets of ~1_560; with leaves of 100 each is scattered into 64
+        // sub-buckets, some of them once more. Where do values 0, 50_000 and 99_999 land, by
+        // tenth of the output? 3 x 10 cells, 27 dof.
         let (n, trials) = (100_000u64, 3000u64);
         let mut table = [[0u64; 10]; 3];
         for seed in 0..trials {
-            let p = perm(n, seed);
+            let p: Vec<u64> = perm_leaf(n, seed, 100, 2)
+                .into_iter()
+                .map(u64::from)
+                .collect();
             for (row, v) in [0u64, 50_000, 99_999].iter().enumerate() {
                 let pos = p.iter().position(|x| x == v).unwrap() as u64;
                 table[row][(pos * 10 / n) as usize] += 1;
