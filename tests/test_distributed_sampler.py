@@ -95,10 +95,12 @@ def test_shares_stride_a_padded_global_order(n, w, drop_last, seed, epoch):
     data=st.data(),
 )
 def test_resume_across_block_boundaries(w, seed, data):
-    # 30_001 samples: shares of 10_000+ positions span blocks [0, 4096), [4096, 8192), ...
+    # 30_001 samples: shares of 10_000+ positions span blocks [0, 1024), [1024, 2048),
+    # [2048, 4096), [4096, 8192), [8192, ...
     n = 30_001
     whole = list(DistributedSampler(n, num_replicas=w, rank=w - 1, seed=seed))
-    edges = [0, 1, 4095, 4096, 4097, 8191, 8192, 8193, len(whole) - 1, len(whole)]
+    edges = [0, 1, 1023, 1024, 1025, 2047, 2048, 4096, 8191, 8192, 8193]
+    edges += [len(whole) - 1, len(whole)]
     position = data.draw(st.sampled_from(edges) | st.integers(0, len(whole)))
     s = DistributedSampler(n, num_replicas=w, rank=w - 1, seed=seed)
     s.set_skip(position)
