@@ -27,6 +27,9 @@ pub mod split;
 pub mod stream;
 pub mod torch;
 
+#[cfg(test)]
+mod testkit;
+
 pub use error::{Error, Result};
 pub use index::{Index, Indices};
 pub use parshuffle::permutation;

@@ -366,6 +366,7 @@ pub fn permutation(n: u64, seed: u64, epoch: u64) -> Result<Indices> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::chi2_flat;
 
     fn perm(n: u64, seed: u64) -> Vec<u64> {
         permutation(n, seed, 1).unwrap().to_u64_vec()
@@ -473,11 +474,7 @@ mod tests {
             }
         }
         let e = trials as f64 / 10.0;
-        let chi: f64 = table
-            .iter()
-            .flatten()
-            .map(|&c| (c as f64 - e).powi(2) / e)
-            .sum();
+        let chi = chi2_flat(table.iter().flatten(), e);
         assert!(chi < 55.5, "chi2 {chi}"); // p = 0.001 for 27 dof
     }
 
@@ -495,7 +492,7 @@ mod tests {
         }
         assert_eq!(counts.len(), 120);
         let e = trials as f64 / 120.0;
-        let chi: f64 = counts.values().map(|&c| (c as f64 - e).powi(2) / e).sum();
+        let chi = chi2_flat(counts.values(), e);
         assert!(chi < 173.6, "chi2 {chi}"); // p = 0.001 for 119 dof
     }
 
@@ -511,7 +508,7 @@ mod tests {
         }
         assert_eq!(counts.len(), 24);
         let e = trials as f64 / 24.0;
-        let chi: f64 = counts.values().map(|&c| (c as f64 - e).powi(2) / e).sum();
+        let chi = chi2_flat(counts.values(), e);
         assert!(chi < 49.73, "chi2 {chi}"); // p = 0.001 for 23 dof
     }
 

@@ -110,10 +110,7 @@ mod tests {
         }
         assert_eq!(counts.len(), 24);
         let expected = trials as f64 / 24.0;
-        let chi2: f64 = counts
-            .values()
-            .map(|&c| (c as f64 - expected).powi(2) / expected)
-            .sum();
+        let chi2 = crate::testkit::chi2_flat(counts.values(), expected);
         // P(chi2 > 49.73 | 23 dof) = 0.001.
         assert!(chi2 < 49.73, "chi2 = {chi2}");
     }

@@ -259,6 +259,7 @@ pub fn first_stop(layout: &Layout, rank: u64, start: u64) -> Result<u64> {
 mod tests {
     use super::*;
     use crate::partition::{rank_indices, rank_range, Order};
+    use crate::testkit::chi2_flat;
     use std::collections::{HashMap, HashSet};
 
     fn share(n: u64, w: u64, r: u64, drop_last: bool, seed: u64, epoch: u64) -> Vec<u64> {
@@ -403,7 +404,7 @@ mod tests {
         }
         assert_eq!(counts.len(), 24);
         let e = trials as f64 / 24.0;
-        let chi: f64 = counts.values().map(|&c| (c as f64 - e).powi(2) / e).sum();
+        let chi = chi2_flat(counts.values(), e);
         assert!(chi < 49.73, "chi2 {chi}"); // 23 dof, p = 0.001
     }
 
@@ -420,11 +421,7 @@ mod tests {
             }
         }
         let e = trials as f64 / n as f64;
-        let chi: f64 = table
-            .iter()
-            .flatten()
-            .map(|&c| (c as f64 - e).powi(2) / e)
-            .sum();
+        let chi = chi2_flat(table.iter().flatten(), e);
         // 121 dof (11 x 11), p = 0.001 quantile ~ 173.6.
         assert!(chi < 173.6, "chi2 {chi}");
     }

@@ -608,9 +608,10 @@ pub fn class_values<T: Index, C: Classes>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::chi2_flat;
 
-    /// Classes of explicit sizes.
-    struct Sizes(Vec<u64>);
+    /// Classes of explicit sizes, with value leaves of the given size.
+    struct Sizes(Vec<u64>, u64);
     impl Classes for Sizes {
         fn count(&self) -> u64 {
             self.0.len() as u64
@@ -618,10 +619,13 @@ mod tests {
         fn prefix(&self, x: u64) -> u64 {
             self.0[..x as usize].iter().sum()
         }
+        fn leaf(&self) -> u64 {
+            self.1
+        }
     }
 
     fn all_classes(sizes: &[u64], base: u64) -> Vec<Vec<u64>> {
-        let c = Sizes(sizes.to_vec());
+        let c = Sizes(sizes.to_vec(), 64);
         let n = sizes.iter().sum();
         (0..sizes.len() as u64)
             .map(|x| class_values::<u64, _>(n, &c, x, x + 1, base).unwrap().0)
@@ -658,7 +662,7 @@ mod tests {
     fn a_range_of_classes_equals_the_classes_one_by_one() {
         let sizes = vec![100, 250, 3, 0, 4000, 17];
         let n = sizes.iter().sum();
-        let c = Sizes(sizes.clone());
+        let c = Sizes(sizes.clone(), 64);
         let single = all_classes(&sizes, 9);
         let (joint, offs) = class_values::<u64, _>(n, &c, 1, 5, 9).unwrap();
         for x in 1..5 {
@@ -672,7 +676,7 @@ mod tests {
         // Above PAR_GRAIN so the rayon path is taken.
         let sizes = vec![(1 << 22) + 3, 1 << 21, 12345, (1 << 22) - 7];
         let n: u64 = sizes.iter().sum();
-        let c = Sizes(sizes);
+        let c = Sizes(sizes, 64);
         let run = |threads| {
             rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
@@ -721,7 +725,7 @@ mod tests {
         }
         assert_eq!(counts.len(), 60);
         let e = trials as f64 / 60.0;
-        let chi: f64 = counts.values().map(|&c| (c as f64 - e).powi(2) / e).sum();
+        let chi = chi2_flat(counts.values(), e);
         // 59 dof; 99.9% quantile ~ 99.6.
         assert!(chi < 99.6, "chi2 {chi}");
     }
@@ -741,7 +745,7 @@ mod tests {
             }
             let cells = counts.len() as f64;
             let e = trials as f64 / cells;
-            let chi: f64 = counts.values().map(|&c| (c as f64 - e).powi(2) / e).sum();
+            let chi = chi2_flat(counts.values(), e);
             let bound = cells + 3.1 * (2.0 * cells).sqrt() + 10.0;
             assert!(chi < bound, "n={n} k={k}: chi2 {chi} over {cells} subsets");
         }
@@ -775,25 +779,11 @@ mod tests {
         }
     }
 
-    /// Explicit sizes with big value leaves.
-    struct BigLeaves(Vec<u64>);
-    impl Classes for BigLeaves {
-        fn count(&self) -> u64 {
-            self.0.len() as u64
-        }
-        fn prefix(&self, x: u64) -> u64 {
-            self.0[..x as usize].iter().sum()
-        }
-        fn leaf(&self) -> u64 {
-            MAX_LEAF
-        }
-    }
-
     #[test]
     fn big_leaves_partition_and_are_uniform() {
         for sizes in [vec![5000u64, 3, 7000, 1], vec![4096, 4096], vec![1, 10_000]] {
             let n: u64 = sizes.iter().sum();
-            let c = BigLeaves(sizes.clone());
+            let c = Sizes(sizes.clone(), MAX_LEAF);
             let (all, offs) = class_values::<u64, _>(n, &c, 0, sizes.len() as u64, 4).unwrap();
             let mut sorted = all.clone();
             sorted.sort_unstable();
@@ -803,7 +793,7 @@ mod tests {
             }
         }
         // Flat value-to-class table inside one leaf: n = 100, classes [30, 70].
-        let c = BigLeaves(vec![30, 70]);
+        let c = Sizes(vec![30, 70], MAX_LEAF);
         let mut hits = [0u64; 100];
         let trials = 4000;
         for base in 0..trials {

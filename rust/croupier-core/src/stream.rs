@@ -222,10 +222,7 @@ mod tests {
             counts[s.below_u32(7) as usize] += 1;
         }
         let expected = 10_000.0;
-        let chi2: f64 = counts
-            .iter()
-            .map(|&c| (c as f64 - expected).powi(2) / expected)
-            .sum();
+        let chi2 = crate::testkit::chi2_flat(&counts, expected);
         // 6 degrees of freedom: P(chi2 > 22.46) = 0.001.
         assert!(chi2 < 22.46, "chi2 = {chi2}, counts = {counts:?}");
     }
