@@ -2,6 +2,7 @@
 determinism, resume at every position, pickling, DataLoader use and refused input."""
 
 import copy
+import itertools
 import json
 import math
 import pickle
@@ -481,3 +482,25 @@ def test_a_running_iterator_keeps_its_epoch(order):
     fresh1 = DistributedSampler(n, num_replicas=2, rank=1, order=order)
     fresh1.set_epoch(1)
     assert list(s) == list(fresh1) != want0
+
+
+@settings(max_examples=25, deadline=None)
+@given(w=st.integers(min_value=1, max_value=2), seed=seeds, data=st.data())
+def test_resume_inside_bucketed_blocks(w, seed, data):
+    # 200_003 samples: shares of 100_000+ positions whose blocks from 65_536 on are longer than
+    # 2**15 and ordered by the bucket shuffle; a resume there reads its first positions by
+    # random access, then the rest of the block whole. Both must continue the epoch exactly.
+    n = 200_003
+    whole = DistributedSampler(n, num_replicas=w, rank=w - 1, seed=seed).indices().tolist()
+    edges = [65_535, 65_536, 65_537, 65_536 + 63, 65_536 + 64, 131_071, 131_072, 131_073]
+    edges = [e for e in edges if e <= len(whole)] + [len(whole) - 64, len(whole) - 1]
+    position = data.draw(st.sampled_from(edges) | st.integers(65_536, len(whole)))
+    s = DistributedSampler(n, num_replicas=w, rank=w - 1, seed=seed)
+    s.set_skip(position)
+    it = iter(s)
+    head = list(itertools.islice(it, 100))
+    assert head == whole[position : position + 100]
+    assert head + list(it) == whole[position:]
+    fresh = DistributedSampler(n, num_replicas=w, rank=w - 1, seed=seed)
+    fresh.load_state_dict(s.state_dict())
+    assert fresh.indices().tolist() == []

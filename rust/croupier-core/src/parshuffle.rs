@@ -56,7 +56,7 @@ const BITS: u32 = FANOUT.trailing_zeros();
 /// values in 64 buckets, 0.37–0.42 s against 0.43–0.50 s). Counted in values, not bytes, so
 /// it is a function of `n` alone and the order never depends on the machine (`u64` buffers,
 /// `n > 2**32`, simply have twice the bytes per leaf).
-const LEAF: usize = 1 << 21;
+pub(crate) const LEAF: usize = 1 << 21;
 // Generator ids: the kind in the top four bits; for stripes the stripe number (< 2**47); for
 // bucket-tree nodes the depth in bits 56..60 and the path below, 6 bits a level (see
 // `child_path`), which is injective down to depth 9. A node at depth 8 is expected to hold
@@ -86,12 +86,56 @@ struct Shared<T>(*mut T);
 unsafe impl<T: Send> Send for Shared<T> {}
 unsafe impl<T: Send> Sync for Shared<T> {}
 
-/// The generator named `id` for `(seed, epoch)`: xoshiro256++ seeded with the first 32 bytes
-/// of the ChaCha8 stream `(seed, epoch, Permutation, id)` (see the module documentation).
-fn generator(seed: u64, epoch: u64, id: u64) -> Xoshiro256PlusPlus {
-    let mut state = [0u8; 32];
-    Stream::new(seed, epoch, Purpose::Permutation, id).fill_bytes(&mut state);
-    Xoshiro256PlusPlus::from_seed(state)
+/// Names the generators of one shuffle and sets its level-1 stripe length.
+///
+/// A generator is xoshiro256++ seeded with the first 32 bytes of the ChaCha8 stream
+/// `(seed, epoch, purpose, id')` (see the module documentation), where `id'` is the generator's
+/// id itself for [`permutation`] and the id folded into a salt for the shuffles of a rank's
+/// blocks ([`crate::share`]), which are many per epoch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Namer {
+    seed: u64,
+    epoch: u64,
+    purpose: Purpose,
+    salt: Option<u64>,
+    stripe: u64,
+}
+
+impl Namer {
+    /// The generators of [`permutation`]`(n, seed, epoch)`.
+    pub(crate) fn permutation(seed: u64, epoch: u64) -> Self {
+        Namer {
+            seed,
+            epoch,
+            purpose: Purpose::Permutation,
+            salt: None,
+            stripe: STRIPE,
+        }
+    }
+
+    /// Generators of `purpose` whose ids are folded into `salt`, with level-1 stripes of
+    /// `stripe` values (a power of two).
+    pub(crate) fn salted(seed: u64, epoch: u64, purpose: Purpose, salt: u64, stripe: u64) -> Self {
+        debug_assert!(stripe.is_power_of_two());
+        Namer {
+            seed,
+            epoch,
+            purpose,
+            salt: Some(salt),
+            stripe,
+        }
+    }
+
+    fn generator(&self, id: u64) -> Xoshiro256PlusPlus {
+        let id = self.salt.map_or(id, |salt| fold(salt, id));
+        let mut state = [0u8; 32];
+        Stream::new(self.seed, self.epoch, self.purpose, id).fill_bytes(&mut state);
+        Xoshiro256PlusPlus::from_seed(state)
+    }
+
+    fn stripe_labels(&self, stripe: u64) -> Labels {
+        Labels::new(self.generator(LEVEL1 | stripe))
+    }
 }
 
 /// Bucket labels: each 64-bit word gives ten 6-bit labels, lowest bits first (the top four
@@ -207,9 +251,10 @@ fn fill_with_leaf<T: Index>(out: &mut [T], seed: u64, epoch: u64, leaf: usize) {
         fisher_yates(out, &mut Stream::new(seed, epoch, Purpose::Permutation, 0));
         return;
     }
+    let namer = Namer::permutation(seed, epoch);
     // SAFETY: `out` is valid for n writes.
-    let bounds = unsafe { level1(Shared(out.as_mut_ptr()), n, seed, epoch) };
-    level2(out, &bounds, seed, epoch, leaf);
+    let bounds = unsafe { level1(Shared(out.as_mut_ptr()), n, &namer, T::from_u64) };
+    level2(out, &bounds, &namer, leaf);
 }
 
 fn fresh<T: Index>(n: u64, seed: u64, epoch: u64) -> Result<Vec<T>> {
@@ -219,68 +264,178 @@ fn fresh<T: Index>(n: u64, seed: u64, epoch: u64) -> Result<Vec<T>> {
         fill(&mut v, seed, epoch);
         return Ok(v);
     }
+    let namer = Namer::permutation(seed, epoch);
     // SAFETY: the capacity is n, level1 writes all n positions before set_len, and T is a
     // plain integer (no drop, every bit pattern valid). Writing first on all threads spreads
     // the page faults of the fresh buffer over the cores.
     let bounds = unsafe {
-        let bounds = level1(Shared(v.as_mut_ptr()), n, seed, epoch);
+        let bounds = level1(Shared(v.as_mut_ptr()), n, &namer, T::from_u64);
         v.set_len(n as usize);
         bounds
     };
-    level2(&mut v, &bounds, seed, epoch, LEAF);
+    level2(&mut v, &bounds, &namer, LEAF);
     Ok(v)
 }
 
-fn stripe_labels(seed: u64, epoch: u64, stripe: u64) -> Labels {
-    Labels::new(generator(seed, epoch, LEVEL1 | stripe))
+/// Per stripe of `[0, n)`, how many of its level-1 labels fall in each bucket.
+fn stripe_counts(n: u64, namer: &Namer) -> Vec<[usize; FANOUT]> {
+    let stripe = namer.stripe;
+    (0..n.div_ceil(stripe))
+        .into_par_iter()
+        .map(|i| {
+            namer
+                .stripe_labels(i)
+                .count(stripe.min(n - i * stripe) as usize)
+        })
+        .collect()
 }
 
-/// Writes every value of `[0, n)` to its level-1 slot; returns the bucket bounds.
+/// The level-1 layout of a bucket shuffle of `n` values: where each stripe's values of each
+/// bucket go (bucket by bucket, stripe by stripe inside a bucket), and the bucket bounds.
+pub(crate) struct Plan {
+    namer: Namer,
+    n: u64,
+    starts: Vec<[usize; FANOUT]>,
+    bounds: Vec<usize>,
+}
+
+impl Plan {
+    /// Counts the labels of every stripe (in parallel) and lays the buckets out.
+    pub(crate) fn new(namer: &Namer, n: u64) -> Self {
+        let counts = stripe_counts(n, namer);
+        let mut starts = vec![[0usize; FANOUT]; counts.len()];
+        let mut bounds = vec![0usize; FANOUT + 1];
+        let mut at = 0usize;
+        for k in 0..FANOUT {
+            for (i, c) in counts.iter().enumerate() {
+                starts[i][k] = at;
+                at += c[k];
+            }
+            bounds[k + 1] = at;
+        }
+        debug_assert_eq!(at as u64, n);
+        Plan {
+            namer: *namer,
+            n,
+            starts,
+            bounds,
+        }
+    }
+
+    /// Shuffles every bucket of `out`, a buffer the values were scattered into by this plan.
+    pub(crate) fn finish<T: Index>(&self, out: &mut [T]) {
+        assert_eq!(out.len() as u64, self.n);
+        level2(out, &self.bounds, &self.namer, LEAF);
+    }
+}
+
+/// Writes `src(i)` for every `i` of `[0, n)` to its level-1 slot; returns the bucket bounds.
 ///
 /// # Safety
 /// `out` must be valid for writes of `n` elements.
-unsafe fn level1<T: Index>(out: Shared<T>, n: u64, seed: u64, epoch: u64) -> Vec<usize> {
-    let stripes = n.div_ceil(STRIPE);
-    let counts: Vec<[usize; FANOUT]> = (0..stripes)
-        .into_par_iter()
-        .map(|i| {
-            let len = STRIPE.min(n - i * STRIPE);
-            stripe_labels(seed, epoch, i).count(len as usize)
-        })
-        .collect();
-    // Stripe i's values of bucket k go after the bucket's earlier stripes.
-    let mut starts = vec![[0usize; FANOUT]; counts.len()];
-    let mut bounds = vec![0usize; FANOUT + 1];
-    let mut at = 0usize;
-    for k in 0..FANOUT {
-        for (i, c) in counts.iter().enumerate() {
-            starts[i][k] = at;
-            at += c[k];
+unsafe fn level1<T: Index>(
+    out: Shared<T>,
+    n: u64,
+    namer: &Namer,
+    src: impl Fn(u64) -> T + Sync,
+) -> Vec<usize> {
+    let plan = Plan::new(namer, n);
+    let stripe = namer.stripe;
+    plan.starts.par_iter().enumerate().for_each(|(i, &slot)| {
+        let mut slot = slot;
+        let out = &out;
+        let lo = i as u64 * stripe;
+        let len = stripe.min(n - lo);
+        let mut labels = namer.stripe_labels(i as u64);
+        for v in lo..lo + len {
+            let k = labels.next();
+            // SAFETY: slot[k] walks this stripe's own range of bucket k; the ranges are
+            // disjoint and inside [0, n) because they come from exact counts.
+            unsafe { out.0.add(slot[k]).write(src(v)) };
+            slot[k] += 1;
         }
-        bounds[k + 1] = at;
+    });
+    plan.bounds
+}
+
+/// Writes a run of consecutive inputs `[next, end)` of a [`Plan`] to their level-1 slots, as
+/// they arrive: the share's blocks are scattered straight from the partition walk this way,
+/// without a second buffer. Parts split off with [`Scatter::split`] can run on other threads.
+pub(crate) struct Scatter<'p, T> {
+    plan: &'p Plan,
+    out: Shared<T>,
+    next: u64,
+    end: u64,
+    labels: Option<Labels>,
+    slot: [usize; FANOUT],
+}
+
+impl<'p, T: Index> Scatter<'p, T> {
+    /// A scatter of all `plan.n` inputs into `out`.
+    ///
+    /// # Safety
+    /// `out` must be valid for writes of `plan.n` elements while the scatter and its parts
+    /// live, and nothing else may access it meanwhile.
+    pub(crate) unsafe fn new(plan: &'p Plan, out: *mut T) -> Self {
+        Scatter {
+            plan,
+            out: Shared(out),
+            next: 0,
+            end: plan.n,
+            labels: None,
+            slot: [0; FANOUT],
+        }
     }
-    debug_assert_eq!(at as u64, n);
-    starts
-        .into_par_iter()
-        .enumerate()
-        .for_each(|(i, mut slot)| {
-            let out = &out;
-            let lo = i as u64 * STRIPE;
-            let len = STRIPE.min(n - lo);
-            let mut labels = stripe_labels(seed, epoch, i as u64);
-            for v in lo..lo + len {
-                let k = labels.next();
-                // SAFETY: slot[k] walks this stripe's own range of bucket k; the ranges are
-                // disjoint and inside [0, n) because they come from exact counts.
-                unsafe { out.0.add(slot[k]).write(T::from_u64(v)) };
-                slot[k] += 1;
-            }
-        });
-    bounds
+
+    /// The parts for the next `count` inputs and for the ones after them.
+    pub(crate) fn split(self, count: u64) -> (Self, Self) {
+        assert!(count <= self.end - self.next, "split beyond the run");
+        let mid = self.next + count;
+        let part = |next, end| Scatter {
+            plan: self.plan,
+            out: self.out,
+            next,
+            end,
+            labels: None,
+            slot: [0; FANOUT],
+        };
+        (part(self.next, mid), part(mid, self.end))
+    }
+
+    /// Positions the labels and slots at input `next`: at the start of its stripe, then
+    /// forward through the stripe's earlier labels.
+    #[cold]
+    fn seek(&mut self) {
+        let stripe = self.plan.namer.stripe;
+        let s = self.next / stripe;
+        let mut labels = self.plan.namer.stripe_labels(s);
+        self.slot = self.plan.starts[s as usize];
+        for _ in s * stripe..self.next {
+            self.slot[labels.next()] += 1;
+        }
+        self.labels = Some(labels);
+    }
+
+    /// Writes the next input.
+    #[inline(always)]
+    pub(crate) fn push(&mut self, v: T) {
+        assert!(self.next < self.end, "more inputs than the run holds");
+        if self.labels.is_none() || self.next % self.plan.namer.stripe == 0 {
+            self.seek();
+        }
+        let k = self.labels.as_mut().map_or(0, Labels::next);
+        let at = self.slot[k];
+        // SAFETY: input `next` (each input of [0, n) comes once: parts hold disjoint runs, and
+        // the assert above keeps a part in its run) goes to the slot after its stripe's earlier
+        // inputs of bucket k: distinct for distinct inputs and below n, from exact counts.
+        unsafe { self.out.0.add(at).write(v) };
+        self.slot[k] = at + 1;
+        self.next += 1;
+    }
 }
 
 /// Shuffles every level-1 bucket (in parallel) with [`shuffle_node`].
-fn level2<T: Index>(out: &mut [T], bounds: &[usize], seed: u64, epoch: u64, leaf: usize) {
+fn level2<T: Index>(out: &mut [T], bounds: &[usize], namer: &Namer, leaf: usize) {
     let mut parts = Vec::with_capacity(bounds.len() - 1);
     let mut rest: &mut [T] = out;
     for w in bounds.windows(2) {
@@ -301,7 +456,7 @@ fn level2<T: Index>(out: &mut [T], bounds: &[usize], seed: u64, epoch: u64, leaf
             } else {
                 &mut []
             };
-            shuffle_node(part, scratch, (seed, epoch), leaf, 1, bucket as u64);
+            shuffle_node(part, scratch, namer, leaf, 1, bucket as u64);
         });
 }
 
@@ -312,26 +467,26 @@ fn level2<T: Index>(out: &mut [T], bounds: &[usize], seed: u64, epoch: u64, leaf
 fn shuffle_node<T: Index>(
     part: &mut [T],
     scratch: &mut [T],
-    (seed, epoch): (u64, u64),
+    namer: &Namer,
     leaf: usize,
     depth: u64,
     path: u64,
 ) {
     let id = depth.min(15) << PATH_BITS | path;
     if part.len() <= leaf {
-        let mut rng = generator(seed, epoch, NODE_LEAF | id);
+        let mut rng = namer.generator(NODE_LEAF | id);
         fisher_yates_fast(part, &mut rng, part.len() > PREFETCH_FROM);
         return;
     }
     debug_assert_eq!(scratch.len(), part.len());
     // Count the labels, then draw them again to scatter: cheaper than storing them.
-    let counts = Labels::new(generator(seed, epoch, SPLIT | id)).count(part.len());
+    let counts = Labels::new(namer.generator(SPLIT | id)).count(part.len());
     let mut bounds = [0usize; FANOUT + 1];
     for (k, c) in counts.iter().enumerate() {
         bounds[k + 1] = bounds[k] + c;
     }
     let mut at = bounds;
-    let mut labels = Labels::new(generator(seed, epoch, SPLIT | id));
+    let mut labels = Labels::new(namer.generator(SPLIT | id));
     for &x in part.iter() {
         let k = labels.next();
         scratch[at[k]] = x;
@@ -343,12 +498,129 @@ fn shuffle_node<T: Index>(
         shuffle_node(
             &mut scratch[lo..hi],
             &mut part[lo..hi],
-            (seed, epoch),
+            namer,
             leaf,
             depth + 1,
             child,
         );
         part[lo..hi].copy_from_slice(&scratch[lo..hi]);
+    }
+}
+
+/// Random access to the bucket shuffle of `n` values named by `namer` (with leaves of at most
+/// `leaf`): for each output position `q` in `[q0, q1)`, the input position whose value lands
+/// there. For the identity input these are the values of the permutation itself.
+///
+/// The cost is one pass of label counting over `[0, n)`, a Fisher–Yates of each leaf bucket
+/// the positions fall in, and for every position one stripe of labels drawn again to find its
+/// input position: about `n / 3e9` seconds plus microseconds per position, against `O(n)`
+/// memory traffic for the whole shuffle.
+pub(crate) fn positions(namer: &Namer, n: u64, q0: u64, q1: u64, leaf: usize) -> Vec<u64> {
+    assert!(q0 <= q1 && q1 <= n, "positions out of range");
+    let mut out = Vec::with_capacity((q1 - q0) as usize);
+    if q0 == q1 {
+        return out;
+    }
+    let counts = stripe_counts(n, namer);
+    let mut lo = 0u64;
+    for k in 0..FANOUT {
+        let m: u64 = counts.iter().map(|c| c[k] as u64).sum();
+        let (a, b) = (q0.max(lo), q1.min(lo + m));
+        if a < b {
+            let local = node_positions(namer, m, (a - lo, b - lo), leaf, 1, k as u64);
+            let mut to = vec![0u64; local.len()];
+            select_labelled(&local, k, &mut to, |s| {
+                let start = s as u64 * namer.stripe;
+                (start, counts.get(s).map(|c| c[k] as u64), move || {
+                    namer.stripe_labels(s as u64)
+                })
+            });
+            out.extend(to);
+        }
+        lo += m;
+    }
+    out
+}
+
+/// [`positions`] inside node `path` at `depth` of the bucket tree, of `m` values: node-local
+/// input positions of node-local output positions `[a, b)`.
+fn node_positions(
+    namer: &Namer,
+    m: u64,
+    (a, b): (u64, u64),
+    leaf: usize,
+    depth: u64,
+    path: u64,
+) -> Vec<u64> {
+    let id = depth.min(15) << PATH_BITS | path;
+    if m <= leaf as u64 {
+        // The same swaps as `shuffle_node` makes on the leaf, applied to its positions.
+        let mut v: Vec<u32> = (0..m as u32).collect();
+        let mut rng = namer.generator(NODE_LEAF | id);
+        fisher_yates_fast(&mut v, &mut rng, false);
+        return v[a as usize..b as usize]
+            .iter()
+            .map(|&x| u64::from(x))
+            .collect();
+    }
+    let counts = Labels::new(namer.generator(SPLIT | id)).count(m as usize);
+    let mut out = Vec::with_capacity((b - a) as usize);
+    let mut lo = 0u64;
+    for (s, &c) in counts.iter().enumerate() {
+        let c = c as u64;
+        let (x, y) = (a.max(lo), b.min(lo + c));
+        if x < y {
+            let child = child_path(depth, path, s as u64);
+            let local = node_positions(namer, c, (x - lo, y - lo), leaf, depth + 1, child);
+            let mut to = vec![0u64; local.len()];
+            // One stream of labels over the whole node: a single "stripe".
+            select_labelled(&local, s, &mut to, |i| {
+                (0, (i == 0).then_some(c), || {
+                    Labels::new(namer.generator(SPLIT | id))
+                })
+            });
+            out.extend(to);
+        }
+        lo += c;
+    }
+    out
+}
+
+/// Where the `ranks[x]`-th position labelled `k` lies, for every `x`, written to `to[x]`: the
+/// positions labelled `k` are counted stripe by stripe, in increasing order inside a stripe.
+/// `stripe(s)` gives stripe `s`'s first position, its count of label `k` (`None` past the
+/// last stripe) and its labels; only stripes holding a wanted rank are drawn again.
+fn select_labelled<F, L>(ranks: &[u64], k: usize, to: &mut [u64], stripe: F)
+where
+    F: Fn(usize) -> (u64, Option<u64>, L),
+    L: FnOnce() -> Labels,
+{
+    let mut order: Vec<usize> = (0..ranks.len()).collect();
+    order.sort_unstable_by_key(|&x| ranks[x]);
+    let mut next = 0usize; // into `order`
+    let (mut s, mut before) = (0usize, 0u64);
+    while next < order.len() {
+        let (start, count, labels) = stripe(s);
+        let count = count.expect("every rank lies in some stripe");
+        if ranks[order[next]] >= before + count {
+            before += count;
+            s += 1;
+            continue;
+        }
+        let mut labels = labels();
+        let (mut seen, mut pos) = (before, start);
+        while next < order.len() && ranks[order[next]] < before + count {
+            if labels.next() == k {
+                if ranks[order[next]] == seen {
+                    to[order[next]] = pos;
+                    next += 1;
+                }
+                seen += 1;
+            }
+            pos += 1;
+        }
+        before += count;
+        s += 1;
     }
 }
 
@@ -418,7 +690,14 @@ mod tests {
         let len = FANOUT * 100 + 5;
         let mut part: Vec<u32> = (0..len as u32).collect();
         let mut scratch = vec![0u32; len];
-        shuffle_node(&mut part, &mut scratch, (1, 2), 100, 1, 7);
+        shuffle_node(
+            &mut part,
+            &mut scratch,
+            &Namer::permutation(1, 2),
+            100,
+            1,
+            7,
+        );
         assert_ne!(part[..10], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
         part.sort_unstable();
         assert!(part.iter().copied().eq(0..len as u32));
@@ -487,7 +766,14 @@ mod tests {
         for seed in 0..trials {
             let mut part: Vec<u32> = (0..5).collect();
             let mut scratch = vec![0u32; 5];
-            shuffle_node(&mut part, &mut scratch, (seed, 9), 2, 1, 0);
+            shuffle_node(
+                &mut part,
+                &mut scratch,
+                &Namer::permutation(seed, 9),
+                2,
+                1,
+                0,
+            );
             *counts.entry(part).or_default() += 1;
         }
         assert_eq!(counts.len(), 120);
@@ -503,7 +789,11 @@ mod tests {
         let trials = 24_000u64;
         for seed in 0..trials {
             let mut v: Vec<u32> = (0..4).collect();
-            fisher_yates_fast(&mut v, &mut generator(seed, 0, NODE_LEAF), seed % 2 == 0);
+            fisher_yates_fast(
+                &mut v,
+                &mut Namer::permutation(seed, 0).generator(NODE_LEAF),
+                seed % 2 == 0,
+            );
             *counts.entry(v).or_default() += 1;
         }
         assert_eq!(counts.len(), 24);
@@ -518,10 +808,111 @@ mod tests {
         for n in [0usize, 1, 2, 3, edge - 1, edge, edge + 1, 1000, 100_001] {
             let run = |prefetch| {
                 let mut v: Vec<u32> = (0..n as u32).collect();
-                fisher_yates_fast(&mut v, &mut generator(4, 5, NODE_LEAF | n as u64), prefetch);
+                let mut rng = Namer::permutation(4, 5).generator(NODE_LEAF | n as u64);
+                fisher_yates_fast(&mut v, &mut rng, prefetch);
                 v
             };
             assert_eq!(run(true), run(false), "n = {n}");
+        }
+    }
+
+    #[test]
+    fn random_access_reads_the_permutation() {
+        // Position ranges of the identity's shuffle are the permutation's values: across bucket
+        // edges, empty and whole, with the real leaves and with leaves small enough for two
+        // and three levels of scatter.
+        for (n, leaf) in [
+            (SMALL + 1, LEAF),
+            (3 * STRIPE + 7, LEAF),
+            (400_003, 100),
+            (3 * STRIPE + 7, 1000),
+        ] {
+            let whole: Vec<u64> = perm_leaf(n, 11, leaf, 2)
+                .into_iter()
+                .map(u64::from)
+                .collect();
+            let namer = Namer::permutation(11, 1);
+            let edge = (n / 64) as usize;
+            for (a, b) in [(0, 0), (0, 1), (0, n), (n - 1, n), (n / 2, n / 2 + 100)]
+                .into_iter()
+                .chain([(edge as u64 - 5, edge as u64 + 5)])
+            {
+                let got = positions(&namer, n, a, b, leaf);
+                assert_eq!(
+                    got,
+                    whole[a as usize..b as usize],
+                    "n={n} leaf={leaf} [{a}, {b})"
+                );
+            }
+        }
+    }
+
+    /// `input` scattered by a [`Plan`] in runs cut at `cuts` (each run on a thread of its
+    /// own, as the share's partition walk does), then its buckets shuffled.
+    fn scatter_in_runs(input: &[u64], namer: &Namer, cuts: &[u64], threads: usize) -> Vec<u64> {
+        let n = input.len() as u64;
+        let plan = Plan::new(namer, n);
+        let mut out = vec![0u64; input.len()];
+        // SAFETY: `out` holds n slots, touched only by the scatter's runs until they end.
+        let mut rest = unsafe { Scatter::new(&plan, out.as_mut_ptr()) };
+        let mut runs = Vec::new();
+        let mut at = 0;
+        for &cut in cuts.iter().chain([&n]) {
+            let (run, tail) = rest.split(cut - at);
+            runs.push((at, run));
+            rest = tail;
+            at = cut;
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| {
+                runs.into_par_iter().for_each(|(from, mut run)| {
+                    for &v in &input[from as usize..] {
+                        if run.next == run.end {
+                            break;
+                        }
+                        run.push(v);
+                    }
+                });
+                plan.finish(&mut out);
+            });
+        out
+    }
+
+    #[test]
+    fn scattered_runs_move_values_where_random_access_says() {
+        // Any content: position q receives the value at input position positions(q), with the
+        // share's stripes of 2**12, whether the input comes in one run or in runs cut inside
+        // stripes, on any number of threads.
+        let n = 300_007u64;
+        let namer = Namer::salted(3, 4, Purpose::ShareOrder, 99, 1 << 12);
+        let input: Vec<u64> = (0..n).map(|i| i * 7 + 1).collect();
+        let one = scatter_in_runs(&input, &namer, &[], 1);
+        let cuts = [1, 4095, 4096, 4097, 100_000, 250_001];
+        assert_eq!(one, scatter_in_runs(&input, &namer, &cuts, 2));
+        assert_eq!(one, scatter_in_runs(&input, &namer, &cuts, 3));
+        let from = positions(&namer, n, 0, n, LEAF);
+        assert!(one.iter().zip(&from).all(|(&v, &i)| v == input[i as usize]));
+        let mut seen = from.clone();
+        seen.sort_unstable();
+        assert!(seen.iter().copied().eq(0..n));
+        // A different salt is a different order.
+        let other = Namer::salted(3, 4, Purpose::ShareOrder, 100, 1 << 12);
+        assert_ne!(positions(&other, n, 0, 50, LEAF), from[..50]);
+    }
+
+    #[test]
+    #[should_panic(expected = "more inputs than the run holds")]
+    fn a_run_refuses_inputs_beyond_it() {
+        let namer = Namer::salted(1, 1, Purpose::ShareOrder, 1, 1 << 12);
+        let plan = Plan::new(&namer, 10);
+        let mut out = vec![0u32; 10];
+        // SAFETY: `out` holds the plan's 10 slots and nothing else touches it.
+        let (mut first, _) = unsafe { Scatter::new(&plan, out.as_mut_ptr()) }.split(3);
+        for v in 0..4 {
+            first.push(v);
         }
     }
 

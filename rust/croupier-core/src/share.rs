@@ -30,9 +30,10 @@
 use crate::cellrng::fold;
 use crate::error::{Error, Result};
 use crate::index::{keep_range, try_with_capacity, Index};
+use crate::parshuffle::{self, Namer, Plan, Scatter};
 use crate::partition::Layout;
 use crate::permute::fisher_yates;
-use crate::split::{class_values, Classes};
+use crate::split::{class_offsets, class_select, class_values_into, Classes, Run, Sink};
 use crate::stream::{Purpose, Stream};
 use rayon::prelude::*;
 
@@ -175,7 +176,68 @@ fn layout_key(layout: &Layout) -> u64 {
     )
 }
 
-/// Rank `rank`'s blocks `[j0, j1)`, each shuffled, one after the other.
+/// Blocks longer than this are ordered by the bucket shuffle of [`crate::parshuffle`], which
+/// can be read at any position without shuffling the block; shorter ones by Fisher–Yates.
+pub const BUCKETED_FROM: u64 = 1 << 15;
+/// Level-1 stripe length of a block's bucket shuffle: short, so that reading a position draws
+/// few labels again (a stripe of 2**12 labels costs about 2 µs).
+const BLOCK_STRIPE: u64 = 1 << 12;
+/// A position range of at most this length inside one bucketed block is read by random
+/// access instead of shuffling the whole block: the first read after a resume.
+pub const RANDOM_ACCESS_MAX: u64 = 64;
+
+/// The generators of class `class`'s bucket shuffle.
+fn block_namer(seed: u64, epoch: u64, key: u64, class: u64) -> Namer {
+    Namer::salted(
+        seed,
+        epoch,
+        Purpose::ShareBuckets,
+        fold(key, class),
+        BLOCK_STRIPE,
+    )
+}
+
+/// The base key of the epoch's partition cells.
+fn partition_base(seed: u64, epoch: u64, key: u64) -> u64 {
+    fold(Stream::new(seed, epoch, Purpose::Share, 0).next_u64(), key)
+}
+
+/// Where the partition walk puts one block's values: in increasing order for a short block
+/// (shuffled afterwards by Fisher–Yates), straight to their level-1 bucket slots for a long
+/// one (whose buckets are shuffled afterwards). A handful exist at a time, one per block and
+/// parallel part, so the scatter's 64 slots stay inline rather than behind a box.
+#[allow(clippy::large_enum_variant)]
+enum BlockSink<'a, T> {
+    Run(Run<'a, T>),
+    Scatter(Scatter<'a, T>),
+}
+
+impl<T: Index> Sink for BlockSink<'_, T> {
+    #[inline(always)]
+    fn push(&mut self, v: u64) {
+        match self {
+            BlockSink::Run(r) => r.push(v),
+            BlockSink::Scatter(s) => s.push(T::from_u64(v)),
+        }
+    }
+
+    fn split(self, count: u64) -> (Self, Self) {
+        match self {
+            BlockSink::Run(r) => {
+                let (a, b) = r.split(count);
+                (BlockSink::Run(a), BlockSink::Run(b))
+            }
+            BlockSink::Scatter(s) => {
+                let (a, b) = s.split(count);
+                (BlockSink::Scatter(a), BlockSink::Scatter(b))
+            }
+        }
+    }
+}
+
+/// Rank `rank`'s blocks `[j0, j1)`, each shuffled, one after the other. Long blocks are
+/// scattered into their buckets while the partition walk produces them, so the whole needs no
+/// buffer besides the output.
 fn blocks<T: Index>(
     layout: &Layout,
     classes: &RankClasses,
@@ -185,23 +247,80 @@ fn blocks<T: Index>(
     epoch: u64,
 ) -> Result<Vec<T>> {
     let key = layout_key(layout);
-    let base = fold(Stream::new(seed, epoch, Purpose::Share, 0).next_u64(), key);
+    let base = partition_base(seed, epoch, key);
     let (c0, c1) = (classes.class(rank, j0), classes.class(rank, j1));
-    let (mut values, offsets) = class_values::<T, _>(layout.n(), classes, c0, c1, base)?;
-    let mut segs = Vec::with_capacity(offsets.len() - 1);
+    let offsets = class_offsets(classes, c0, c1);
+    let total = *offsets.last().expect("at least one class");
+    let mut values = try_with_capacity::<T>("a rank's indices", total)?;
+    values.resize(total as usize, T::from_u64(0));
+    let plans: Vec<Option<Plan>> = offsets
+        .windows(2)
+        .enumerate()
+        .map(|(i, w)| {
+            let len = w[1] - w[0];
+            (len > BUCKETED_FROM)
+                .then(|| Plan::new(&block_namer(seed, epoch, key, c0 + i as u64), len))
+        })
+        .collect();
+    let mut sinks = Vec::with_capacity(plans.len());
     let mut rest: &mut [T] = &mut values;
-    for (i, w) in offsets.windows(2).enumerate() {
+    for (w, plan) in offsets.windows(2).zip(&plans) {
         let (seg, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) as usize);
-        segs.push((c0 + i as u64, seg));
+        sinks.push(match plan {
+            // SAFETY: `seg` holds the block's `plan.n` slots, and only this scatter and its
+            // parts touch them until `class_values_into` returns.
+            Some(plan) => BlockSink::Scatter(unsafe { Scatter::new(plan, seg.as_mut_ptr()) }),
+            None => BlockSink::Run(Run::new(seg)),
+        });
         rest = tail;
     }
-    // Largest blocks first, so the longest shuffle starts at once.
-    segs.reverse();
-    segs.into_par_iter().for_each(|(class, seg)| {
+    class_values_into(layout.n(), classes, c0, c1, base, sinks);
+    let mut short = Vec::with_capacity(plans.len());
+    let mut long = Vec::new();
+    let mut rest: &mut [T] = &mut values;
+    for (i, (w, plan)) in offsets.windows(2).zip(&plans).enumerate() {
+        let (seg, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) as usize);
+        match plan {
+            Some(plan) => long.push((plan, seg)),
+            None => short.push((c0 + i as u64, seg)),
+        }
+        rest = tail;
+    }
+    short.into_par_iter().for_each(|(class, seg)| {
         let mut stream = Stream::new(seed, epoch, Purpose::ShareOrder, fold(key, class));
         fisher_yates(seg, &mut stream);
     });
+    // One long block at a time, each on every thread.
+    for (plan, seg) in long {
+        plan.finish(seg);
+    }
     Ok(values)
+}
+
+/// Positions `[a, b)` of rank `rank`'s block `j`, a bucketed one, read by random access: the
+/// bucket shuffle says which ranks of the block's (increasing) values land there, and
+/// [`class_select`] finds those values.
+#[allow(clippy::too_many_arguments)]
+fn block_range<T: Index>(
+    layout: &Layout,
+    classes: &RankClasses,
+    rank: u64,
+    j: u64,
+    (a, b): (u64, u64),
+    seed: u64,
+    epoch: u64,
+) -> Vec<T> {
+    let key = layout_key(layout);
+    let class = classes.class(rank, j);
+    let c = classes.share(rank);
+    let len = block_start(c, j + 1) - block_start(c, j);
+    let namer = block_namer(seed, epoch, key, class);
+    let ranks = parshuffle::positions(&namer, len, a, b, parshuffle::LEAF);
+    let base = partition_base(seed, epoch, key);
+    class_select(layout.n(), classes, class, &ranks, base)
+        .into_iter()
+        .map(T::from_u64)
+        .collect()
 }
 
 /// Positions `[start, stop)` of rank `rank`'s sequence for the epoch, in `order="fast"` with
@@ -222,9 +341,17 @@ pub fn fast_share<T: Index>(
     let mut out: Vec<T>;
     if start < own_stop {
         let (j0, j1) = (block_of(start), block_of(own_stop - 1) + 1);
-        out = blocks(layout, &classes, rank, (j0, j1), seed, epoch)?;
-        let from = (start - block_start(c, j0)) as usize;
-        keep_range(&mut out, from, (own_stop - start) as usize);
+        let lo = block_start(c, j0);
+        if j1 == j0 + 1
+            && block_start(c, j1) - lo > BUCKETED_FROM
+            && own_stop - start <= RANDOM_ACCESS_MAX
+        {
+            let (a, b) = (start - lo, own_stop - lo);
+            out = block_range(layout, &classes, rank, j0, (a, b), seed, epoch);
+        } else {
+            out = blocks(layout, &classes, rank, (j0, j1), seed, epoch)?;
+            keep_range(&mut out, (start - lo) as usize, (own_stop - start) as usize);
+        }
     } else {
         out = try_with_capacity("a rank's indices", stop - start)?;
     }
@@ -251,7 +378,13 @@ pub fn first_stop(layout: &Layout, rank: u64, start: u64) -> Result<u64> {
     if start >= c {
         return Ok(ns);
     }
-    let end = block_start(c, block_of(start) + 1);
+    let j = block_of(start);
+    let end = block_start(c, j + 1);
+    let end = if end - block_start(c, j) > BUCKETED_FROM {
+        end.min(start + RANDOM_ACCESS_MAX)
+    } else {
+        end
+    };
     Ok(if end >= c { ns } else { end })
 }
 
@@ -313,7 +446,14 @@ mod tests {
 
     #[test]
     fn several_blocks_and_large_primes() {
-        for (n, w) in [(100_003u64, 3u64), (65_537, 1), (40_961, 7), (12_289, 2)] {
+        for (n, w) in [
+            (100_003u64, 3u64),
+            (65_537, 1),
+            (40_961, 7),
+            (12_289, 2),
+            (200_003, 2),
+            (300_007, 3),
+        ] {
             for drop_last in [false, true] {
                 check_global(n, w, drop_last, 5);
             }
@@ -359,6 +499,59 @@ mod tests {
             assert!(rank_range(&layout, r, true, Order::Fast, 9, 2, 5, 4).is_err());
             assert!(rank_range(&layout, r, true, Order::Fast, 9, 2, 0, ns + 1).is_err());
         }
+    }
+
+    #[test]
+    fn bucketed_blocks_read_anywhere_equal_the_whole() {
+        // Shares with blocks longer than BUCKETED_FROM, the last one too: 200_003 over one rank
+        // (blocks [65536, 131072) and [131072, 200003)), over two (padding after a bucketed
+        // last block) and 300_007 over three ([65536, 100003)). Short ranges inside a bucketed
+        // block are read by random access; they must equal the cut of the whole share.
+        for (n, w) in [(200_003u64, 1u64), (200_003, 2), (300_007, 3)] {
+            let layout = Layout::new(n, w, false).unwrap();
+            let ns = layout.num_samples();
+            for r in [0, w - 1] {
+                let whole = rank_indices(&layout, r, true, Order::Fast, 4, 1)
+                    .unwrap()
+                    .to_u64_vec();
+                let mut starts = vec![65_535u64, 65_536, 65_537, 131_071, 131_072, ns - 1];
+                let mut x = n ^ r;
+                for _ in 0..40 {
+                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    starts.push(65_536 + (x >> 33) % (ns - 65_536));
+                }
+                for &a in starts.iter().filter(|&&a| a < ns) {
+                    for len in [1, 7, RANDOM_ACCESS_MAX] {
+                        let b = (a + len).min(ns);
+                        let got = rank_range(&layout, r, true, Order::Fast, 4, 1, a, b)
+                            .unwrap()
+                            .to_u64_vec();
+                        assert_eq!(got, whole[a as usize..b as usize], "n={n} r={r} [{a}, {b})");
+                    }
+                    let stop = first_stop(&layout, r, a).unwrap();
+                    assert!(stop > a && stop - a <= RANDOM_ACCESS_MAX.max(1) || stop == ns);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn positions_are_uniform_through_bucketed_blocks() {
+        // One rank of 100_000: blocks up to [32768, 65536) by Fisher-Yates, then the bucketed
+        // [65536, 100000). Where do values 0, 50_000 and 99_999 land, by tenth of the share?
+        // 3 x 10 cells, 27 dof.
+        let (n, trials) = (100_000u64, 1500u64);
+        let mut table = [[0u64; 10]; 3];
+        for seed in 0..trials {
+            let s = share(n, 1, 0, false, seed, 0);
+            for (row, v) in [0u64, 50_000, 99_999].iter().enumerate() {
+                let pos = s.iter().position(|x| x == v).unwrap() as u64;
+                table[row][(pos * 10 / n) as usize] += 1;
+            }
+        }
+        let e = trials as f64 / 10.0;
+        let chi = chi2_flat(table.iter().flatten(), e);
+        assert!(chi < 55.5, "chi2 {chi}"); // p = 0.001 for 27 dof
     }
 
     #[test]
@@ -476,7 +669,18 @@ mod tests {
             .unwrap()
             .to_u64_vec();
         assert_eq!(got, PIN_BIG);
+        // Inside a bucketed block, read whole and by random access.
+        assert_eq!(
+            share(200_003, 1, 0, false, 0, 0)[150_000..150_004],
+            PIN_BUCKETED
+        );
+        let layout = Layout::new(200_003, 1, false).unwrap();
+        let got = rank_range(&layout, 0, true, Order::Fast, 0, 0, 150_000, 150_004)
+            .unwrap()
+            .to_u64_vec();
+        assert_eq!(got, PIN_BUCKETED);
     }
+    const PIN_BUCKETED: [u64; 4] = [191656, 163879, 144556, 48699];
     const PIN_1000_4_1: [u64; 8] = [922, 608, 371, 945, 71, 414, 932, 64];
     const PIN_10_3_2: [u64; 4] = [7, 2, 5, 9];
     const PIN_BIG: [u64; 4] = [7873646526, 278480513, 8554439171, 7611591819];

@@ -84,10 +84,39 @@ struct Engine<'c, C> {
     base: u64,
 }
 
-/// Output slices, one per wanted class, filled in increasing value order.
-struct Seg<'o, T> {
+/// Receives one wanted class's values, in increasing order. The parallel walk splits a sink
+/// where a value subtree ends, so each part receives a run of consecutive ranks.
+pub trait Sink: Send + Sized {
+    /// The next value of the class.
+    fn push(&mut self, v: u64);
+    /// The sinks of the next `count` values and of the ones after them.
+    fn split(self, count: u64) -> (Self, Self);
+}
+
+/// A buffer filled in increasing value order: the plain output of [`class_values`].
+pub struct Run<'o, T> {
     buf: &'o mut [T],
     at: usize,
+}
+
+impl<'o, T> Run<'o, T> {
+    /// Fills `buf` from its start.
+    pub fn new(buf: &'o mut [T]) -> Self {
+        Run { buf, at: 0 }
+    }
+}
+
+impl<T: Index> Sink for Run<'_, T> {
+    #[inline(always)]
+    fn push(&mut self, v: u64) {
+        self.buf[self.at] = T::from_u64(v);
+        self.at += 1;
+    }
+
+    fn split(self, count: u64) -> (Self, Self) {
+        let (a, b) = self.buf[self.at..].split_at_mut(count as usize);
+        (Run::new(a), Run::new(b))
+    }
 }
 
 impl<C: Classes> Engine<'_, C> {
@@ -250,14 +279,14 @@ impl<C: Classes> Engine<'_, C> {
     /// Deals the values of a leaf `[lo, hi)` as bit sets (bit `i` of word `k` is value
     /// `lo + 64k + i`).
     #[allow(clippy::too_many_arguments)]
-    fn leaf_node<T: Index>(
+    fn leaf_node(
         &self,
         lo: u64,
         hi: u64,
         src: &[Entry],
         idx: &mut usize,
         set: &[u64],
-        segs: &mut [Seg<'_, T>],
+        emit: &mut impl FnMut(usize, &[u64]),
     ) {
         let e = src[*idx];
         *idx += 1;
@@ -267,16 +296,7 @@ impl<C: Classes> Engine<'_, C> {
         );
         if e.b - e.a == 1 {
             if e.a >= self.c0 && e.a < self.c1 {
-                let seg = &mut segs[(e.a - self.c0) as usize];
-                for (k, &word) in set.iter().enumerate() {
-                    let mut m = word;
-                    while m != 0 {
-                        let v = lo + 64 * k as u64 + u64::from(m.trailing_zeros());
-                        seg.buf[seg.at] = T::from_u64(v);
-                        seg.at += 1;
-                        m &= m - 1;
-                    }
-                }
+                emit((e.a - self.c0) as usize, set);
             }
             return;
         }
@@ -296,34 +316,38 @@ impl<C: Classes> Engine<'_, C> {
         for k in 0..words {
             right[k] = set[k] & !left[k];
         }
-        self.leaf_node(lo, hi, src, idx, &left[..words], segs);
-        self.leaf_node(lo, hi, src, idx, &right[..words], segs);
+        self.leaf_node(lo, hi, src, idx, &left[..words], emit);
+        self.leaf_node(lo, hi, src, idx, &right[..words], emit);
     }
 
     /// Fills the wanted classes' values of value node `[lo, hi)` (which holds `wanted` of
     /// them) into `segs`.
     #[allow(clippy::too_many_arguments)]
-    fn node<T: Index>(
+    fn node<S: Sink>(
         &self,
         lo: u64,
         hi: u64,
         src: &[Entry],
         wanted: u64,
-        segs: &mut [Seg<'_, T>],
+        segs: &mut [S],
         scratch: &mut [(Vec<Entry>, Vec<Entry>)],
     ) {
         if wanted == 0 {
             return;
         }
         if hi - lo <= self.leaf {
-            let mut full = [0u64; WORDS];
-            let len = hi - lo;
-            let words = len.div_ceil(64) as usize;
-            full[..words].fill(u64::MAX);
-            if len % 64 != 0 {
-                full[words - 1] = (1u64 << (len % 64)) - 1;
-            }
-            self.leaf_node(lo, hi, src, &mut 0, &full[..words], segs);
+            let full = full_set(hi - lo);
+            let words = (hi - lo).div_ceil(64) as usize;
+            self.leaf_node(lo, hi, src, &mut 0, &full[..words], &mut |x, set| {
+                let seg = &mut segs[x];
+                for (k, &word) in set.iter().enumerate() {
+                    let mut m = word;
+                    while m != 0 {
+                        seg.push(lo + 64 * k as u64 + u64::from(m.trailing_zeros()));
+                        m &= m - 1;
+                    }
+                }
+            });
             return;
         }
         let ((l, r), rest) = scratch
@@ -335,14 +359,59 @@ impl<C: Classes> Engine<'_, C> {
         self.node(mid, hi, r, wr, segs, rest);
     }
 
-    fn node_par<T: Index>(
+    /// Writes the values of the wanted class (a single one) with the given ranks among its
+    /// values in value node `[lo, hi)` to `out`: `ranks` holds `(rank + offset, slot)` pairs
+    /// in increasing rank order, every rank below the class's count in the node.
+    fn select_node(
         &self,
-        lo: u64,
-        hi: u64,
+        (lo, hi): (u64, u64),
         src: &[Entry],
-        wanted: u64,
-        segs: Vec<Seg<'_, T>>,
+        ranks: &[(u64, usize)],
+        offset: u64,
+        out: &mut [u64],
+        scratch: &mut [(Vec<Entry>, Vec<Entry>)],
     ) {
+        if ranks.is_empty() {
+            return;
+        }
+        if hi - lo <= self.leaf {
+            let full = full_set(hi - lo);
+            let words = (hi - lo).div_ceil(64) as usize;
+            self.leaf_node(lo, hi, src, &mut 0, &full[..words], &mut |_, set| {
+                let mut next = ranks.iter().peekable();
+                let mut seen = offset;
+                for (k, &word) in set.iter().enumerate() {
+                    let ones = u64::from(word.count_ones());
+                    let mut m = word;
+                    let mut at = seen;
+                    while let Some(&&(r, slot)) = next.peek() {
+                        if r >= seen + ones {
+                            break;
+                        }
+                        while at < r {
+                            m &= m - 1;
+                            at += 1;
+                        }
+                        out[slot] = lo + 64 * k as u64 + u64::from(m.trailing_zeros());
+                        next.next();
+                    }
+                    seen += ones;
+                }
+                debug_assert!(next.peek().is_none(), "every rank is in the leaf");
+            });
+            return;
+        }
+        let ((l, r), rest) = scratch
+            .split_first_mut()
+            .expect("scratch holds one pair per level of the value tree");
+        let [wl, _] = self.split(lo, hi, src, l, r);
+        let cut = ranks.partition_point(|&(rank, _)| rank < offset + wl);
+        let mid = lo + (hi - lo) / 2;
+        self.select_node((lo, mid), l, &ranks[..cut], offset, out, rest);
+        self.select_node((mid, hi), r, &ranks[cut..], offset + wl, out, rest);
+    }
+
+    fn node_par<S: Sink>(&self, lo: u64, hi: u64, src: &[Entry], wanted: u64, segs: Vec<S>) {
         if wanted == 0 {
             return;
         }
@@ -363,10 +432,9 @@ impl<C: Classes> Engine<'_, C> {
             Vec::with_capacity(segs.len()),
         );
         for (seg, &c) in segs.into_iter().zip(&counts) {
-            let rest = &mut seg.buf[seg.at..];
-            let (a, b) = rest.split_at_mut(c as usize);
-            ls.push(Seg { buf: a, at: 0 });
-            rs.push(Seg { buf: b, at: 0 });
+            let (a, b) = seg.split(c);
+            ls.push(a);
+            rs.push(b);
         }
         let mid = lo + (hi - lo) / 2;
         rayon::join(
@@ -565,23 +633,54 @@ pub fn class_values<T: Index, C: Classes>(
     c1: u64,
     base: u64,
 ) -> Result<(Vec<T>, Vec<u64>)> {
+    let offsets = class_offsets(classes, c0, c1);
+    let total = *offsets.last().expect("at least one class");
+    let mut out = try_with_capacity::<T>("a class's indices", total)?;
+    out.resize(total as usize, T::from_u64(0));
+    let mut segs = Vec::with_capacity((c1 - c0) as usize);
+    let mut rest: &mut [T] = &mut out;
+    for w in offsets.windows(2) {
+        let (a, b) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) as usize);
+        segs.push(Run::new(a));
+        rest = b;
+    }
+    class_values_into(n, classes, c0, c1, base, segs);
+    Ok((out, offsets))
+}
+
+/// Where classes `[c0, c1)` start, from `c0`'s start, and where the last ends.
+pub fn class_offsets<C: Classes>(classes: &C, c0: u64, c1: u64) -> Vec<u64> {
+    assert!(
+        c0 < c1 && c1 <= classes.count(),
+        "wanted classes out of range"
+    );
+    (c0..=c1)
+        .map(|x| classes.prefix(x) - classes.prefix(c0))
+        .collect()
+}
+
+/// [`class_values`] into given sinks, one per class of `[c0, c1)`, each fed its class's values
+/// in increasing order.
+pub fn class_values_into<C: Classes, S: Sink>(
+    n: u64,
+    classes: &C,
+    c0: u64,
+    c1: u64,
+    base: u64,
+    sinks: Vec<S>,
+) {
     assert_eq!(
         classes.prefix(classes.count()),
         n,
         "class sizes must add up to n"
     );
     assert!(
-        c0 < c1 && c1 <= classes.count(),
+        c0 < c1 && c1 <= classes.count() && sinks.len() as u64 == c1 - c0,
         "wanted classes out of range"
     );
-    let offsets: Vec<u64> = (c0..=c1)
-        .map(|x| classes.prefix(x) - classes.prefix(c0))
-        .collect();
-    let total = *offsets.last().expect("at least one class");
-    let mut out = try_with_capacity::<T>("a class's indices", total)?;
-    out.resize(total as usize, T::from_u64(0));
+    let total = classes.prefix(c1) - classes.prefix(c0);
     if total == 0 {
-        return Ok((out, offsets));
+        return;
     }
     let leaf = classes.leaf();
     assert!(leaf.is_power_of_two() && (64..=MAX_LEAF).contains(&leaf));
@@ -594,15 +693,61 @@ pub fn class_values<T: Index, C: Classes>(
     };
     let mut root = Vec::new();
     engine.root(0, classes.count(), &mut root);
-    let mut segs = Vec::with_capacity((c1 - c0) as usize);
-    let mut rest: &mut [T] = &mut out;
-    for w in offsets.windows(2) {
-        let (a, b) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) as usize);
-        segs.push(Seg { buf: a, at: 0 });
-        rest = b;
+    engine.node_par(0, n, &root, total, sinks);
+}
+
+/// The bit set of all `len <= MAX_LEAF` values of a leaf.
+fn full_set(len: u64) -> [u64; WORDS] {
+    let mut full = [0u64; WORDS];
+    let words = len.div_ceil(64) as usize;
+    full[..words].fill(u64::MAX);
+    if len % 64 != 0 {
+        full[words - 1] = (1u64 << (len % 64)) - 1;
     }
-    engine.node_par(0, n, &root, total, segs);
-    Ok((out, offsets))
+    full
+}
+
+/// The values of class `class` of the partition of `[0, n)` keyed by `base` with the given
+/// ranks among the class's values (in increasing order; ranks need not be sorted, each must be
+/// below the class's size): random access into [`class_values`] without computing the class.
+/// The cost is a walk down the value tree along the paths that hold the wanted ranks.
+pub fn class_select<C: Classes>(
+    n: u64,
+    classes: &C,
+    class: u64,
+    ranks: &[u64],
+    base: u64,
+) -> Vec<u64> {
+    assert_eq!(
+        classes.prefix(classes.count()),
+        n,
+        "class sizes must add up to n"
+    );
+    assert!(class < classes.count(), "class out of range");
+    let size = classes.prefix(class + 1) - classes.prefix(class);
+    assert!(ranks.iter().all(|&r| r < size), "rank out of range");
+    let mut out = vec![0u64; ranks.len()];
+    if ranks.is_empty() {
+        return out;
+    }
+    let leaf = classes.leaf();
+    assert!(leaf.is_power_of_two() && (64..=MAX_LEAF).contains(&leaf));
+    let engine = Engine {
+        classes,
+        leaf,
+        c0: class,
+        c1: class + 1,
+        base,
+    };
+    let mut root = Vec::new();
+    engine.root(0, classes.count(), &mut root);
+    let mut sorted: Vec<(u64, usize)> = ranks.iter().copied().zip(0..).collect();
+    sorted.sort_unstable();
+    SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        engine.select_node((0, n), &root, &sorted, 0, &mut out, &mut scratch);
+    });
+    out
 }
 
 #[cfg(test)]
@@ -630,6 +775,35 @@ mod tests {
         (0..sizes.len() as u64)
             .map(|x| class_values::<u64, _>(n, &c, x, x + 1, base).unwrap().0)
             .collect()
+    }
+
+    #[test]
+    fn select_reads_ranks_of_the_class() {
+        // Random access equals indexing the whole class: every rank of small classes, spread
+        // and unsorted ranks of large ones, with the smallest and the largest leaves.
+        for leaf in [64, MAX_LEAF] {
+            let sizes = vec![3u64, 0, 70_000, 1, 250_013, 4_096, 90_001];
+            let c = Sizes(sizes.clone(), leaf);
+            let n: u64 = sizes.iter().sum();
+            for x in 0..sizes.len() as u64 {
+                let whole = class_values::<u64, _>(n, &c, x, x + 1, 77).unwrap().0;
+                let size = whole.len() as u64;
+                let ranks: Vec<u64> = if size <= 4_096 {
+                    (0..size).rev().collect()
+                } else {
+                    (0..500u64)
+                        .map(|i| (i * 2_654_435_761) % size)
+                        .chain([0, size - 1])
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect()
+                };
+                let got = class_select(n, &c, x, &ranks, 77);
+                let want: Vec<u64> = ranks.iter().map(|&r| whole[r as usize]).collect();
+                assert_eq!(got, want, "leaf={leaf} class={x}");
+            }
+        }
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub enum Purpose {
     Share = u64::from_le_bytes(*b"shares\0\0"),
     /// The order inside one block of a rank's share ([`crate::share`]).
     ShareOrder = u64::from_le_bytes(*b"inshare\0"),
+    /// The bucket shuffle inside one long block of a rank's share ([`crate::share`]).
+    ShareBuckets = u64::from_le_bytes(*b"shbucket"),
 }
 
 /// A deterministic random stream; see the module documentation for its derivation.
