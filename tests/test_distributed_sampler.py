@@ -488,8 +488,8 @@ def test_a_running_iterator_keeps_its_epoch(order):
 @given(w=st.integers(min_value=1, max_value=2), seed=seeds, data=st.data())
 def test_resume_inside_bucketed_blocks(w, seed, data):
     # 200_003 samples: shares of 100_000+ positions whose blocks from 65_536 on are longer than
-    # 2**15 and ordered by the bucket shuffle; a resume there reads its first positions by
-    # random access, then the rest of the block whole. Both must continue the epoch exactly.
+    # 2**15 and ordered by the bucket shuffle; a resume there reads its first 64 positions by
+    # random access, then the rest of the share whole. Both must continue the epoch exactly.
     n = 200_003
     whole = DistributedSampler(n, num_replicas=w, rank=w - 1, seed=seed).indices().tolist()
     edges = [65_535, 65_536, 65_537, 65_536 + 63, 65_536 + 64, 131_071, 131_072, 131_073]

@@ -63,8 +63,8 @@ def first_stop(
     start: int,
 ) -> int:
     """Where a :func:`rank_indices` call starting at ``start`` should stop to hand out its first
-    index soonest: the end of the block holding ``start`` in the fast shuffled order, else
-    ``num_samples``."""
+    index soonest: in the fast shuffled order, the end of the block holding ``start``, or
+    ``start + 64`` inside a long block (read by random access); else ``num_samples``."""
 
 def torch_randperm(n: int, seed: int, order: str) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
     """``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` on the CPU, as the

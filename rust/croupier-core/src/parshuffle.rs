@@ -12,13 +12,23 @@
 //!   `(seed, epoch, Permutation, 0)` (the permutation croupier has always produced for these
 //!   sizes).
 //! - Above: 64 buckets (labels are 6 bits, so no rejection). Values are labelled in stripes
-//!   of `STRIPE`; stripe `i` draws its labels from the generator `(…, 1 << 60 | i)`. One pass
+//!   of `STRIPE` (2**16; a share's blocks use 2**12); stripe `i` draws its labels from the generator `(…, 1 << 60 | i)`. One pass
 //!   counts the labels of every stripe, a second draws them again and writes each value to its
 //!   slot (bucket by bucket, stripe by stripe inside a bucket, increasing inside a stripe).
 //! - Each bucket is then shuffled the same way, recursively: a node of the bucket tree at
 //!   `depth` with path `p` (6 bits a level) that holds more than `LEAF` values is scattered
 //!   into 64 sub-buckets (labels from `(…, 2 << 60 | depth << 56 | p)`) through a scratch
 //!   buffer; a smaller one is shuffled by Fisher–Yates (`(…, 3 << 60 | depth << 56 | p)`).
+//!
+//! # Reading positions without shuffling
+//!
+//! Because every label is drawn from a generator named by its stripe or node, the input that
+//! lands at an output position can be found without moving anything (`positions`): count the
+//! level-1 labels (one pass, no writes), shuffle only the leaf bucket holding the position,
+//! and draw again only the stripes holding the wanted inputs. A rank's long blocks in
+//! `order="fast"` ([`crate::share`]) use this shuffle with their own `Namer` and shorter
+//! stripes, so a resume reads its first positions in milliseconds; their bulk path feeds the
+//! level-1 scatter straight from the partition walk (`Scatter`).
 //!
 //! Every generator is named by stripe and bucket numbers that depend on `n` alone, so the
 //! result is the same for every number of threads. Stripes and buckets are spread over threads
@@ -29,7 +39,8 @@
 //!
 //! Above `SMALL` the bulk draws come from xoshiro256++ (Blackman and Vigna, via `rand_xoshiro`)
 //! whose 256-bit state is the first 32 bytes of the ChaCha8 stream `(seed, epoch, Permutation,
-//! id)`, not from ChaCha itself: a Fisher–Yates swap costs 1.05 ns with xoshiro256++ (two
+//! id)` (for a share's block, `(seed, epoch, ShareBuckets, fold(salt, id))`, see `Namer`), not
+//! from ChaCha itself: a Fisher–Yates swap costs 1.05 ns with xoshiro256++ (two
 //! 32-bit draws from each 64-bit word) against 2.4 ns with ChaCha8 on the 2-core VM of the
 //! README (a scratch timing loop over a 250k-value buffer in L2), and these draws are most of
 //! the work. ChaCha keying keeps the generators of different ids as good as independent, and
@@ -43,6 +54,7 @@ use crate::stream::{lemire_u32, Purpose, Stream};
 use rand_core::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
+use std::marker::PhantomData;
 
 /// Up to this length the permutation is one Fisher–Yates in cache.
 pub const SMALL: u64 = 1 << 15;
@@ -82,7 +94,8 @@ fn child_path(depth: u64, path: u64, s: u64) -> u64 {
 #[derive(Clone, Copy)]
 struct Shared<T>(*mut T);
 // SAFETY: every user writes positions no other thread touches (disjoint slots computed from
-// exact counts), and the buffer outlives the parallel section.
+// exact counts) of a buffer borrowed for as long as the writers live (`level1` holds `out`
+// through its parallel section, `Scatter` carries the borrow's lifetime).
 unsafe impl<T: Send> Send for Shared<T> {}
 unsafe impl<T: Send> Sync for Shared<T> {}
 
@@ -116,7 +129,7 @@ impl Namer {
     /// Generators of `purpose` whose ids are folded into `salt`, with level-1 stripes of
     /// `stripe` values (a power of two).
     pub(crate) fn salted(seed: u64, epoch: u64, purpose: Purpose, salt: u64, stripe: u64) -> Self {
-        debug_assert!(stripe.is_power_of_two());
+        assert!(stripe.is_power_of_two(), "stripes are a power of two");
         Namer {
             seed,
             epoch,
@@ -368,22 +381,26 @@ pub(crate) struct Scatter<'p, T> {
     end: u64,
     labels: Option<Labels>,
     slot: [usize; FANOUT],
+    /// The parts of a scatter hold the output buffer's exclusive borrow together.
+    _out: PhantomData<&'p mut [T]>,
 }
 
 impl<'p, T: Index> Scatter<'p, T> {
-    /// A scatter of all `plan.n` inputs into `out`.
-    ///
-    /// # Safety
-    /// `out` must be valid for writes of `plan.n` elements while the scatter and its parts
-    /// live, and nothing else may access it meanwhile.
-    pub(crate) unsafe fn new(plan: &'p Plan, out: *mut T) -> Self {
+    /// A scatter of all `plan.n` inputs into `out` (exactly `plan.n` long).
+    pub(crate) fn new(plan: &'p Plan, out: &'p mut [T]) -> Self {
+        assert_eq!(
+            out.len() as u64,
+            plan.n,
+            "the output holds the plan's inputs"
+        );
         Scatter {
             plan,
-            out: Shared(out),
+            out: Shared(out.as_mut_ptr()),
             next: 0,
             end: plan.n,
             labels: None,
             slot: [0; FANOUT],
+            _out: PhantomData,
         }
     }
 
@@ -398,6 +415,7 @@ impl<'p, T: Index> Scatter<'p, T> {
             end,
             labels: None,
             slot: [0; FANOUT],
+            _out: PhantomData,
         };
         (part(self.next, mid), part(mid, self.end))
     }
@@ -420,14 +438,16 @@ impl<'p, T: Index> Scatter<'p, T> {
     #[inline(always)]
     pub(crate) fn push(&mut self, v: T) {
         assert!(self.next < self.end, "more inputs than the run holds");
-        if self.labels.is_none() || self.next % self.plan.namer.stripe == 0 {
+        if self.labels.is_none() || self.next & (self.plan.namer.stripe - 1) == 0 {
             self.seek();
         }
         let k = self.labels.as_mut().map_or(0, Labels::next);
         let at = self.slot[k];
-        // SAFETY: input `next` (each input of [0, n) comes once: parts hold disjoint runs, and
-        // the assert above keeps a part in its run) goes to the slot after its stripe's earlier
-        // inputs of bucket k: distinct for distinct inputs and below n, from exact counts.
+        // SAFETY: `out` is the plan's n slots, borrowed exclusively by this scatter and its
+        // parts for 'p. Input `next` (each input of [0, n) comes once: parts hold disjoint
+        // runs, and the assert above keeps a part in its run) goes to the slot after its
+        // stripe's earlier inputs of bucket k: distinct for distinct inputs and below n, from
+        // exact counts.
         unsafe { self.out.0.add(at).write(v) };
         self.slot[k] = at + 1;
         self.next += 1;
@@ -509,7 +529,8 @@ fn shuffle_node<T: Index>(
 
 /// Random access to the bucket shuffle of `n` values named by `namer` (with leaves of at most
 /// `leaf`): for each output position `q` in `[q0, q1)`, the input position whose value lands
-/// there. For the identity input these are the values of the permutation itself.
+/// there. For the identity input these are the values of the permutation itself (for
+/// `n > SMALL`: [`permutation`] shuffles smaller `n` by one ChaCha Fisher–Yates instead).
 ///
 /// The cost is one pass of label counting over `[0, n)`, a Fisher–Yates of each leaf bucket
 /// the positions fall in, and for every position one stripe of labels drawn again to find its
@@ -853,8 +874,7 @@ mod tests {
         let n = input.len() as u64;
         let plan = Plan::new(namer, n);
         let mut out = vec![0u64; input.len()];
-        // SAFETY: `out` holds n slots, touched only by the scatter's runs until they end.
-        let mut rest = unsafe { Scatter::new(&plan, out.as_mut_ptr()) };
+        let mut rest = Scatter::new(&plan, &mut out);
         let mut runs = Vec::new();
         let mut at = 0;
         for &cut in cuts.iter().chain([&n]) {
@@ -863,21 +883,21 @@ mod tests {
             rest = tail;
             at = cut;
         }
-        rayon::ThreadPoolBuilder::new()
+        let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
-            .unwrap()
-            .install(|| {
-                runs.into_par_iter().for_each(|(from, mut run)| {
-                    for &v in &input[from as usize..] {
-                        if run.next == run.end {
-                            break;
-                        }
-                        run.push(v);
+            .unwrap();
+        pool.install(move || {
+            runs.into_par_iter().for_each(|(from, mut run)| {
+                for &v in &input[from as usize..] {
+                    if run.next == run.end {
+                        break;
                     }
-                });
-                plan.finish(&mut out);
-            });
+                    run.push(v);
+                }
+            })
+        });
+        pool.install(|| plan.finish(&mut out));
         out
     }
 
@@ -909,8 +929,7 @@ mod tests {
         let namer = Namer::salted(1, 1, Purpose::ShareOrder, 1, 1 << 12);
         let plan = Plan::new(&namer, 10);
         let mut out = vec![0u32; 10];
-        // SAFETY: `out` holds the plan's 10 slots and nothing else touches it.
-        let (mut first, _) = unsafe { Scatter::new(&plan, out.as_mut_ptr()) }.split(3);
+        let (mut first, _) = Scatter::new(&plan, &mut out).split(3);
         for v in 0..4 {
             first.push(v);
         }

@@ -239,8 +239,10 @@ pub fn rank_indices(
     )
 }
 
-/// Where a call that starts at `start` should stop to hand out its first index soonest: the
-/// end of the block holding `start` in `order="fast"` with shuffling, `num_samples` otherwise.
+/// Where a call that starts at `start` should stop to hand out its first index soonest: in
+/// `order="fast"` with shuffling the end of the block holding `start`, or at most
+/// [`crate::share::RANDOM_ACCESS_MAX`] positions on inside a long block (read by random
+/// access); `num_samples` otherwise.
 pub fn first_stop(
     layout: &Layout,
     rank: u64,

@@ -18,13 +18,27 @@
 //!   (rank, block) pair is a class, numbered rank-major; the values `drop_last` cuts form one
 //!   last class. The partition of `[0, n)` into these classes is drawn by recursive
 //!   hypergeometric splitting ([`crate::split`]), keyed by `(seed, epoch)` and the layout.
-//! - **Order.** The values of each block (increasing) are shuffled by Fisher–Yates with the
-//!   stream `(seed, epoch, ShareOrder, fold(layout, class))`, and the blocks follow each other.
+//! - **Order.** A block's values (increasing) are shuffled by Fisher–Yates with the stream
+//!   `(seed, epoch, ShareOrder, fold(layout, class))` when the block holds at most
+//!   [`BUCKETED_FROM`] values. A longer block is ordered by the bucket shuffle of
+//!   [`crate::parshuffle`] with the generators `(seed, epoch, ShareBuckets, fold(fold(layout,
+//!   class), id))` and level-1 stripes of 2**12: the value of rank `i` (in increasing order)
+//!   gets a label in `[0, 64)`, the buckets follow each other, and each bucket is shuffled
+//!   (scattered again when it holds more than 2**21). The blocks follow each other.
 //!
 //! Cutting a uniform partition into more classes and ordering each class uniformly is still a
-//! uniform permutation; the blocks only decide how much must be computed before a position
-//! can be read: the first index needs `F` values, a resume at position `p` needs the block
-//! holding `p` (at most half of the share), the whole share about as much as the share alone.
+//! uniform permutation. The blocks only decide how much must be computed before a position
+//! can be read: the first index needs `F` values, the whole share about as much as the share
+//! alone. A resume at position `p` inside a bucketed block reads its first
+//! [`RANDOM_ACCESS_MAX`] positions by random access: the labels of the block's ranks are
+//! counted (`O(block)`, about 0.3 ns a label on two cores), the bucket holding `p` is
+//! shuffled, and [`crate::split::class_select`] finds the values of those ranks down the
+//! value tree (`O(log N)` cells each). The next call computes the rest of the share from
+//! there, whole blocks at a time.
+//!
+//! The whole share needs no second buffer: the partition walk hands each long block's values
+//! to a `Scatter` that writes them straight to their bucket slots. The scatters' slot tables
+//! (64 offsets per stripe of 4096 values) add about 3% of a `u32` share.
 //! Nothing here depends on the number of threads.
 
 use crate::cellrng::fold;
@@ -237,7 +251,7 @@ impl<T: Index> Sink for BlockSink<'_, T> {
 
 /// Rank `rank`'s blocks `[j0, j1)`, each shuffled, one after the other. Long blocks are
 /// scattered into their buckets while the partition walk produces them, so the whole needs no
-/// buffer besides the output.
+/// second buffer (only the scatters' slot tables, about 3% of a `u32` output).
 fn blocks<T: Index>(
     layout: &Layout,
     classes: &RankClasses,
@@ -267,9 +281,7 @@ fn blocks<T: Index>(
     for (w, plan) in offsets.windows(2).zip(&plans) {
         let (seg, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) as usize);
         sinks.push(match plan {
-            // SAFETY: `seg` holds the block's `plan.n` slots, and only this scatter and its
-            // parts touch them until `class_values_into` returns.
-            Some(plan) => BlockSink::Scatter(unsafe { Scatter::new(plan, seg.as_mut_ptr()) }),
+            Some(plan) => BlockSink::Scatter(Scatter::new(plan, seg)),
             None => BlockSink::Run(Run::new(seg)),
         });
         rest = tail;
@@ -368,8 +380,8 @@ pub fn fast_share<T: Index>(
     Ok(out)
 }
 
-/// The end of the block holding `start`: the positions one call should compute before the
-/// first index can be handed out.
+/// Where the first call from `start` should stop: the end of the block holding `start`, or
+/// [`RANDOM_ACCESS_MAX`] positions on inside a bucketed block (read by random access).
 pub fn first_stop(layout: &Layout, rank: u64, start: u64) -> Result<u64> {
     layout.check_rank(rank)?;
     let classes = RankClasses::new(layout)?;
@@ -528,10 +540,53 @@ mod tests {
                             .to_u64_vec();
                         assert_eq!(got, whole[a as usize..b as usize], "n={n} r={r} [{a}, {b})");
                     }
-                    let stop = first_stop(&layout, r, a).unwrap();
-                    assert!(stop > a && stop - a <= RANDOM_ACCESS_MAX.max(1) || stop == ns);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn random_access_itself_reads_the_block_and_salts_differ() {
+        // block_range directly (not through fast_share's choice of path), against the whole.
+        let layout = Layout::new(200_003, 1, false).unwrap();
+        let classes = RankClasses::new(&layout).unwrap();
+        let whole = share(200_003, 1, 0, false, 6, 2);
+        for (j, lo) in [(7u64, 65_536u64), (8, 131_072)] {
+            for a in [0u64, 1, 4095, 4096, 30_000, 68_000] {
+                let b = (a + 50).min(block_start(200_003, j + 1) - lo);
+                if a >= b {
+                    continue;
+                }
+                let got: Vec<u64> = block_range(&layout, &classes, 0, j, (a, b), 6, 2);
+                assert_eq!(
+                    got,
+                    whole[(lo + a) as usize..(lo + b) as usize],
+                    "j={j} a={a}"
+                );
+            }
+        }
+        // Equal lengths, different classes: different orders.
+        let key = layout_key(&layout);
+        let (p, q) = (block_namer(6, 2, key, 7), block_namer(6, 2, key, 8));
+        let len = 40_000;
+        assert_ne!(
+            parshuffle::positions(&p, len, 0, 64, parshuffle::LEAF),
+            parshuffle::positions(&q, len, 0, 64, parshuffle::LEAF)
+        );
+    }
+
+    #[test]
+    fn bucketed_blocks_are_shuffled_inside_their_buckets() {
+        // Buckets hold ~1000 values; were they left in increasing order, nearly every
+        // neighbouring pair would rise. In a uniform order of m values the rises number
+        // (m-1)/2 on average with variance (m+1)/12: for block [65536, 131072), 32_767.5 with
+        // a standard deviation of 74, so 770 is over 10 of them.
+        for seed in 0..4 {
+            let s = share(200_003, 1, 0, false, seed, 0);
+            let block = &s[65_536..131_072];
+            let rises = block.windows(2).filter(|w| w[0] < w[1]).count() as f64;
+            let half = 65_535.0 / 2.0;
+            assert!((rises - half).abs() < 770.0, "seed {seed}: {rises} rises");
         }
     }
 
@@ -564,6 +619,17 @@ mod tests {
         assert_eq!(f(5 * FIRST_BLOCK), 8 * FIRST_BLOCK);
         assert_eq!(f(49_999), 50_000);
         assert_eq!(f(50_000), 50_000);
+        // Inside the bucketed blocks [65536, 131072) and [131072, 200003): 64 positions on,
+        // cut at the block's end; the end of the share is num_samples.
+        let layout = Layout::new(200_003, 1, false).unwrap();
+        let f = |p| first_stop(&layout, 0, p).unwrap();
+        assert_eq!(RANDOM_ACCESS_MAX, 64);
+        assert_eq!(f(65_535), 65_536);
+        assert_eq!(f(65_536), 65_600);
+        assert_eq!(f(100_000), 100_064);
+        assert_eq!(f(131_050), 131_072);
+        assert_eq!(f(131_072), 131_136);
+        assert_eq!(f(199_990), 200_003);
     }
 
     #[test]
@@ -632,6 +698,15 @@ mod tests {
         let one = run(1);
         assert_eq!(one, run(2));
         assert_eq!(one, run(3));
+        // The partition walk splits the long blocks' scatters across tasks here (value
+        // subtrees of 2**21): random access must still read the same positions.
+        let whole = one.to_u64_vec();
+        for a in [1_048_576u64, 1_500_000, 2_097_151, 2_200_000] {
+            let got = rank_range(&layout, 2, true, Order::Fast, 3, 1, a, a + 64)
+                .unwrap()
+                .to_u64_vec();
+            assert_eq!(got, whole[a as usize..a as usize + 64], "at {a}");
+        }
     }
 
     #[test]

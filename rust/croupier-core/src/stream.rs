@@ -38,7 +38,8 @@ pub enum Purpose {
     /// The partition of an epoch into rank shares ([`crate::share`]); only its first word is
     /// used, as the base of the per-cell keys.
     Share = u64::from_le_bytes(*b"shares\0\0"),
-    /// The order inside one block of a rank's share ([`crate::share`]).
+    /// The order inside one block of a rank's share of at most 2**15 values (Fisher–Yates,
+    /// [`crate::share`]).
     ShareOrder = u64::from_le_bytes(*b"inshare\0"),
     /// The bucket shuffle inside one long block of a rank's share ([`crate::share`]).
     ShareBuckets = u64::from_le_bytes(*b"shbucket"),

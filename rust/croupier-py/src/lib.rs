@@ -238,8 +238,9 @@ fn rank_indices<'py>(
     Ok(to_numpy(py, out))
 }
 
-/// Where a call starting at `start` should stop to hand out its first index soonest (the end
-/// of the block holding `start` in the fast shuffled order, else `num_samples`).
+/// Where a call starting at `start` should stop to hand out its first index soonest (in the
+/// fast shuffled order the end of the block holding `start`, or `start + 64` inside a long
+/// block; else `num_samples`).
 #[pyfunction]
 #[pyo3(signature = (n, num_replicas, rank, shuffle, drop_last, order, start))]
 #[allow(clippy::too_many_arguments)]
