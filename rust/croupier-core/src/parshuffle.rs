@@ -18,7 +18,9 @@
 //! - Each bucket is then shuffled the same way, recursively: a node of the bucket tree at
 //!   `depth` with path `p` (6 bits a level) that holds more than `LEAF` values is scattered
 //!   into 64 sub-buckets (labels from `(…, 2 << 60 | depth << 56 | p)`) through a scratch
-//!   buffer; a smaller one is shuffled by Fisher–Yates (`(…, 3 << 60 | depth << 56 | p)`).
+//!   buffer; a smaller one is shuffled by Fisher–Yates (`(…, 3 << 60 | depth << 56 | p)`):
+//!   in place for a level-1 bucket, and for a sub-bucket by the inside-out variant from the
+//!   scratch buffer back into place, which saves copying it back.
 //!
 //! # Reading positions without shuffling
 //!
@@ -238,6 +240,35 @@ fn fisher_yates_fast<T: Index>(buf: &mut [T], rng: &mut Xoshiro256PlusPlus, pref
             let j = draw(s);
             buf.swap(n - 1 - s, j);
         }
+    }
+}
+
+/// The inside-out Fisher–Yates from `src` into `dst` (equal lengths, below 2**32): for
+/// `i = 1, 2, …` with `j` uniform in `[0, i]`, `dst[i] = dst[j]` and `dst[j] = src[i]`
+/// (`dst[0] = src[0]` first). The draws are made as in [`fisher_yates_fast`]: Lemire's method
+/// on 32-bit halves of the generator's words. Every order of `src` is equally likely, and the
+/// values move once, so a leaf scattered into a scratch buffer needs no copy back.
+fn inside_out_fast<T: Index>(src: &[T], dst: &mut [T], rng: &mut Xoshiro256PlusPlus) {
+    let n = src.len();
+    assert_eq!(n, dst.len());
+    debug_assert!(n as u64 <= u64::from(u32::MAX));
+    if n == 0 {
+        return;
+    }
+    let mut pending: Option<u32> = None;
+    dst[0] = src[0];
+    for i in 1..n {
+        let first = match pending.take() {
+            Some(high) => high,
+            None => {
+                let word = rng.next_u64();
+                pending = Some((word >> 32) as u32);
+                word as u32
+            }
+        };
+        let j = lemire_u32(first, (i + 1) as u32, || rng.next_u32()) as usize;
+        dst[i] = dst[j];
+        dst[j] = src[i];
     }
 }
 
@@ -515,6 +546,13 @@ fn shuffle_node<T: Index>(
     for s in 0..FANOUT {
         let (lo, hi) = (bounds[s], bounds[s + 1]);
         let child = child_path(depth, path, s as u64);
+        if hi - lo <= leaf {
+            // A leaf child goes back by an inside-out shuffle: no copy afterwards.
+            let id = (depth + 1).min(15) << PATH_BITS | child;
+            let mut rng = namer.generator(NODE_LEAF | id);
+            inside_out_fast(&scratch[lo..hi], &mut part[lo..hi], &mut rng);
+            continue;
+        }
         shuffle_node(
             &mut scratch[lo..hi],
             &mut part[lo..hi],
@@ -575,10 +613,19 @@ fn node_positions(
 ) -> Vec<u64> {
     let id = depth.min(15) << PATH_BITS | path;
     if m <= leaf as u64 {
-        // The same swaps as `shuffle_node` makes on the leaf, applied to its positions.
-        let mut v: Vec<u32> = (0..m as u32).collect();
+        // The shuffle `shuffle_node` makes on the leaf, applied to its positions: Fisher–Yates
+        // in place for a level-1 bucket, inside-out from the scatter buffer below.
+        let ident: Vec<u32> = (0..m as u32).collect();
         let mut rng = namer.generator(NODE_LEAF | id);
-        fisher_yates_fast(&mut v, &mut rng, false);
+        let v = if depth == 1 {
+            let mut v = ident;
+            fisher_yates_fast(&mut v, &mut rng, false);
+            v
+        } else {
+            let mut v = vec![0u32; m as usize];
+            inside_out_fast(&ident, &mut v, &mut rng);
+            v
+        };
         return v[a as usize..b as usize]
             .iter()
             .map(|&x| u64::from(x))
@@ -824,6 +871,27 @@ mod tests {
     }
 
     #[test]
+    fn inside_out_orders_equally_likely() {
+        // The sub-bucket leaf shuffle on its own: all 24 orders of 4.
+        let mut counts = std::collections::HashMap::<Vec<u32>, u64>::new();
+        let trials = 24_000u64;
+        let src: Vec<u32> = (0..4).collect();
+        for seed in 0..trials {
+            let mut v = vec![9u32; 4];
+            inside_out_fast(
+                &src,
+                &mut v,
+                &mut Namer::permutation(seed, 0).generator(NODE_LEAF),
+            );
+            *counts.entry(v).or_default() += 1;
+        }
+        assert_eq!(counts.len(), 24);
+        let e = trials as f64 / 24.0;
+        let chi = chi2_flat(counts.values(), e);
+        assert!(chi < 49.73, "chi2 {chi}"); // p = 0.001 for 23 dof
+    }
+
+    #[test]
     fn prefetching_makes_the_same_swaps() {
         let edge = LEAF_LOOKAHEAD;
         for n in [0usize, 1, 2, 3, edge - 1, edge, edge + 1, 1000, 100_001] {
@@ -943,6 +1011,10 @@ mod tests {
             permutation(100_000, 0, 0).unwrap().to_u64_vec()[..4],
             PIN_100K
         );
+        // Through scattered sub-buckets and their inside-out leaves (the path of n > 64 * LEAF),
+        // reached at small n with leaves of 1000.
+        assert_eq!(perm_leaf(100_000, 0, 1000, 2)[..4], PIN_100K_LEAF_1000);
     }
+    const PIN_100K_LEAF_1000: [u32; 4] = [75260, 78976, 20033, 93039];
     const PIN_100K: [u64; 4] = [68397, 27417, 46556, 98100];
 }
