@@ -321,17 +321,44 @@ fn fresh<T: Index>(n: u64, seed: u64, epoch: u64) -> Result<Vec<T>> {
     Ok(v)
 }
 
-/// Per stripe of `[0, n)`, how many of its level-1 labels fall in each bucket.
-fn stripe_counts(n: u64, namer: &Namer) -> Vec<[usize; FANOUT]> {
+/// Per stripe of `[0, n)`, how many of its level-1 labels fall in each bucket (a stripe holds
+/// at most 2**16 values, so `u32` counts).
+fn stripe_counts(n: u64, namer: &Namer) -> Vec<[u32; FANOUT]> {
     let stripe = namer.stripe;
+    debug_assert!(stripe <= 1 << 16);
     (0..n.div_ceil(stripe))
         .into_par_iter()
         .map(|i| {
-            namer
+            let c = namer
                 .stripe_labels(i)
-                .count(stripe.min(n - i * stripe) as usize)
+                .count(stripe.min(n - i * stripe) as usize);
+            c.map(|x| x as u32)
         })
         .collect()
+}
+
+/// Per stripe, where its values of each bucket start: `u32` offsets when the shuffle holds at
+/// most 2**32 values (a share's long blocks keep these tables for the whole partition walk, so
+/// half the memory matters: 1/64 of a `u32` output), `u64` beyond.
+enum Starts {
+    Narrow(Vec<[u32; FANOUT]>),
+    Wide(Vec<[u64; FANOUT]>),
+}
+
+impl Starts {
+    fn len(&self) -> usize {
+        match self {
+            Starts::Narrow(v) => v.len(),
+            Starts::Wide(v) => v.len(),
+        }
+    }
+
+    fn get(&self, s: usize) -> [usize; FANOUT] {
+        match self {
+            Starts::Narrow(v) => v[s].map(|x| x as usize),
+            Starts::Wide(v) => v[s].map(|x| x as usize),
+        }
+    }
 }
 
 /// The level-1 layout of a bucket shuffle of `n` values: where each stripe's values of each
@@ -339,25 +366,40 @@ fn stripe_counts(n: u64, namer: &Namer) -> Vec<[usize; FANOUT]> {
 pub(crate) struct Plan {
     namer: Namer,
     n: u64,
-    starts: Vec<[usize; FANOUT]>,
+    starts: Starts,
     bounds: Vec<usize>,
 }
 
 impl Plan {
     /// Counts the labels of every stripe (in parallel) and lays the buckets out.
     pub(crate) fn new(namer: &Namer, n: u64) -> Self {
-        let counts = stripe_counts(n, namer);
-        let mut starts = vec![[0usize; FANOUT]; counts.len()];
+        let mut counts = stripe_counts(n, namer);
         let mut bounds = vec![0usize; FANOUT + 1];
-        let mut at = 0usize;
-        for k in 0..FANOUT {
-            for (i, c) in counts.iter().enumerate() {
-                starts[i][k] = at;
-                at += c[k];
+        let starts = if n <= u64::from(u32::MAX) {
+            // Counts become starts in place: no second table.
+            let mut at = 0u32;
+            for k in 0..FANOUT {
+                for c in counts.iter_mut() {
+                    let count = c[k];
+                    c[k] = at;
+                    at += count;
+                }
+                bounds[k + 1] = at as usize;
             }
-            bounds[k + 1] = at;
-        }
-        debug_assert_eq!(at as u64, n);
+            Starts::Narrow(counts)
+        } else {
+            let mut starts = vec![[0u64; FANOUT]; counts.len()];
+            let mut at = 0u64;
+            for k in 0..FANOUT {
+                for (i, c) in counts.iter().enumerate() {
+                    starts[i][k] = at;
+                    at += u64::from(c[k]);
+                }
+                bounds[k + 1] = at as usize;
+            }
+            Starts::Wide(starts)
+        };
+        debug_assert_eq!(bounds[FANOUT] as u64, n);
         Plan {
             namer: *namer,
             n,
@@ -385,8 +427,8 @@ unsafe fn level1<T: Index>(
 ) -> Vec<usize> {
     let plan = Plan::new(namer, n);
     let stripe = namer.stripe;
-    plan.starts.par_iter().enumerate().for_each(|(i, &slot)| {
-        let mut slot = slot;
+    (0..plan.starts.len()).into_par_iter().for_each(|i| {
+        let mut slot = plan.starts.get(i);
         let out = &out;
         let lo = i as u64 * stripe;
         let len = stripe.min(n - lo);
@@ -458,7 +500,7 @@ impl<'p, T: Index> Scatter<'p, T> {
         let stripe = self.plan.namer.stripe;
         let s = self.next / stripe;
         let mut labels = self.plan.namer.stripe_labels(s);
-        self.slot = self.plan.starts[s as usize];
+        self.slot = self.plan.starts.get(s as usize);
         for _ in s * stripe..self.next {
             self.slot[labels.next()] += 1;
         }

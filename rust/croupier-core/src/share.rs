@@ -38,7 +38,7 @@
 //!
 //! The whole share needs no second buffer: the partition walk hands each long block's values
 //! to a `Scatter` that writes them straight to their bucket slots. The scatters' slot tables
-//! (64 offsets per stripe of 4096 values) add about 3% of a `u32` share.
+//! (64 `u32` offsets per stripe of 4096 values) add 1/64 of a `u32` share.
 //! Nothing here depends on the number of threads.
 
 use crate::cellrng::fold;
@@ -251,7 +251,7 @@ impl<T: Index> Sink for BlockSink<'_, T> {
 
 /// Rank `rank`'s blocks `[j0, j1)`, each shuffled, one after the other. Long blocks are
 /// scattered into their buckets while the partition walk produces them, so the whole needs no
-/// second buffer (only the scatters' slot tables, about 3% of a `u32` output).
+/// second buffer (only the scatters' slot tables, 1/64 of a `u32` output).
 fn blocks<T: Index>(
     layout: &Layout,
     classes: &RankClasses,
