@@ -614,7 +614,7 @@ fn shuffle_node<T: Index>(
 ///
 /// The cost is one pass of label counting over `[0, n)`, a Fisher–Yates of each leaf bucket
 /// the positions fall in, and for every position one stripe of labels drawn again to find its
-/// input position: about `n / 3e9` seconds plus microseconds per position, against `O(n)`
+/// input position: about `n / 2e9` seconds plus microseconds per position, against `O(n)`
 /// memory traffic for the whole shuffle.
 pub(crate) fn positions(namer: &Namer, n: u64, q0: u64, q1: u64, leaf: usize) -> Vec<u64> {
     assert!(q0 <= q1 && q1 <= n, "positions out of range");
@@ -630,11 +630,9 @@ pub(crate) fn positions(namer: &Namer, n: u64, q0: u64, q1: u64, leaf: usize) ->
         if a < b {
             let local = node_positions(namer, m, (a - lo, b - lo), leaf, 1, k as u64);
             let mut to = vec![0u64; local.len()];
-            select_labelled(&local, k, &mut to, |s| {
-                let start = s as u64 * namer.stripe;
-                (start, counts.get(s).map(|c| c[k] as u64), move || {
-                    namer.stripe_labels(s as u64)
-                })
+            let per_stripe: Vec<u64> = counts.iter().map(|c| u64::from(c[k])).collect();
+            select_labelled(&local, k, &mut to, (&per_stripe, namer.stripe), |s| {
+                namer.stripe_labels(s as u64)
             });
             out.extend(to);
         }
@@ -684,10 +682,8 @@ fn node_positions(
             let local = node_positions(namer, c, (x - lo, y - lo), leaf, depth + 1, child);
             let mut to = vec![0u64; local.len()];
             // One stream of labels over the whole node: a single "stripe".
-            select_labelled(&local, s, &mut to, |i| {
-                (0, (i == 0).then_some(c), || {
-                    Labels::new(namer.generator(SPLIT | id))
-                })
+            select_labelled(&local, s, &mut to, (&[c], m), |_| {
+                Labels::new(namer.generator(SPLIT | id))
             });
             out.extend(to);
         }
@@ -697,41 +693,41 @@ fn node_positions(
 }
 
 /// Where the `ranks[x]`-th position labelled `k` lies, for every `x`, written to `to[x]`: the
-/// positions labelled `k` are counted stripe by stripe, in increasing order inside a stripe.
-/// `stripe(s)` gives stripe `s`'s first position, its count of label `k` (`None` past the
-/// last stripe) and its labels; only stripes holding a wanted rank are drawn again.
-fn select_labelled<F, L>(ranks: &[u64], k: usize, to: &mut [u64], stripe: F)
-where
-    F: Fn(usize) -> (u64, Option<u64>, L),
-    L: FnOnce() -> Labels,
-{
+/// positions labelled `k` are counted stripe by stripe (stripe `s` starts at `s * stripe_len`
+/// and holds `per_stripe[s]` of them), in increasing order inside a stripe. Only stripes
+/// holding a wanted rank are drawn again, with `labels(s)`.
+fn select_labelled(
+    ranks: &[u64],
+    k: usize,
+    to: &mut [u64],
+    (per_stripe, stripe_len): (&[u64], u64),
+    labels: impl Fn(usize) -> Labels,
+) {
     let mut order: Vec<usize> = (0..ranks.len()).collect();
     order.sort_unstable_by_key(|&x| ranks[x]);
     let mut next = 0usize; // into `order`
-    let (mut s, mut before) = (0usize, 0u64);
-    while next < order.len() {
-        let (start, count, labels) = stripe(s);
-        let count = count.expect("every rank lies in some stripe");
-        if ranks[order[next]] >= before + count {
-            before += count;
-            s += 1;
-            continue;
+    let mut before = 0u64;
+    for (s, &count) in per_stripe.iter().enumerate() {
+        if next == order.len() {
+            return;
         }
-        let mut labels = labels();
-        let (mut seen, mut pos) = (before, start);
-        while next < order.len() && ranks[order[next]] < before + count {
-            if labels.next() == k {
-                if ranks[order[next]] == seen {
-                    to[order[next]] = pos;
-                    next += 1;
+        if ranks[order[next]] < before + count {
+            let mut labels = labels(s);
+            let (mut seen, mut pos) = (before, s as u64 * stripe_len);
+            while next < order.len() && ranks[order[next]] < before + count {
+                if labels.next() == k {
+                    if ranks[order[next]] == seen {
+                        to[order[next]] = pos;
+                        next += 1;
+                    }
+                    seen += 1;
                 }
-                seen += 1;
+                pos += 1;
             }
-            pos += 1;
         }
         before += count;
-        s += 1;
     }
+    assert_eq!(next, order.len(), "every rank lies in some stripe");
 }
 
 /// The epoch's permutation of `[0, n)` (see the module documentation). A `u32` buffer when
@@ -748,7 +744,7 @@ pub fn permutation(n: u64, seed: u64, epoch: u64) -> Result<Indices> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::chi2_flat;
+    use crate::testkit::{orders_chi2, tenths_chi2};
 
     fn perm(n: u64, seed: u64) -> Vec<u64> {
         permutation(n, seed, 1).unwrap().to_u64_vec()
@@ -851,19 +847,12 @@ mod tests {
         // sub-buckets, some of them once more. Where do values 0, 50_000 and 99_999 land, by
         // tenth of the output? 3 x 10 cells, 27 dof.
         let (n, trials) = (100_000u64, 3000u64);
-        let mut table = [[0u64; 10]; 3];
-        for seed in 0..trials {
-            let p: Vec<u64> = perm_leaf(n, seed, 100, 2)
+        let chi = tenths_chi2(n, trials, |seed| {
+            perm_leaf(n, seed, 100, 2)
                 .into_iter()
                 .map(u64::from)
-                .collect();
-            for (row, v) in [0u64, 50_000, 99_999].iter().enumerate() {
-                let pos = p.iter().position(|x| x == v).unwrap() as u64;
-                table[row][(pos * 10 / n) as usize] += 1;
-            }
-        }
-        let e = trials as f64 / 10.0;
-        let chi = chi2_flat(table.iter().flatten(), e);
+                .collect()
+        });
         assert!(chi < 55.5, "chi2 {chi}"); // p = 0.001 for 27 dof
     }
 
@@ -871,65 +860,41 @@ mod tests {
     fn every_order_equally_likely_through_split_nodes() {
         // Leaves of 2 values: a node of 5 is scattered into 64 sub-buckets, and any child of
         // more than 2 is scattered again. All 120 orders over 36_000 seeds: 119 dof.
-        let mut counts = std::collections::HashMap::<Vec<u32>, u64>::new();
-        let trials = 36_000u64;
-        for seed in 0..trials {
+        let (orders, chi) = orders_chi2(120, 36_000, |seed| {
             let mut part: Vec<u32> = (0..5).collect();
             let mut scratch = vec![0u32; 5];
-            shuffle_node(
-                &mut part,
-                &mut scratch,
-                &Namer::permutation(seed, 9),
-                2,
-                1,
-                0,
-            );
-            *counts.entry(part).or_default() += 1;
-        }
-        assert_eq!(counts.len(), 120);
-        let e = trials as f64 / 120.0;
-        let chi = chi2_flat(counts.values(), e);
+            let namer = Namer::permutation(seed, 9);
+            shuffle_node(&mut part, &mut scratch, &namer, 2, 1, 0);
+            part
+        });
+        assert_eq!(orders, 120);
         assert!(chi < 173.6, "chi2 {chi}"); // p = 0.001 for 119 dof
     }
 
     #[test]
     fn fast_fisher_yates_orders_equally_likely() {
         // The leaf shuffle on its own (pairs of 32-bit draws): all 24 orders of 4.
-        let mut counts = std::collections::HashMap::<Vec<u32>, u64>::new();
-        let trials = 24_000u64;
-        for seed in 0..trials {
+        let (orders, chi) = orders_chi2(24, 24_000, |seed| {
             let mut v: Vec<u32> = (0..4).collect();
-            fisher_yates_fast(
-                &mut v,
-                &mut Namer::permutation(seed, 0).generator(NODE_LEAF),
-                seed % 2 == 0,
-            );
-            *counts.entry(v).or_default() += 1;
-        }
-        assert_eq!(counts.len(), 24);
-        let e = trials as f64 / 24.0;
-        let chi = chi2_flat(counts.values(), e);
+            let mut rng = Namer::permutation(seed, 0).generator(NODE_LEAF);
+            fisher_yates_fast(&mut v, &mut rng, seed % 2 == 0);
+            v
+        });
+        assert_eq!(orders, 24);
         assert!(chi < 49.73, "chi2 {chi}"); // p = 0.001 for 23 dof
     }
 
     #[test]
     fn inside_out_orders_equally_likely() {
         // The sub-bucket leaf shuffle on its own: all 24 orders of 4.
-        let mut counts = std::collections::HashMap::<Vec<u32>, u64>::new();
-        let trials = 24_000u64;
         let src: Vec<u32> = (0..4).collect();
-        for seed in 0..trials {
+        let (orders, chi) = orders_chi2(24, 24_000, |seed| {
             let mut v = vec![9u32; 4];
-            inside_out_fast(
-                &src,
-                &mut v,
-                &mut Namer::permutation(seed, 0).generator(NODE_LEAF),
-            );
-            *counts.entry(v).or_default() += 1;
-        }
-        assert_eq!(counts.len(), 24);
-        let e = trials as f64 / 24.0;
-        let chi = chi2_flat(counts.values(), e);
+            let mut rng = Namer::permutation(seed, 0).generator(NODE_LEAF);
+            inside_out_fast(&src, &mut v, &mut rng);
+            v
+        });
+        assert_eq!(orders, 24);
         assert!(chi < 49.73, "chi2 {chi}"); // p = 0.001 for 23 dof
     }
 

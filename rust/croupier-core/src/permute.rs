@@ -77,7 +77,6 @@ mod tests {
     use super::*;
     use crate::parshuffle::{fill, permutation};
     use crate::stream::Purpose;
-    use std::collections::HashMap;
 
     fn perm(n: u64, seed: u64, epoch: u64) -> Vec<u64> {
         permutation(n, seed, epoch).unwrap().to_u64_vec()
@@ -103,14 +102,8 @@ mod tests {
     #[test]
     fn all_orders_of_four_equally_likely() {
         // 24 orders, 48_000 seeds: chi-square with 23 degrees of freedom.
-        let mut counts: HashMap<Vec<u64>, u64> = HashMap::new();
-        let trials = 48_000u64;
-        for seed in 0..trials {
-            *counts.entry(perm(4, seed, 0)).or_default() += 1;
-        }
-        assert_eq!(counts.len(), 24);
-        let expected = trials as f64 / 24.0;
-        let chi2 = crate::testkit::chi2_flat(counts.values(), expected);
+        let (orders, chi2) = crate::testkit::orders_chi2(24, 48_000, |seed| perm(4, seed, 0));
+        assert_eq!(orders, 24);
         // P(chi2 > 49.73 | 23 dof) = 0.001.
         assert!(chi2 < 49.73, "chi2 = {chi2}");
     }

@@ -753,7 +753,7 @@ pub fn class_select<C: Classes>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::chi2_flat;
+    use crate::testkit::{chi2_flat, orders_chi2};
 
     /// Classes of explicit sizes, with value leaves of the given size.
     struct Sizes(Vec<u64>, u64);
@@ -892,14 +892,8 @@ mod tests {
     fn every_partition_of_a_small_set_is_equally_likely() {
         // n = 6 into sizes [2, 1, 3]: 6! / (2! 1! 3!) = 60 partitions.
         let sizes = [2u64, 1, 3];
-        let trials = 30_000u64;
-        let mut counts = std::collections::HashMap::new();
-        for base in 0..trials {
-            *counts.entry(all_classes(&sizes, base)).or_insert(0u64) += 1;
-        }
-        assert_eq!(counts.len(), 60);
-        let e = trials as f64 / 60.0;
-        let chi = chi2_flat(counts.values(), e);
+        let (partitions, chi) = orders_chi2(60, 30_000, |base| all_classes(&sizes, base));
+        assert_eq!(partitions, 60);
         // 59 dof; 99.9% quantile ~ 99.6.
         assert!(chi < 99.6, "chi2 {chi}");
     }
