@@ -16,6 +16,7 @@
 //! - [`torch`]: torch's CPU `randperm`, reproduced exactly (`order="torch"`).
 
 pub mod cellrng;
+mod combine;
 pub mod error;
 pub mod hypergeom;
 pub mod index;

@@ -12,9 +12,10 @@
 //!   `(seed, epoch, Permutation, 0)` (the permutation croupier has always produced for these
 //!   sizes).
 //! - Above: 64 buckets (labels are 6 bits, so no rejection). Values are labelled in stripes
-//!   of `STRIPE` (2**16; a share's blocks use 2**12); stripe `i` draws its labels from the generator `(…, 1 << 60 | i)`. One pass
-//!   counts the labels of every stripe, a second draws them again and writes each value to its
-//!   slot (bucket by bucket, stripe by stripe inside a bucket, increasing inside a stripe).
+//!   of `STRIPE` (2**16; a share's blocks use 2**12); stripe `i` draws its labels from the
+//!   generator `(…, 1 << 60 | i)`. One pass counts the labels of every stripe, a second draws
+//!   them again and writes each value to its slot (bucket by bucket, stripe by stripe inside a
+//!   bucket, increasing inside a stripe), staged in cache lines ([`crate::combine`]).
 //! - Each bucket is then shuffled the same way, recursively: a node of the bucket tree at
 //!   `depth` with path `p` (6 bits a level) that holds more than `LEAF` values is scattered
 //!   into 64 sub-buckets (labels from `(…, 2 << 60 | depth << 56 | p)`) through a scratch
@@ -49,6 +50,7 @@
 //! xoshiro256++ is integer-only, so the output is the same on every platform.
 
 use crate::cellrng::fold;
+use crate::combine::Combiner;
 use crate::error::Result;
 use crate::index::{check_len, try_with_capacity_huge, Index, Indices, U32_MAX_LEN};
 use crate::permute::{fisher_yates, swaps_with_lookahead};
@@ -428,18 +430,17 @@ unsafe fn level1<T: Index>(
     let plan = Plan::new(namer, n);
     let stripe = namer.stripe;
     (0..plan.starts.len()).into_par_iter().for_each(|i| {
-        let mut slot = plan.starts.get(i);
         let out = &out;
         let lo = i as u64 * stripe;
         let len = stripe.min(n - lo);
         let mut labels = namer.stripe_labels(i as u64);
+        // SAFETY: run k is this stripe's own range of bucket k, starting at its slot; the
+        // ranges are disjoint and inside [0, n) because they come from exact counts.
+        let mut combiner = unsafe { Combiner::<T>::new(out.0, &plan.starts.get(i)) };
         for v in lo..lo + len {
-            let k = labels.next();
-            // SAFETY: slot[k] walks this stripe's own range of bucket k; the ranges are
-            // disjoint and inside [0, n) because they come from exact counts.
-            unsafe { out.0.add(slot[k]).write(src(v)) };
-            slot[k] += 1;
+            combiner.push(labels.next(), src(v));
         }
+        combiner.finish();
     });
     plan.bounds
 }
@@ -578,13 +579,15 @@ fn shuffle_node<T: Index>(
     for (k, c) in counts.iter().enumerate() {
         bounds[k + 1] = bounds[k] + c;
     }
-    let mut at = bounds;
     let mut labels = Labels::new(namer.generator(SPLIT | id));
+    let from: [usize; FANOUT] = std::array::from_fn(|k| bounds[k]);
+    // SAFETY: run k fills scratch[bounds[k]..bounds[k+1]] exactly (the counts are exact),
+    // and `scratch` is borrowed exclusively here.
+    let mut combiner = unsafe { Combiner::<T>::new(scratch.as_mut_ptr(), &from) };
     for &x in part.iter() {
-        let k = labels.next();
-        scratch[at[k]] = x;
-        at[k] += 1;
+        combiner.push(labels.next(), x);
     }
+    combiner.finish();
     for s in 0..FANOUT {
         let (lo, hi) = (bounds[s], bounds[s + 1]);
         let child = child_path(depth, path, s as u64);
