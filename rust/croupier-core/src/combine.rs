@@ -23,21 +23,22 @@ const LINE_BYTES: usize = 64;
 #[repr(C, align(64))]
 struct Line([u8; LINE_BYTES]);
 
-/// Stages the values of `k` forward-moving runs of an output buffer in cache-line buffers (see
-/// the module documentation). Build it with [`Combiner::new`], [`Combiner::push`] each value to
-/// its run, then [`Combiner::finish`].
-pub(crate) struct Combiner<T> {
+/// Stages the values of `K` forward-moving runs of an output buffer (`K` a power of two) in
+/// cache-line buffers (see the module documentation). Build it with [`Combiner::new`],
+/// [`Combiner::push`] each value to its run, then [`Combiner::finish`]. The tables are arrays
+/// of `K` so that a run number masked to `K` needs no bounds check in the hot loop.
+pub(crate) struct Combiner<T, const K: usize> {
     out: *mut T,
     /// How many elements `out` lies past the cache-line boundary before it.
     skew: usize,
     /// Per run, the first position this writer owns.
-    from: Box<[usize]>,
+    from: [usize; K],
     /// Per run, the next position to write.
-    at: Box<[usize]>,
-    lines: Box<[Line]>,
+    at: [usize; K],
+    lines: [Line; K],
 }
 
-impl<T: Index> Combiner<T> {
+impl<T: Index, const K: usize> Combiner<T, K> {
     /// Values per line. `Index` is not sealed, so the element type is checked here, at compile
     /// time: a power-of-two size of at most a line, aligned to its size (u32 and u64 are).
     const PER_LINE: usize = {
@@ -57,34 +58,28 @@ impl<T: Index> Combiner<T> {
     /// position the pushes reach, and no one else may read or write the positions of any run
     /// from its start to its last push (other writers may own the positions just before and
     /// after, even in the same cache line: those lines are written value by value).
-    pub(crate) unsafe fn new(out: *mut T, from: &[usize]) -> Self {
+    pub(crate) unsafe fn new(out: *mut T, from: [usize; K]) -> Self {
+        const { assert!(K.is_power_of_two(), "a power-of-two number of runs") };
         let size = LINE_BYTES / Self::PER_LINE;
         debug_assert!((out as usize) % size == 0, "out is aligned to its elements");
         Combiner {
             out,
             skew: (out as usize % LINE_BYTES) / size,
-            from: from.into(),
-            at: from.into(),
-            lines: vec![Line([0; LINE_BYTES]); from.len()].into_boxed_slice(),
+            from,
+            at: from,
+            lines: [Line([0; LINE_BYTES]); K],
         }
     }
 
-    /// Writes `v` at the next position of run `k` (`k` below the number of runs).
+    /// Writes `v` at the next position of run `k` (`k < K`).
     #[inline(always)]
     pub(crate) fn push(&mut self, k: usize, v: T) {
+        debug_assert!(k < K, "run {k} of {K}");
+        let k = k & (K - 1);
         let p = self.at[k];
         let slot = (p + self.skew) & (Self::PER_LINE - 1);
-        // SAFETY: slot < PER_LINE, so the write stays inside line k (which exists: `at[k]`
-        // above was checked).
-        unsafe {
-            self.lines
-                .get_unchecked_mut(k)
-                .0
-                .as_mut_ptr()
-                .cast::<T>()
-                .add(slot)
-                .write(v)
-        };
+        // SAFETY: slot < PER_LINE, so the write stays inside line k.
+        unsafe { self.lines[k].0.as_mut_ptr().cast::<T>().add(slot).write(v) };
         self.at[k] = p + 1;
         if slot == Self::PER_LINE - 1 {
             self.flush(k, p + 1);
@@ -119,7 +114,7 @@ impl<T: Index> Combiner<T> {
     /// Writes the values still in the line buffers and orders the whole-line stores before
     /// anything that follows (so another thread may read the output afterwards).
     pub(crate) fn finish(mut self) {
-        for k in 0..self.at.len() {
+        for k in 0..K {
             let line_start = ((self.at[k] + self.skew) & !(Self::PER_LINE - 1))
                 .saturating_sub(self.skew)
                 .max(self.from[k]);
@@ -174,31 +169,31 @@ mod tests {
     /// `labels` by `writers` combiners, each taking a contiguous part of the labels (so the
     /// writers share the lines at their runs' ends) and finished in reverse order; the result
     /// must equal plain writes, and every position outside the runs must keep its sentinel.
-    fn check<T: Index + PartialEq>(
+    fn check<T: Index + PartialEq, const K: usize>(
         out: &mut [T],
         from: &[usize],
         labels: &[usize],
         writers: usize,
     ) {
         let mut expected = out.to_vec();
-        let mut at = from.to_vec();
-        let mut starts = vec![from.to_vec()];
+        let mut at: [usize; K] = from.try_into().unwrap();
+        let mut starts = vec![at];
         let part = labels.len().div_ceil(writers.max(1)).max(1);
         for (i, &k) in labels.iter().enumerate() {
             if i > 0 && i % part == 0 {
-                starts.push(at.clone());
+                starts.push(at);
             }
             expected[at[k]] = T::from_u64(i as u64 + 1000);
             at[k] += 1;
         }
         let ptr = out.as_mut_ptr();
-        let combiners: Vec<(usize, Combiner<T>)> = starts
+        let combiners: Vec<(usize, Combiner<T, K>)> = starts
             .iter()
             .enumerate()
             .map(|(w, start)| {
                 // SAFETY: writer w owns, in each run, the positions of its own labels, which
                 // follow the previous writer's in that run; all lie inside `out`.
-                (w * part, unsafe { Combiner::new(ptr, start) })
+                (w * part, unsafe { Combiner::new(ptr, *start) })
             })
             .collect();
         let mut finished = Vec::new();
@@ -217,7 +212,8 @@ mod tests {
     /// Runs of random lengths (0 to 3 lines and a bit, some empty), laid out in a random order
     /// with gaps, in a buffer sliced at every offset from a line boundary (so every skew of
     /// the output pointer occurs), by one to three writers.
-    fn sweep<T: Index + PartialEq>(runs: usize, seed: u64) {
+    fn sweep<T: Index + PartialEq, const K: usize>(seed: u64) {
+        let runs = K;
         let per_line = LINE_BYTES / std::mem::size_of::<T>();
         let mut rng = Stream::new(seed, 0, Purpose::Permutation, runs as u64);
         for offset in 0..per_line {
@@ -249,7 +245,7 @@ mod tests {
                         lines * per_line,
                     )
                 };
-                check(&mut all[offset..], &from, &labels, writers);
+                check::<T, K>(&mut all[offset..], &from, &labels, writers);
             }
         }
     }
@@ -257,10 +253,12 @@ mod tests {
     #[test]
     fn same_as_plain_writes_for_any_alignment_layout_and_writers() {
         for seed in 0..20 {
-            for runs in [1, 4, 64] {
-                sweep::<u32>(runs, seed);
-                sweep::<u64>(runs, seed);
-            }
+            sweep::<u32, 1>(seed);
+            sweep::<u64, 1>(seed);
+            sweep::<u32, 4>(seed);
+            sweep::<u64, 4>(seed);
+            sweep::<u32, 64>(seed);
+            sweep::<u64, 64>(seed);
         }
     }
 }

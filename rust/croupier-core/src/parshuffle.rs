@@ -191,6 +191,25 @@ impl Labels {
         c
     }
 
+    /// Calls `f` with each of the next `len` labels in turn (the labels [`Labels::next`] would
+    /// return), a word at a time.
+    #[inline(always)]
+    fn each(mut self, len: usize, mut f: impl FnMut(usize)) {
+        debug_assert_eq!(self.left, 0);
+        let mut left = len;
+        while left >= PER_WORD as usize {
+            let mut word = self.rng.next_u64();
+            for _ in 0..PER_WORD {
+                f((word & (FANOUT as u64 - 1)) as usize);
+                word >>= BITS;
+            }
+            left -= PER_WORD as usize;
+        }
+        for _ in 0..left {
+            f(self.next());
+        }
+    }
+
     fn new(rng: Xoshiro256PlusPlus) -> Self {
         Labels {
             rng,
@@ -433,13 +452,14 @@ unsafe fn level1<T: Index>(
         let out = &out;
         let lo = i as u64 * stripe;
         let len = stripe.min(n - lo);
-        let mut labels = namer.stripe_labels(i as u64);
         // SAFETY: run k is this stripe's own range of bucket k, starting at its slot; the
         // ranges are disjoint and inside [0, n) because they come from exact counts.
-        let mut combiner = unsafe { Combiner::<T>::new(out.0, &plan.starts.get(i)) };
-        for v in lo..lo + len {
-            combiner.push(labels.next(), src(v));
-        }
+        let mut combiner = unsafe { Combiner::<T, FANOUT>::new(out.0, plan.starts.get(i)) };
+        let mut v = lo;
+        namer.stripe_labels(i as u64).each(len as usize, |k| {
+            combiner.push(k, src(v));
+            v += 1;
+        });
         combiner.finish();
     });
     plan.bounds
@@ -579,14 +599,14 @@ fn shuffle_node<T: Index>(
     for (k, c) in counts.iter().enumerate() {
         bounds[k + 1] = bounds[k] + c;
     }
-    let mut labels = Labels::new(namer.generator(SPLIT | id));
     let from: [usize; FANOUT] = std::array::from_fn(|k| bounds[k]);
     // SAFETY: run k fills scratch[bounds[k]..bounds[k+1]] exactly (the counts are exact),
     // and `scratch` is borrowed exclusively here.
-    let mut combiner = unsafe { Combiner::<T>::new(scratch.as_mut_ptr(), &from) };
-    for &x in part.iter() {
-        combiner.push(labels.next(), x);
-    }
+    let mut combiner = unsafe { Combiner::<T, FANOUT>::new(scratch.as_mut_ptr(), from) };
+    let mut values = part.iter();
+    Labels::new(namer.generator(SPLIT | id)).each(part.len(), |k| {
+        combiner.push(k, *values.next().expect("one label per value"));
+    });
     combiner.finish();
     for s in 0..FANOUT {
         let (lo, hi) = (bounds[s], bounds[s + 1]);
