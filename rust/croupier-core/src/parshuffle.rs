@@ -231,28 +231,47 @@ impl Labels {
     }
 }
 
+/// Bounded draws for the leaf shuffles: Lemire's method on the 32-bit halves of the
+/// generator's words, low half first, then high half; a rejection draws a fresh word's high
+/// half (`next_u32`). Two draws a word is what makes a swap cost about 1 ns (see the module
+/// documentation).
+struct HalfWords<'r> {
+    rng: &'r mut Xoshiro256PlusPlus,
+    pending: Option<u32>,
+}
+
+impl<'r> HalfWords<'r> {
+    fn new(rng: &'r mut Xoshiro256PlusPlus) -> Self {
+        HalfWords { rng, pending: None }
+    }
+
+    /// A uniform integer in `[0, s)`, `s >= 1`.
+    #[inline(always)]
+    fn below(&mut self, s: u32) -> u32 {
+        let first = match self.pending.take() {
+            Some(high) => high,
+            None => {
+                let word = self.rng.next_u64();
+                self.pending = Some((word >> 32) as u32);
+                word as u32
+            }
+        };
+        let rng = &mut *self.rng;
+        lemire_u32(first, s, || rng.next_u32())
+    }
+}
+
 /// Durstenfeld's Fisher–Yates on `buf` (`len < 2**32`): swap number `s` exchanges position
-/// `len-1-s` with a uniform position in `[0, len-1-s]`, drawn by Lemire's method from 32-bit
-/// halves of the generator's words (low half first, then high half; a rejection draws a fresh
-/// word's high half). Past [`PREFETCH_FROM`] values the targets are drawn ahead and prefetched
-/// (same draws, same swaps): that pays once `buf` outgrows L2, and costs inside it (on the VM
+/// `len-1-s` with a uniform position in `[0, len-1-s]`, drawn by [`HalfWords`]. Past
+/// [`PREFETCH_FROM`] values the targets are drawn ahead and prefetched (same draws, same
+/// swaps): that pays once `buf` outgrows L2, and costs inside it (on the VM
 /// of the README, timing the leaves of a 1e9 permutation, 244k-value leaves took 3.3 ns a swap
 /// with prefetching, 2.0 ns without).
 fn fisher_yates_fast<T: Index>(buf: &mut [T], rng: &mut Xoshiro256PlusPlus, prefetch: bool) {
     let n = buf.len();
     debug_assert!(n as u64 <= u64::from(u32::MAX));
-    let mut pending: Option<u32> = None;
-    let mut draw = |s: usize| {
-        let first = match pending.take() {
-            Some(high) => high,
-            None => {
-                let word = rng.next_u64();
-                pending = Some((word >> 32) as u32);
-                word as u32
-            }
-        };
-        lemire_u32(first, (n - s) as u32, || rng.next_u32()) as usize
-    };
+    let mut draws = HalfWords::new(rng);
+    let mut draw = |s: usize| draws.below((n - s) as u32) as usize;
     let swaps = n.saturating_sub(1);
     if prefetch {
         swaps_with_lookahead::<_, LEAF_LOOKAHEAD>(buf, swaps, |s| n - 1 - s, draw);
@@ -266,9 +285,9 @@ fn fisher_yates_fast<T: Index>(buf: &mut [T], rng: &mut Xoshiro256PlusPlus, pref
 
 /// The inside-out Fisher–Yates from `src` into `dst` (equal lengths, below 2**32): for
 /// `i = 1, 2, …` with `j` uniform in `[0, i]`, `dst[i] = dst[j]` and `dst[j] = src[i]`
-/// (`dst[0] = src[0]` first). The draws are made as in [`fisher_yates_fast`]: Lemire's method
-/// on 32-bit halves of the generator's words. Every order of `src` is equally likely, and the
-/// values move once, so a leaf scattered into a scratch buffer needs no copy back.
+/// (`dst[0] = src[0]` first), with `j` drawn by [`HalfWords`]. Every order of `src` is
+/// equally likely, and the values move once, so a leaf scattered into a scratch buffer needs
+/// no copy back.
 fn inside_out_fast<T: Index>(src: &[T], dst: &mut [T], rng: &mut Xoshiro256PlusPlus) {
     let n = src.len();
     assert_eq!(n, dst.len());
@@ -276,18 +295,10 @@ fn inside_out_fast<T: Index>(src: &[T], dst: &mut [T], rng: &mut Xoshiro256PlusP
     if n == 0 {
         return;
     }
-    let mut pending: Option<u32> = None;
+    let mut draws = HalfWords::new(rng);
     dst[0] = src[0];
     for i in 1..n {
-        let first = match pending.take() {
-            Some(high) => high,
-            None => {
-                let word = rng.next_u64();
-                pending = Some((word >> 32) as u32);
-                word as u32
-            }
-        };
-        let j = lemire_u32(first, (i + 1) as u32, || rng.next_u32()) as usize;
+        let j = draws.below((i + 1) as u32) as usize;
         dst[i] = dst[j];
         dst[j] = src[i];
     }
