@@ -38,7 +38,7 @@ pub(crate) struct Combiner<T, const K: usize> {
     /// Per run, the first position this writer owns.
     from: [usize; K],
     /// Per run, the output position of slot 0 of its staging line (a line boundary of the
-    /// output; before `from[k]`, possibly before the buffer, while the first line is partial).
+    /// output; at or before `from[k]`, possibly before the buffer, while the first line is partial).
     line_at: [isize; K],
     /// Per run, the byte offset in `lines` of the next slot to fill: inside line `k`, or at
     /// the start of line `k + 1` just before a flush.
@@ -198,13 +198,16 @@ mod tests {
 
     /// Values 1000, 1001, … scattered to runs starting at `from[k]` of `out` in the order of
     /// `labels` by `writers` combiners, each taking a contiguous part of the labels (so the
-    /// writers share the lines at their runs' ends) and finished in reverse order; the result
-    /// must equal plain writes, and every position outside the runs must keep its sentinel.
+    /// writers share the lines at their runs' ends) and finished in reverse order or in order
+    /// (so that each writer's partial lines are written both before and after its
+    /// neighbours' whole lines); the result must equal plain writes, and every position
+    /// outside the runs must keep its sentinel.
     fn check<T: Index + PartialEq, const K: usize>(
         out: &mut [T],
         from: &[usize],
         labels: &[usize],
         writers: usize,
+        reverse: bool,
     ) {
         let mut expected = out.to_vec();
         let mut at: [usize; K] = from.try_into().unwrap();
@@ -233,6 +236,9 @@ mod tests {
                 c.push(k, T::from_u64(i as u64 + 1000));
             }
             finished.push(c);
+        }
+        if !reverse {
+            finished.reverse();
         }
         while let Some(c) = finished.pop() {
             c.finish();
@@ -265,18 +271,20 @@ mod tests {
                     .collect();
                 fisher_yates(&mut labels, &mut rng);
                 let labels: Vec<usize> = labels.iter().map(|&k| k as usize).collect();
-                // A line-aligned buffer (a slice of `Line`s), sliced at `offset` elements.
-                let lines = (offset + at + 2 * per_line).div_ceil(per_line);
-                let mut backing = vec![Line([0x5a; LINE_BYTES]); lines];
-                // SAFETY: the `Line`s are plain bytes, 64-byte aligned, and every bit pattern
-                // is a valid u32 or u64.
-                let all = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        backing.as_mut_ptr().cast::<T>(),
-                        lines * per_line,
-                    )
-                };
-                check::<T, K>(&mut all[offset..], &from, &labels, writers);
+                for reverse in [true, false] {
+                    // A line-aligned buffer (a slice of `Line`s), sliced at `offset` elements.
+                    let lines = (offset + at + 2 * per_line).div_ceil(per_line);
+                    let mut backing = vec![Line([0x5a; LINE_BYTES]); lines];
+                    // SAFETY: the `Line`s are plain bytes, 64-byte aligned, and every bit pattern
+                    // is a valid u32 or u64.
+                    let all = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            backing.as_mut_ptr().cast::<T>(),
+                            lines * per_line,
+                        )
+                    };
+                    check::<T, K>(&mut all[offset..], &from, &labels, writers, reverse);
+                }
             }
         }
     }

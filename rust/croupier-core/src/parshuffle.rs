@@ -166,6 +166,9 @@ struct Labels {
 const PER_WORD: u32 = 64 / BITS;
 /// From this many labels on, [`Labels::count`] counts them in pairs.
 const PAIRS_FROM: usize = 1 << 14;
+/// Words counted between folds of the pair table: a word adds at most 5 to one entry, so
+/// no `u32` entry overflows.
+const FOLD_WORDS: usize = (u32::MAX / (PER_WORD / 2)) as usize;
 
 impl Labels {
     /// How many of the next `len` labels fall in each bucket (the labels [`Labels::next`]
@@ -177,15 +180,21 @@ impl Labels {
     /// table (second-level counts of a 3e8 permutation: 0.12–0.18 against 0.28–0.31
     /// CPU-seconds, three interleaved pairs on the README's VM). Shorter runs count label by
     /// label into four tables, so that repeated labels do not wait on each other's increments.
-    fn count(mut self, len: usize) -> [usize; FANOUT] {
+    fn count(self, len: usize) -> [usize; FANOUT] {
+        self.count_folding_every(len, FOLD_WORDS)
+    }
+
+    /// [`Labels::count`], folding the pair table every `fold` words at most (tests pass
+    /// small ones to reach the folds).
+    fn count_folding_every(mut self, len: usize, fold: usize) -> [usize; FANOUT] {
         debug_assert_eq!(self.left, 0);
+        assert!(fold > 0 && fold <= FOLD_WORDS, "fold in [1, FOLD_WORDS]");
         let mut c = [0usize; FANOUT];
         let mut words = len / PER_WORD as usize;
         if len >= PAIRS_FROM {
             let mut pairs = [0u32; FANOUT * FANOUT];
             while words > 0 {
-                // At most u32::MAX words between folds, so no pair count overflows.
-                let round = words.min(u32::MAX as usize);
+                let round = words.min(fold);
                 for _ in 0..round {
                     let mut word = self.rng.next_u64();
                     for _ in 0..PER_WORD / 2 {
@@ -330,7 +339,8 @@ fn inside_out_fast<T: Index>(src: &[T], dst: &mut [T], rng: &mut Xoshiro256PlusP
     let mut step = |i: usize, half: u32, rng: &mut Xoshiro256PlusPlus| {
         let j = below(half, (i + 1) as u32, rng);
         debug_assert!(j <= i && i < n);
-        // SAFETY: j <= i < n = dst.len() = src.len() (the draw is below i + 1).
+        // SAFETY: i < n = dst.len() = src.len(), and j <= i: Lemire's draw is below its bound
+        // i + 1, which fits in u32 because n <= 2**32 (the callers' leaves are far smaller).
         unsafe {
             *dst.get_unchecked_mut(i) = *dst.get_unchecked(j);
             *dst.get_unchecked_mut(j) = *src.get_unchecked(i);
@@ -979,19 +989,11 @@ mod tests {
     #[test]
     fn counts_are_the_labels_counted_one_by_one() {
         // Both ways of counting (label by label below PAIRS_FROM, in pairs from it), with
-        // every tail length of a word.
-        for len in [
-            0,
-            1,
-            9,
-            10,
-            11,
-            1000,
-            PAIRS_FROM - 1,
-            PAIRS_FROM,
-            PAIRS_FROM + 7,
-            100_003,
-        ] {
+        // every tail length of a word on both sides of PAIRS_FROM.
+        let lens = (0..=20)
+            .chain(PAIRS_FROM - 10..=PAIRS_FROM + 10)
+            .chain([1000, 100_003]);
+        for len in lens {
             let labels = || Namer::permutation(3, 4).stripe_labels(len as u64);
             let mut expected = [0usize; FANOUT];
             let mut one_by_one = labels();
@@ -999,7 +1001,84 @@ mod tests {
                 expected[one_by_one.next()] += 1;
             }
             assert_eq!(labels().count(len), expected, "len = {len}");
+            // Folding the pair table often (and at every word) changes nothing.
+            for fold in [1, 7] {
+                let folded = labels().count_folding_every(len, fold);
+                assert_eq!(folded, expected, "len = {len}, fold = {fold}");
+            }
         }
+    }
+
+    /// Draws as the leaf shuffles' documentation states them, one at a time, carrying the
+    /// pending high half: Lemire on the low half of a fresh word, then on its high half,
+    /// rejections drawing fresh words' high halves. Counts the rejections.
+    struct OneAtATime {
+        rng: Xoshiro256PlusPlus,
+        pending: Option<u32>,
+        rejections: usize,
+    }
+
+    impl OneAtATime {
+        fn below(&mut self, s: u32) -> usize {
+            let half = self.pending.take().unwrap_or_else(|| {
+                let word = self.rng.next_u64();
+                self.pending = Some((word >> 32) as u32);
+                word as u32
+            });
+            let rng = &mut self.rng;
+            let rejections = &mut self.rejections;
+            lemire_u32(half, s, || {
+                *rejections += 1;
+                rng.next_u32()
+            }) as usize
+        }
+    }
+
+    #[test]
+    fn leaf_shuffles_draw_one_half_word_at_a_time_through_rejections() {
+        // Near 1e6 values a shuffle meets about a hundred rejections, so the pairing of the
+        // halves around them is exercised (both parities of n; small n for the ends).
+        let mut rejections = 0;
+        for n in [0usize, 1, 2, 3, 4, 1_000_003, 1_000_004] {
+            let generator = || Namer::permutation(8, 9).generator(NODE_LEAF | n as u64);
+            let src: Vec<u32> = (0..n as u32).map(|x| x ^ 0x5555).collect();
+            let mut draws = OneAtATime {
+                rng: generator(),
+                pending: None,
+                rejections: 0,
+            };
+            let mut expected = src.clone();
+            for s in 0..n.saturating_sub(1) {
+                let j = draws.below((n - s) as u32);
+                expected.swap(n - 1 - s, j);
+            }
+            for prefetch in [false, true] {
+                let mut v = src.clone();
+                fisher_yates_fast(&mut v, &mut generator(), prefetch);
+                assert_eq!(v, expected, "Fisher-Yates, n = {n}, prefetch = {prefetch}");
+            }
+            rejections += draws.rejections;
+            let mut draws = OneAtATime {
+                rng: generator(),
+                pending: None,
+                rejections: 0,
+            };
+            let mut expected = vec![0u32; n];
+            for i in 0..n {
+                let j = if i == 0 {
+                    0
+                } else {
+                    draws.below((i + 1) as u32)
+                };
+                expected[i] = expected[j];
+                expected[j] = src[i];
+            }
+            let mut v = vec![7u32; n];
+            inside_out_fast(&src, &mut v, &mut generator());
+            assert_eq!(v, expected, "inside-out, n = {n}");
+            rejections += draws.rejections;
+        }
+        assert!(rejections > 50, "only {rejections} rejections met");
     }
 
     #[test]
