@@ -31,14 +31,15 @@ struct Line([u8; LINE_BYTES]);
 /// A push is one load of the run's fill offset, the store of the value into the staging lines
 /// at that offset, and the store of the offset moved on; a line is full when the offset reaches
 /// the next line. (Tracking the output position per run and deriving the slot from it took
-/// four more instructions a value: 3.0 against 2.4 ns a push on the README's VM, staging
+/// five more instructions a value: 3.0 against 2.4 ns a push on the README's VM, staging
 /// 2**28 pushes through a 256 KiB output.)
 pub(crate) struct Combiner<T, const K: usize> {
     out: *mut T,
     /// Per run, the first position this writer owns.
     from: [usize; K],
-    /// Per run, the output position of slot 0 of its staging line (a line boundary of the
-    /// output; at or before `from[k]`, possibly before the buffer, while the first line is partial).
+    /// Per run, the output position of slot 0 of its staging line: a line boundary of the
+    /// output, at or before `from[k]` (possibly before the buffer) while the first line is
+    /// partial.
     line_at: [isize; K],
     /// Per run, the byte offset in `lines` of the next slot to fill: inside line `k`, or at
     /// the start of line `k + 1` just before a flush.

@@ -277,7 +277,7 @@ impl Labels {
 /// one loop step, rather than carrying the pending half from call to call, took about a fifth
 /// off the inside-out leaves (3e8 permutation: 0.75–0.81 against 0.94–1.02 of the second-level
 /// scatter's time in the same runs, four interleaved pairs) and off the plain Fisher–Yates
-/// leaves (1.6e7: 0.43 against 0.53 CPU-seconds over six pairs), on the README's VM.
+/// leaves (1.6e7: 0.43 against 0.53 CPU-seconds summed over six pairs), on the README's VM.
 #[inline(always)]
 fn below(half: u32, s: u32, rng: &mut Xoshiro256PlusPlus) -> usize {
     lemire_u32(half, s, || rng.next_u32()) as usize
