@@ -23,6 +23,7 @@ pub mod index;
 pub mod parshuffle;
 pub mod partition;
 pub mod permute;
+mod seekable;
 pub mod share;
 pub mod split;
 pub mod stream;

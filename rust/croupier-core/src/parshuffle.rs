@@ -12,7 +12,7 @@
 //!   `(seed, epoch, Permutation, 0)` (the permutation croupier has always produced for these
 //!   sizes).
 //! - Above: 64 buckets (labels are 6 bits, so no rejection). Values are labelled in stripes
-//!   of `STRIPE` (2**16; a share's blocks use 2**12); stripe `i` draws its labels from the
+//!   of `STRIPE` (2**16); stripe `i` draws its labels from the
 //!   generator `(…, 1 << 60 | i)`. One pass counts the labels of every stripe, a second draws
 //!   them again and writes each value to its slot (bucket by bucket, stripe by stripe inside a
 //!   bucket, increasing inside a stripe), staged in cache lines ([`crate::combine`]).
@@ -23,15 +23,9 @@
 //!   in place for a level-1 bucket, and for a sub-bucket by the inside-out variant from the
 //!   scratch buffer back into place, which saves copying it back.
 //!
-//! # Reading positions without shuffling
-//!
-//! Because every label is drawn from a generator named by its stripe or node, the input that
-//! lands at an output position can be found without moving anything (`positions`): count the
-//! level-1 labels (one pass, no writes), shuffle only the leaf bucket holding the position,
-//! and draw again only the stripes holding the wanted inputs. A rank's long blocks in
-//! `order="fast"` ([`crate::share`]) use this shuffle with their own `Namer` and shorter
-//! stripes, so a resume reads its first positions in milliseconds; their bulk path feeds the
-//! level-1 scatter straight from the partition walk (`Scatter`).
+//! A rank's long blocks in `order="fast"` use a different bucket shuffle, one with buckets of
+//! fixed sizes that can be read at any position ([`crate::seekable`]); this one, with random
+//! bucket sizes, needs no hypergeometric draws and is the faster in bulk.
 //!
 //! Every generator is named by stripe and bucket numbers that depend on `n` alone, so the
 //! result is the same for every number of threads. Stripes and buckets are spread over threads
@@ -42,8 +36,7 @@
 //!
 //! Above `SMALL` the bulk draws come from xoshiro256++ (Blackman and Vigna, via `rand_xoshiro`)
 //! whose 256-bit state is the first 32 bytes of the ChaCha8 stream `(seed, epoch, Permutation,
-//! id)` (for a share's block, `(seed, epoch, ShareBuckets, fold(salt, id))`, see `Namer`), not
-//! from ChaCha itself: a Fisher–Yates swap costs 1.05 ns with xoshiro256++ (two
+//! id)` ([`keyed_xoshiro`]), not from ChaCha itself: a Fisher–Yates swap costs 1.05 ns with xoshiro256++ (two
 //! 32-bit draws from each 64-bit word) against 2.4 ns with ChaCha8 on the 2-core VM of the
 //! README (a scratch timing loop over a 250k-value buffer in L2), and these draws are most of
 //! the work. ChaCha keying keeps the generators of different ids as good as independent, and
@@ -58,7 +51,6 @@ use crate::stream::{lemire_u32, Purpose, Stream};
 use rand_core::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
-use std::marker::PhantomData;
 
 /// Up to this length the permutation is one Fisher–Yates in cache.
 pub const SMALL: u64 = 1 << 15;
@@ -83,10 +75,10 @@ pub(crate) const LEAF: usize = 1 << 21;
 const LEVEL1: u64 = 1 << 60;
 const SPLIT: u64 = 2 << 60;
 const NODE_LEAF: u64 = 3 << 60;
-const PATH_BITS: u32 = 56;
+pub(crate) const PATH_BITS: u32 = 56;
 
 /// The path of child `s` of the node at `depth` with `path` (see the generator ids above).
-fn child_path(depth: u64, path: u64, s: u64) -> u64 {
+pub(crate) fn child_path(depth: u64, path: u64, s: u64) -> u64 {
     if u64::from(BITS) * (depth + 1) <= u64::from(PATH_BITS) {
         path << BITS | s
     } else {
@@ -96,58 +88,41 @@ fn child_path(depth: u64, path: u64, s: u64) -> u64 {
 
 /// A raw pointer that threads may share because they write disjoint positions.
 #[derive(Clone, Copy)]
-struct Shared<T>(*mut T);
+pub(crate) struct Shared<T>(pub(crate) *mut T);
 // SAFETY: every user writes positions no other thread touches (disjoint slots computed from
 // exact counts) of a buffer borrowed for as long as the writers live (`level1` holds `out`
-// through its parallel section, `Scatter` carries the borrow's lifetime).
+// through its parallel section, `seekable::Dealer` carries the borrow's lifetime).
 unsafe impl<T: Send> Send for Shared<T> {}
 unsafe impl<T: Send> Sync for Shared<T> {}
 
-/// Names the generators of one shuffle and sets its level-1 stripe length.
-///
-/// A generator is xoshiro256++ seeded with the first 32 bytes of the ChaCha8 stream
-/// `(seed, epoch, purpose, id')` (see the module documentation), where `id'` is the generator's
-/// id itself for [`permutation`] and the id folded into a salt for the shuffles of a rank's
-/// blocks ([`crate::share`]), which are many per epoch.
+/// xoshiro256++ seeded with the first 32 bytes of the ChaCha8 stream `(seed, epoch, purpose,
+/// id)`: fast bulk draws from a keyed, platform-independent stream (module documentation).
+pub(crate) fn keyed_xoshiro(
+    seed: u64,
+    epoch: u64,
+    purpose: Purpose,
+    id: u64,
+) -> Xoshiro256PlusPlus {
+    let mut state = [0u8; 32];
+    Stream::new(seed, epoch, purpose, id).fill_bytes(&mut state);
+    Xoshiro256PlusPlus::from_seed(state)
+}
+
+/// Names the generators of [`permutation`]`(n, seed, epoch)`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Namer {
     seed: u64,
     epoch: u64,
-    purpose: Purpose,
-    salt: Option<u64>,
-    stripe: u64,
 }
 
 impl Namer {
     /// The generators of [`permutation`]`(n, seed, epoch)`.
     pub(crate) fn permutation(seed: u64, epoch: u64) -> Self {
-        Namer {
-            seed,
-            epoch,
-            purpose: Purpose::Permutation,
-            salt: None,
-            stripe: STRIPE,
-        }
-    }
-
-    /// Generators of `purpose` whose ids are folded into `salt`, with level-1 stripes of
-    /// `stripe` values (a power of two).
-    pub(crate) fn salted(seed: u64, epoch: u64, purpose: Purpose, salt: u64, stripe: u64) -> Self {
-        assert!(stripe.is_power_of_two(), "stripes are a power of two");
-        Namer {
-            seed,
-            epoch,
-            purpose,
-            salt: Some(salt),
-            stripe,
-        }
+        Namer { seed, epoch }
     }
 
     fn generator(&self, id: u64) -> Xoshiro256PlusPlus {
-        let id = self.salt.map_or(id, |salt| fold(salt, id));
-        let mut state = [0u8; 32];
-        Stream::new(self.seed, self.epoch, self.purpose, id).fill_bytes(&mut state);
-        Xoshiro256PlusPlus::from_seed(state)
+        keyed_xoshiro(self.seed, self.epoch, Purpose::Permutation, id)
     }
 
     fn stripe_labels(&self, stripe: u64) -> Labels {
@@ -289,7 +264,11 @@ fn below(half: u32, s: u32, rng: &mut Xoshiro256PlusPlus) -> usize {
 /// and prefetched (same draws, same swaps): that pays once `buf` outgrows L2, and costs inside
 /// it (on the VM of the README, timing the leaves of a 1e9 permutation, 244k-value leaves took
 /// 3.3 ns a swap with prefetching, 2.0 ns without).
-fn fisher_yates_fast<T: Index>(buf: &mut [T], rng: &mut Xoshiro256PlusPlus, prefetch: bool) {
+pub(crate) fn fisher_yates_fast<T: Index>(
+    buf: &mut [T],
+    rng: &mut Xoshiro256PlusPlus,
+    prefetch: bool,
+) {
     let n = buf.len();
     debug_assert!(n as u64 <= u64::from(u32::MAX));
     let swaps = n.saturating_sub(1);
@@ -328,7 +307,7 @@ fn fisher_yates_fast<T: Index>(buf: &mut [T], rng: &mut Xoshiro256PlusPlus, pref
 /// (`dst[0] = src[0]` first), with `j` drawn by [`below`], two steps a word. Every order of
 /// `src` is equally likely, and the values move once, so a leaf scattered into a scratch
 /// buffer needs no copy back.
-fn inside_out_fast<T: Index>(src: &[T], dst: &mut [T], rng: &mut Xoshiro256PlusPlus) {
+pub(crate) fn inside_out_fast<T: Index>(src: &[T], dst: &mut [T], rng: &mut Xoshiro256PlusPlus) {
     let n = src.len();
     assert_eq!(n, dst.len());
     debug_assert!(n as u64 <= u64::from(u32::MAX));
@@ -359,7 +338,7 @@ fn inside_out_fast<T: Index>(src: &[T], dst: &mut [T], rng: &mut Xoshiro256PlusP
 }
 
 /// Leaves longer than this (1 MiB of `u32`) are shuffled with prefetching.
-const PREFETCH_FROM: usize = 1 << 18;
+pub(crate) const PREFETCH_FROM: usize = 1 << 18;
 /// How far ahead leaf targets are prefetched: on the VM of the README, 1e8 values in 64 leaves
 /// of 6 MiB took 0.15 s with 64, 0.175 s with 32, 0.19 s with 16 and 0.18 s with 128.
 const LEAF_LOOKAHEAD: usize = 64;
@@ -410,7 +389,7 @@ fn fresh<T: Index>(n: u64, seed: u64, epoch: u64) -> Result<Vec<T>> {
 /// Per stripe of `[0, n)`, how many of its level-1 labels fall in each bucket (a stripe holds
 /// at most 2**16 values, so `u32` counts).
 fn stripe_counts(n: u64, namer: &Namer) -> Vec<[u32; FANOUT]> {
-    let stripe = namer.stripe;
+    let stripe = STRIPE;
     debug_assert!(stripe <= 1 << 16);
     (0..n.div_ceil(stripe))
         .into_par_iter()
@@ -424,8 +403,7 @@ fn stripe_counts(n: u64, namer: &Namer) -> Vec<[u32; FANOUT]> {
 }
 
 /// Per stripe, where its values of each bucket start: `u32` offsets when the shuffle holds at
-/// most 2**32 values (a share's long blocks keep these tables for the whole partition walk, so
-/// half the memory matters: 1/64 of a `u32` output), `u64` beyond.
+/// most 2**32 values (half the memory, 1/64 of a `u32` output), `u64` beyond.
 enum Starts {
     Narrow(Vec<[u32; FANOUT]>),
     Wide(Vec<[u64; FANOUT]>),
@@ -449,16 +427,14 @@ impl Starts {
 
 /// The level-1 layout of a bucket shuffle of `n` values: where each stripe's values of each
 /// bucket go (bucket by bucket, stripe by stripe inside a bucket), and the bucket bounds.
-pub(crate) struct Plan {
-    namer: Namer,
-    n: u64,
+struct Plan {
     starts: Starts,
     bounds: Vec<usize>,
 }
 
 impl Plan {
     /// Counts the labels of every stripe (in parallel) and lays the buckets out.
-    pub(crate) fn new(namer: &Namer, n: u64) -> Self {
+    fn new(namer: &Namer, n: u64) -> Self {
         let mut counts = stripe_counts(n, namer);
         let mut bounds = vec![0usize; FANOUT + 1];
         let starts = if n <= u64::from(u32::MAX) {
@@ -486,18 +462,7 @@ impl Plan {
             Starts::Wide(starts)
         };
         debug_assert_eq!(bounds[FANOUT] as u64, n);
-        Plan {
-            namer: *namer,
-            n,
-            starts,
-            bounds,
-        }
-    }
-
-    /// Shuffles every bucket of `out`, a buffer the values were scattered into by this plan.
-    pub(crate) fn finish<T: Index>(&self, out: &mut [T]) {
-        assert_eq!(out.len() as u64, self.n);
-        level2(out, &self.bounds, &self.namer, LEAF);
+        Plan { starts, bounds }
     }
 }
 
@@ -512,7 +477,7 @@ unsafe fn level1<T: Index>(
     src: impl Fn(u64) -> T + Sync,
 ) -> Vec<usize> {
     let plan = Plan::new(namer, n);
-    let stripe = namer.stripe;
+    let stripe = STRIPE;
     (0..plan.starts.len()).into_par_iter().for_each(|i| {
         let out = &out;
         let lo = i as u64 * stripe;
@@ -528,89 +493,6 @@ unsafe fn level1<T: Index>(
         combiner.finish();
     });
     plan.bounds
-}
-
-/// Writes a run of consecutive inputs `[next, end)` of a [`Plan`] to their level-1 slots, as
-/// they arrive: the share's blocks are scattered straight from the partition walk this way,
-/// without a second buffer. Parts split off with [`Scatter::split`] can run on other threads.
-pub(crate) struct Scatter<'p, T> {
-    plan: &'p Plan,
-    out: Shared<T>,
-    next: u64,
-    end: u64,
-    labels: Option<Labels>,
-    slot: [usize; FANOUT],
-    /// The parts of a scatter hold the output buffer's exclusive borrow together.
-    _out: PhantomData<&'p mut [T]>,
-}
-
-impl<'p, T: Index> Scatter<'p, T> {
-    /// A scatter of all `plan.n` inputs into `out` (exactly `plan.n` long).
-    pub(crate) fn new(plan: &'p Plan, out: &'p mut [T]) -> Self {
-        assert_eq!(
-            out.len() as u64,
-            plan.n,
-            "the output holds the plan's inputs"
-        );
-        Scatter {
-            plan,
-            out: Shared(out.as_mut_ptr()),
-            next: 0,
-            end: plan.n,
-            labels: None,
-            slot: [0; FANOUT],
-            _out: PhantomData,
-        }
-    }
-
-    /// The parts for the next `count` inputs and for the ones after them.
-    pub(crate) fn split(self, count: u64) -> (Self, Self) {
-        assert!(count <= self.end - self.next, "split beyond the run");
-        let mid = self.next + count;
-        let part = |next, end| Scatter {
-            plan: self.plan,
-            out: self.out,
-            next,
-            end,
-            labels: None,
-            slot: [0; FANOUT],
-            _out: PhantomData,
-        };
-        (part(self.next, mid), part(mid, self.end))
-    }
-
-    /// Positions the labels and slots at input `next`: at the start of its stripe, then
-    /// forward through the stripe's earlier labels.
-    #[cold]
-    fn seek(&mut self) {
-        let stripe = self.plan.namer.stripe;
-        let s = self.next / stripe;
-        let mut labels = self.plan.namer.stripe_labels(s);
-        self.slot = self.plan.starts.get(s as usize);
-        for _ in s * stripe..self.next {
-            self.slot[labels.next()] += 1;
-        }
-        self.labels = Some(labels);
-    }
-
-    /// Writes the next input.
-    #[inline(always)]
-    pub(crate) fn push(&mut self, v: T) {
-        assert!(self.next < self.end, "more inputs than the run holds");
-        if self.labels.is_none() || self.next & (self.plan.namer.stripe - 1) == 0 {
-            self.seek();
-        }
-        let k = self.labels.as_mut().map_or(0, Labels::next);
-        let at = self.slot[k];
-        // SAFETY: `out` is the plan's n slots, borrowed exclusively by this scatter and its
-        // parts for 'p. Input `next` (each input of [0, n) comes once: parts hold disjoint
-        // runs, and the assert above keeps a part in its run) goes to the slot after its
-        // stripe's earlier inputs of bucket k: distinct for distinct inputs and below n, from
-        // exact counts.
-        unsafe { self.out.0.add(at).write(v) };
-        self.slot[k] = at + 1;
-        self.next += 1;
-    }
 }
 
 /// Shuffles every level-1 bucket (in parallel) with [`shuffle_node`].
@@ -693,129 +575,6 @@ fn shuffle_node<T: Index>(
         );
         part[lo..hi].copy_from_slice(&scratch[lo..hi]);
     }
-}
-
-/// Random access to the bucket shuffle of `n` values named by `namer` (with leaves of at most
-/// `leaf`): for each output position `q` in `[q0, q1)`, the input position whose value lands
-/// there. For the identity input these are the values of the permutation itself (for
-/// `n > SMALL`: [`permutation`] shuffles smaller `n` by one ChaCha Fisher–Yates instead).
-///
-/// The cost is one pass of label counting over `[0, n)`, a Fisher–Yates of each leaf bucket
-/// the positions fall in, and for every position one stripe of labels drawn again to find its
-/// input position: about `n / 2e9` seconds plus microseconds per position, against `O(n)`
-/// memory traffic for the whole shuffle.
-pub(crate) fn positions(namer: &Namer, n: u64, q0: u64, q1: u64, leaf: usize) -> Vec<u64> {
-    assert!(q0 <= q1 && q1 <= n, "positions out of range");
-    let mut out = Vec::with_capacity((q1 - q0) as usize);
-    if q0 == q1 {
-        return out;
-    }
-    let counts = stripe_counts(n, namer);
-    let mut lo = 0u64;
-    for k in 0..FANOUT {
-        let m: u64 = counts.iter().map(|c| c[k] as u64).sum();
-        let (a, b) = (q0.max(lo), q1.min(lo + m));
-        if a < b {
-            let local = node_positions(namer, m, (a - lo, b - lo), leaf, 1, k as u64);
-            let mut to = vec![0u64; local.len()];
-            let per_stripe: Vec<u64> = counts.iter().map(|c| u64::from(c[k])).collect();
-            select_labelled(&local, k, &mut to, (&per_stripe, namer.stripe), |s| {
-                namer.stripe_labels(s as u64)
-            });
-            out.extend(to);
-        }
-        lo += m;
-    }
-    out
-}
-
-/// [`positions`] inside node `path` at `depth` of the bucket tree, of `m` values: node-local
-/// input positions of node-local output positions `[a, b)`.
-fn node_positions(
-    namer: &Namer,
-    m: u64,
-    (a, b): (u64, u64),
-    leaf: usize,
-    depth: u64,
-    path: u64,
-) -> Vec<u64> {
-    let id = depth.min(15) << PATH_BITS | path;
-    if m <= leaf as u64 {
-        // The shuffle `shuffle_node` makes on the leaf, applied to its positions: Fisher–Yates
-        // in place for a level-1 bucket, inside-out from the scatter buffer below.
-        let ident: Vec<u32> = (0..m as u32).collect();
-        let mut rng = namer.generator(NODE_LEAF | id);
-        let v = if depth == 1 {
-            let mut v = ident;
-            fisher_yates_fast(&mut v, &mut rng, false);
-            v
-        } else {
-            let mut v = vec![0u32; m as usize];
-            inside_out_fast(&ident, &mut v, &mut rng);
-            v
-        };
-        return v[a as usize..b as usize]
-            .iter()
-            .map(|&x| u64::from(x))
-            .collect();
-    }
-    let counts = Labels::new(namer.generator(SPLIT | id)).count(m as usize);
-    let mut out = Vec::with_capacity((b - a) as usize);
-    let mut lo = 0u64;
-    for (s, &c) in counts.iter().enumerate() {
-        let c = c as u64;
-        let (x, y) = (a.max(lo), b.min(lo + c));
-        if x < y {
-            let child = child_path(depth, path, s as u64);
-            let local = node_positions(namer, c, (x - lo, y - lo), leaf, depth + 1, child);
-            let mut to = vec![0u64; local.len()];
-            // One stream of labels over the whole node: a single "stripe".
-            select_labelled(&local, s, &mut to, (&[c], m), |_| {
-                Labels::new(namer.generator(SPLIT | id))
-            });
-            out.extend(to);
-        }
-        lo += c;
-    }
-    out
-}
-
-/// Where the `ranks[x]`-th position labelled `k` lies, for every `x`, written to `to[x]`: the
-/// positions labelled `k` are counted stripe by stripe (stripe `s` starts at `s * stripe_len`
-/// and holds `per_stripe[s]` of them), in increasing order inside a stripe. Only stripes
-/// holding a wanted rank are drawn again, with `labels(s)`.
-fn select_labelled(
-    ranks: &[u64],
-    k: usize,
-    to: &mut [u64],
-    (per_stripe, stripe_len): (&[u64], u64),
-    labels: impl Fn(usize) -> Labels,
-) {
-    let mut order: Vec<usize> = (0..ranks.len()).collect();
-    order.sort_unstable_by_key(|&x| ranks[x]);
-    let mut next = 0usize; // into `order`
-    let mut before = 0u64;
-    for (s, &count) in per_stripe.iter().enumerate() {
-        if next == order.len() {
-            return;
-        }
-        if ranks[order[next]] < before + count {
-            let mut labels = labels(s);
-            let (mut seen, mut pos) = (before, s as u64 * stripe_len);
-            while next < order.len() && ranks[order[next]] < before + count {
-                if labels.next() == k {
-                    if ranks[order[next]] == seen {
-                        to[order[next]] = pos;
-                        next += 1;
-                    }
-                    seen += 1;
-                }
-                pos += 1;
-            }
-        }
-        before += count;
-    }
-    assert_eq!(next, order.len(), "every rank lies in some stripe");
 }
 
 /// The epoch's permutation of `[0, n)` (see the module documentation). A `u32` buffer when
@@ -1092,104 +851,6 @@ mod tests {
                 v
             };
             assert_eq!(run(true), run(false), "n = {n}");
-        }
-    }
-
-    #[test]
-    fn random_access_reads_the_permutation() {
-        // Position ranges of the identity's shuffle are the permutation's values: across bucket
-        // edges, empty and whole, with the real leaves and with leaves small enough for two
-        // and three levels of scatter.
-        for (n, leaf) in [
-            (SMALL + 1, LEAF),
-            (3 * STRIPE + 7, LEAF),
-            (400_003, 100),
-            (3 * STRIPE + 7, 1000),
-        ] {
-            let whole: Vec<u64> = perm_leaf(n, 11, leaf, 2)
-                .into_iter()
-                .map(u64::from)
-                .collect();
-            let namer = Namer::permutation(11, 1);
-            let edge = (n / 64) as usize;
-            for (a, b) in [(0, 0), (0, 1), (0, n), (n - 1, n), (n / 2, n / 2 + 100)]
-                .into_iter()
-                .chain([(edge as u64 - 5, edge as u64 + 5)])
-            {
-                let got = positions(&namer, n, a, b, leaf);
-                assert_eq!(
-                    got,
-                    whole[a as usize..b as usize],
-                    "n={n} leaf={leaf} [{a}, {b})"
-                );
-            }
-        }
-    }
-
-    /// `input` scattered by a [`Plan`] in runs cut at `cuts` (each run on a thread of its
-    /// own, as the share's partition walk does), then its buckets shuffled.
-    fn scatter_in_runs(input: &[u64], namer: &Namer, cuts: &[u64], threads: usize) -> Vec<u64> {
-        let n = input.len() as u64;
-        let plan = Plan::new(namer, n);
-        let mut out = vec![0u64; input.len()];
-        let mut rest = Scatter::new(&plan, &mut out);
-        let mut runs = Vec::new();
-        let mut at = 0;
-        for &cut in cuts.iter().chain([&n]) {
-            let (run, tail) = rest.split(cut - at);
-            runs.push((at, run));
-            rest = tail;
-            at = cut;
-        }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        pool.install(move || {
-            runs.into_par_iter().for_each(|(from, mut run)| {
-                for &v in &input[from as usize..] {
-                    if run.next == run.end {
-                        break;
-                    }
-                    run.push(v);
-                }
-            })
-        });
-        pool.install(|| plan.finish(&mut out));
-        out
-    }
-
-    #[test]
-    fn scattered_runs_move_values_where_random_access_says() {
-        // Any content: position q receives the value at input position positions(q), with the
-        // share's stripes of 2**12, whether the input comes in one run or in runs cut inside
-        // stripes, on any number of threads.
-        let n = 300_007u64;
-        let namer = Namer::salted(3, 4, Purpose::ShareOrder, 99, 1 << 12);
-        let input: Vec<u64> = (0..n).map(|i| i * 7 + 1).collect();
-        let one = scatter_in_runs(&input, &namer, &[], 1);
-        let cuts = [1, 4095, 4096, 4097, 100_000, 250_001];
-        assert_eq!(one, scatter_in_runs(&input, &namer, &cuts, 2));
-        assert_eq!(one, scatter_in_runs(&input, &namer, &cuts, 3));
-        let from = positions(&namer, n, 0, n, LEAF);
-        assert!(one.iter().zip(&from).all(|(&v, &i)| v == input[i as usize]));
-        let mut seen = from.clone();
-        seen.sort_unstable();
-        assert!(seen.iter().copied().eq(0..n));
-        // A different salt is a different order.
-        let other = Namer::salted(3, 4, Purpose::ShareOrder, 100, 1 << 12);
-        assert_ne!(positions(&other, n, 0, 50, LEAF), from[..50]);
-    }
-
-    #[test]
-    #[should_panic(expected = "more inputs than the run holds")]
-    fn a_run_refuses_inputs_beyond_it() {
-        let namer = Namer::salted(1, 1, Purpose::ShareOrder, 1, 1 << 12);
-        let plan = Plan::new(&namer, 10);
-        let mut out = vec![0u32; 10];
-        let (mut first, _) = Scatter::new(&plan, &mut out).split(3);
-        for v in 0..4 {
-            first.push(v);
         }
     }
 
