@@ -61,7 +61,7 @@ use crate::parshuffle::{
 use crate::stream::{Purpose, Stream};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::marker::PhantomData;
 use std::sync::Mutex;
 
@@ -530,13 +530,15 @@ fn goes_right(g: usize, d: usize) -> bool {
 
 /// The level-1 layout of one seekable shuffle whose items arrive from a stream (a share's
 /// partition walk): [`Dealer`]s write them straight to their bucket, [`Plan::finish`] then
-/// shuffles the buckets. Stripes cut by a split of the stream are completed at the end.
+/// shuffles the buckets.
 pub struct Plan<T> {
     keys: Seekable,
     root: Node,
     table: Table,
-    /// Pieces of stripes that a split cut in two: (first input position, items).
-    pieces: Mutex<Vec<(u64, Vec<T>)>>,
+    /// Stripes that splits of the stream cut into pieces, by stripe: how many items have
+    /// arrived, and the pieces (first input position, items). The part that brings a stripe's
+    /// last piece deals it, so pieces wait only while a neighbouring part runs elsewhere.
+    pieces: Mutex<HashMap<u64, (u64, Vec<(u64, Vec<T>)>)>>,
 }
 
 impl<T: Index> Plan<T> {
@@ -551,41 +553,20 @@ impl<T: Index> Plan<T> {
             keys: *keys,
             root,
             table: keys.table(&root),
-            pieces: Mutex::new(Vec::new()),
+            pieces: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Deals the stripes left in pieces and shuffles every bucket of `out`, the buffer the
-    /// [`Dealer`]s of this plan filled (they must all be dropped).
+    /// Shuffles every bucket of `out`, the buffer the [`Dealer`]s of this plan filled (they
+    /// must all be dropped, having taken every input).
     pub fn finish(self, out: &mut [T]) {
         assert_eq!(
             out.len() as u64,
             self.root.m,
             "the output holds the plan's items"
         );
-        let stripe = self.keys.shape.stripe;
-        let mut pieces = self.pieces.into_inner().expect("no dealer panicked");
-        pieces.sort_unstable_by_key(|p| p.0);
-        let mut k = 0;
-        while k < pieces.len() {
-            let s = pieces[k].0 / stripe;
-            let mut buf = Vec::new();
-            while k < pieces.len() && pieces[k].0 / stripe == s {
-                assert_eq!(
-                    pieces[k].0,
-                    s * stripe + buf.len() as u64,
-                    "pieces are contiguous"
-                );
-                buf.extend_from_slice(&pieces[k].1);
-                k += 1;
-            }
-            assert_eq!(buf.len() as u64, self.keys.items(self.root.m, s, s + 1));
-            // SAFETY: `out` is the root's buffer, borrowed exclusively; the dealers are gone.
-            unsafe {
-                self.keys
-                    .deal(&self.root, &self.table, s, &mut buf, out.as_mut_ptr())
-            };
-        }
+        let pieces = self.pieces.into_inner().expect("no dealer panicked");
+        assert!(pieces.is_empty(), "every input was dealt");
         let mut parts = Vec::with_capacity(FANOUT);
         let mut rest: &mut [T] = out;
         for g in 0..FANOUT {
@@ -613,7 +594,7 @@ impl<T: Index> Plan<T> {
 
 /// Writes a run of consecutive inputs `[next, end)` of a [`Plan`] to their buckets as they
 /// arrive, a stripe at a time. Parts split off with [`Dealer::split`] can run on other threads;
-/// a stripe a split cuts is left to [`Plan::finish`].
+/// a stripe a split cuts is dealt by the part that brings its last piece.
 pub struct Dealer<'p, T: Index> {
     plan: &'p Plan<T>,
     out: Shared<T>,
@@ -667,7 +648,10 @@ impl<'p, T: Index> Dealer<'p, T> {
     pub fn push(&mut self, v: T) {
         assert!(self.next < self.end, "more inputs than the run holds");
         if self.buf.capacity() == 0 {
-            self.buf.reserve_exact(self.plan.keys.shape.stripe as usize);
+            // A part of a few inputs (a short block's share of a value subtree) stays small.
+            let stripe = self.plan.keys.shape.stripe;
+            self.buf
+                .reserve_exact(stripe.min(self.end - self.next) as usize);
         }
         self.buf.push(v);
         self.next += 1;
@@ -677,8 +661,8 @@ impl<'p, T: Index> Dealer<'p, T> {
         }
     }
 
-    /// The current stripe has had its last input here: deal it, or leave it to
-    /// [`Plan::finish`] if its first inputs went to another part.
+    /// The current stripe has had its last input here: deal it, or leave the piece held with
+    /// the plan if its first inputs went to another part.
     #[cold]
     fn stripe_done(&mut self) {
         let stripe = self.plan.keys.shape.stripe;
@@ -702,18 +686,45 @@ impl<'p, T: Index> Dealer<'p, T> {
         self.from = self.next;
     }
 
+    /// Leaves the inputs held, part of a stripe another part also holds some of, with the
+    /// plan; deals the stripe if they were its last.
     fn leave_piece(&mut self) {
-        let piece = std::mem::take(&mut self.buf);
-        self.plan
-            .pieces
-            .lock()
-            .expect("no dealer panicked")
-            .push((self.from, piece));
+        let plan = self.plan;
+        let stripe = plan.keys.shape.stripe;
+        let s = self.from / stripe;
+        let len = plan.keys.items(plan.root.m, s, s + 1);
+        let mut piece = std::mem::take(&mut self.buf);
+        piece.shrink_to_fit();
+        let whole = {
+            let mut pieces = plan.pieces.lock().expect("no dealer panicked");
+            let entry = pieces.entry(s).or_default();
+            entry.0 += piece.len() as u64;
+            entry.1.push((self.from, piece));
+            if entry.0 == len {
+                pieces.remove(&s).map(|(_, parts)| parts)
+            } else {
+                None
+            }
+        };
+        if let Some(mut parts) = whole {
+            parts.sort_unstable_by_key(|p| p.0);
+            let mut buf = Vec::with_capacity(len as usize);
+            for (from, items) in parts {
+                assert_eq!(from, s * stripe + buf.len() as u64, "pieces are contiguous");
+                buf.extend_from_slice(&items);
+            }
+            // SAFETY: the output is the plan's root buffer, held by this dealer's parts; the
+            // stripe is whole now and only the part that completed it deals it.
+            unsafe {
+                plan.keys
+                    .deal(&plan.root, &plan.table, s, &mut buf, self.out.0)
+            };
+        }
     }
 }
 
 impl<T: Index> Drop for Dealer<'_, T> {
-    /// A part that stops inside a stripe leaves its inputs for [`Plan::finish`].
+    /// A part that stops inside a stripe leaves its piece with the plan.
     fn drop(&mut self) {
         if !self.buf.is_empty() {
             self.leave_piece();
