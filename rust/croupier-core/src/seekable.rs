@@ -535,10 +535,26 @@ pub struct Plan<T> {
     keys: Seekable,
     root: Node,
     table: Table,
-    /// Stripes that splits of the stream cut into pieces, by stripe: how many items have
-    /// arrived, and the pieces (first input position, items). The part that brings a stripe's
-    /// last piece deals it, so pieces wait only while a neighbouring part runs elsewhere.
-    pieces: Mutex<HashMap<u64, (u64, Vec<(u64, Vec<T>)>)>>,
+    /// Stripes that splits of the stream cut into pieces, by stripe. The part that brings a
+    /// stripe's last piece deals it, so pieces wait only while a neighbouring part runs
+    /// elsewhere.
+    pieces: Mutex<HashMap<u64, Pieces<T>>>,
+}
+
+/// The pieces of one cut stripe that have arrived.
+struct Pieces<T> {
+    arrived: u64,
+    /// (first input position, items)
+    parts: Vec<(u64, Vec<T>)>,
+}
+
+impl<T> Default for Pieces<T> {
+    fn default() -> Self {
+        Pieces {
+            arrived: 0,
+            parts: Vec::new(),
+        }
+    }
 }
 
 impl<T: Index> Plan<T> {
@@ -698,10 +714,10 @@ impl<'p, T: Index> Dealer<'p, T> {
         let whole = {
             let mut pieces = plan.pieces.lock().expect("no dealer panicked");
             let entry = pieces.entry(s).or_default();
-            entry.0 += piece.len() as u64;
-            entry.1.push((self.from, piece));
-            if entry.0 == len {
-                pieces.remove(&s).map(|(_, parts)| parts)
+            entry.arrived += piece.len() as u64;
+            entry.parts.push((self.from, piece));
+            if entry.arrived == len {
+                pieces.remove(&s).map(|p| p.parts)
             } else {
                 None
             }
