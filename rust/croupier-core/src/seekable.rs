@@ -88,7 +88,7 @@ const LEAF_ORDER: u64 = 3 << 60;
 pub struct Shape {
     /// Items per stripe, at least 1 and below 2**32.
     pub stripe: u64,
-    /// Nodes below the root of at most this many items are leaves; at least 1 and at most
+    /// Nodes below the root of at most this many items are leaves; at least 1 and below
     /// 2**32.
     pub leaf: u64,
 }
@@ -187,8 +187,8 @@ impl Seekable {
             "stripe in [1, 2**32)"
         );
         assert!(
-            shape.leaf >= 1 && shape.leaf <= 1 << 32,
-            "leaf in [1, 2**32]"
+            shape.leaf >= 1 && shape.leaf < 1 << 32,
+            "leaf in [1, 2**32)"
         );
         let cells = Stream::new(seed, epoch, Purpose::ShareBuckets, fold(salt, CELLS)).next_u64();
         Seekable {
