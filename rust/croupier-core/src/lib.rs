@@ -10,7 +10,9 @@
 //!   hypergeometric draws.
 //! - [`split`]: the values of chosen classes of a uniform random partition of `[0, n)`, by
 //!   recursive hypergeometric splitting, without computing the other classes.
-//! - [`permute`]: Fisher–Yates permutations over `u32` or `u64` buffers.
+//! - [`permute`]: Fisher–Yates permutations over `u32` or `u64` buffers; [`parshuffle`]: full
+//!   permutations on every core (Rao–Sandelius); `seekable`: a bucket shuffle whose positions
+//!   can be read one by one, for the long blocks of a rank's share.
 //! - [`partition`]: torch's `DistributedSampler` arithmetic (padding, `drop_last`, striding)
 //!   and one rank's share of an epoch.
 //! - [`torch`]: torch's CPU `randperm`, reproduced exactly (`order="torch"`).
