@@ -24,7 +24,7 @@
 //!   scratch buffer back into place, which saves copying it back.
 //!
 //! A rank's long blocks in `order="fast"` use a different bucket shuffle, one with buckets of
-//! fixed sizes that can be read at any position ([`crate::seekable`]); this one, with random
+//! fixed sizes that can be read at any position (`seekable`); this one, with random
 //! bucket sizes, needs no hypergeometric draws and is the faster in bulk.
 //!
 //! Every generator is named by stripe and bucket numbers that depend on `n` alone, so the
@@ -36,10 +36,10 @@
 //!
 //! Above `SMALL` the bulk draws come from xoshiro256++ (Blackman and Vigna, via `rand_xoshiro`)
 //! whose 256-bit state is the first 32 bytes of the ChaCha8 stream `(seed, epoch, Permutation,
-//! id)` ([`keyed_xoshiro`]), not from ChaCha itself: a Fisher–Yates swap costs 1.05 ns with xoshiro256++ (two
-//! 32-bit draws from each 64-bit word) against 2.4 ns with ChaCha8 on the 2-core VM of the
-//! README (a scratch timing loop over a 250k-value buffer in L2), and these draws are most of
-//! the work. ChaCha keying keeps the generators of different ids as good as independent, and
+//! id)` (`keyed_xoshiro`), not from ChaCha itself: a Fisher–Yates swap costs 1.05 ns with
+//! xoshiro256++ (two 32-bit draws from each 64-bit word) against 2.4 ns with ChaCha8 on the
+//! 2-core VM of the README (a scratch timing loop over a 250k-value buffer in L2), and these
+//! draws are most of the work. ChaCha keying keeps the generators of different ids as good as independent, and
 //! xoshiro256++ is integer-only, so the output is the same on every platform.
 
 use crate::cellrng::fold;

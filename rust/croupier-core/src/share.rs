@@ -21,7 +21,7 @@
 //! - **Order.** A block's values (increasing) are shuffled by Fisher–Yates with the stream
 //!   `(seed, epoch, ShareOrder, fold(layout, class))` when the block holds at most
 //!   [`BUCKETED_FROM`] values. A longer block is ordered by the seekable shuffle of
-//!   [`crate::seekable`], keyed by `(seed, epoch, fold(layout, class))`: the block's values
+//!   `crate::seekable`, keyed by `(seed, epoch, fold(layout, class))`: the block's values
 //!   (increasing) are dealt into 64 buckets of fixed sizes by hypergeometric counts over
 //!   stripes of 2**14, each stripe shuffled, and each bucket shuffled in turn (dealt again
 //!   when it holds more than 2**21). The blocks follow each other.
