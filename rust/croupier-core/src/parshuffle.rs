@@ -12,8 +12,8 @@
 //!   `(seed, epoch, Permutation, 0)` (the permutation croupier has always produced for these
 //!   sizes).
 //! - Above: 64 buckets (labels are 6 bits, so no rejection). Values are labelled in stripes
-//!   of `STRIPE` (2**16); stripe `i` draws its labels from the
-//!   generator `(…, 1 << 60 | i)`. One pass counts the labels of every stripe, a second draws
+//!   of `STRIPE` (2**16); stripe `i` draws its labels from the generator `(…, 1 << 60 | i)`.
+//!   One pass counts the labels of every stripe, a second draws
 //!   them again and writes each value to its slot (bucket by bucket, stripe by stripe inside a
 //!   bucket, increasing inside a stripe), staged in cache lines ([`crate::combine`]).
 //! - Each bucket is then shuffled the same way, recursively: a node of the bucket tree at
@@ -389,14 +389,12 @@ fn fresh<T: Index>(n: u64, seed: u64, epoch: u64) -> Result<Vec<T>> {
 /// Per stripe of `[0, n)`, how many of its level-1 labels fall in each bucket (a stripe holds
 /// at most 2**16 values, so `u32` counts).
 fn stripe_counts(n: u64, namer: &Namer) -> Vec<[u32; FANOUT]> {
-    let stripe = STRIPE;
-    debug_assert!(stripe <= 1 << 16);
-    (0..n.div_ceil(stripe))
+    (0..n.div_ceil(STRIPE))
         .into_par_iter()
         .map(|i| {
             let c = namer
                 .stripe_labels(i)
-                .count(stripe.min(n - i * stripe) as usize);
+                .count(STRIPE.min(n - i * STRIPE) as usize);
             c.map(|x| x as u32)
         })
         .collect()
@@ -477,11 +475,10 @@ unsafe fn level1<T: Index>(
     src: impl Fn(u64) -> T + Sync,
 ) -> Vec<usize> {
     let plan = Plan::new(namer, n);
-    let stripe = STRIPE;
     (0..plan.starts.len()).into_par_iter().for_each(|i| {
         let out = &out;
-        let lo = i as u64 * stripe;
-        let len = stripe.min(n - lo);
+        let lo = i as u64 * STRIPE;
+        let len = STRIPE.min(n - lo);
         // SAFETY: run k is this stripe's own range of bucket k, starting at its slot; the
         // ranges are disjoint and inside [0, n) because they come from exact counts.
         let mut combiner = unsafe { Combiner::<T, FANOUT>::new(out.0, plan.starts.get(i)) };

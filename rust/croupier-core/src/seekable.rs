@@ -37,8 +37,11 @@
 //! which item of the bucket's sequence lands there. That item's stripe is found by walking
 //! down the stripe tree drawing only the cells of the bucket's own path of the bucket tree
 //! (6 draws a level), and the stripe's Fisher–Yates (at most 2**14 items) names the input.
-//! The cost is bounded by the leaf and the stripe whatever `m`, plus `O(log m)` draws: this is
-//! what makes a resume in the middle of a long block cheap ([`crate::share`]).
+//! Reading `k` positions costs a Fisher–Yates of each leaf they fall in (at most `leaf`
+//! items) and, per level of buckets, up to `k` stripe shuffles (at most 2**14 items each) and
+//! `O(k log m)` draws, whatever `m`: this is what makes a resume in the middle of a long block
+//! cheap ([`crate::share`]). (64 positions: 12.6 ms at `m` = 6.25e7, 35 ms at 2**33 and 73 ms
+//! at 2**63 - 1, one level of buckets more each time, in an independent review's timing.)
 //!
 //! The labelled bucket shuffle of [`crate::parshuffle`] (independent labels, random bucket
 //! sizes) is faster in bulk, but finding a position there first counts every label of the
@@ -47,7 +50,8 @@
 //! # Generators
 //!
 //! Stripes and leaves draw from xoshiro256++ keyed by the ChaCha8 stream
-//! `(seed, epoch, ShareBuckets, fold(salt, id))`, as [`crate::parshuffle`] does, with `id` =
+//! `(seed, epoch, ShareBuckets, fold(salt, id))` (the keyed generators of
+//! [`crate::parshuffle`], under another purpose and a salt), with `id` =
 //! the kind (top four bits) and the node's depth and path, the stripe number folded in for a
 //! stripe; cells draw from [`CellRng`] keyed by the node's base and the cell's coordinates.
 //! Nothing depends on the number of threads.
@@ -63,6 +67,7 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Buckets per node.
@@ -236,7 +241,9 @@ impl Seekable {
         let mut rows = vec![[0u64; FANOUT]; ns as usize + 1];
         let root: [u64; FANOUT] =
             std::array::from_fn(|g| bucket_start(node.m, g + 1) - bucket_start(node.m, g));
-        self.fill(node, (0, ns), root, &mut rows[..ns as usize]);
+        if ns > 0 {
+            self.fill(node, (0, ns), root, &mut rows[..ns as usize]);
+        }
         // Counts become starts in place, bucket by bucket, stripe by stripe inside a bucket.
         for g in 0..FANOUT {
             let mut at = bucket_start(node.m, g);
@@ -539,6 +546,8 @@ pub struct Plan<T> {
     /// stripe's last piece deals it, so pieces wait only while a neighbouring part runs
     /// elsewhere.
     pieces: Mutex<HashMap<u64, Pieces<T>>>,
+    /// Items dealt so far: [`Plan::finish`] checks that every input was dealt once.
+    dealt: AtomicU64,
 }
 
 /// The pieces of one cut stripe that have arrived.
@@ -570,7 +579,21 @@ impl<T: Index> Plan<T> {
             root,
             table: keys.table(&root),
             pieces: Mutex::new(HashMap::new()),
+            dealt: AtomicU64::new(0),
         }
+    }
+
+    /// Deals root stripe `s` (its items in input order in `buf`) into `out`, the buffer the
+    /// plan's dealers hold.
+    ///
+    /// # Safety
+    /// `out` must be the buffer given to [`Dealer::new`] for this plan, still borrowed by a
+    /// dealer, and stripe `s` must not be dealt by anyone else.
+    unsafe fn deal_root(&self, s: u64, buf: &mut [T], out: Shared<T>) {
+        // SAFETY: `out` holds the root's positions (the caller's contract), and stripe s's
+        // destinations are its own by the table.
+        unsafe { self.keys.deal(&self.root, &self.table, s, buf, out.0) };
+        self.dealt.fetch_add(buf.len() as u64, Ordering::Relaxed);
     }
 
     /// Shuffles every bucket of `out`, the buffer the [`Dealer`]s of this plan filled (they
@@ -582,7 +605,10 @@ impl<T: Index> Plan<T> {
             "the output holds the plan's items"
         );
         let pieces = self.pieces.into_inner().expect("no dealer panicked");
-        assert!(pieces.is_empty(), "every input was dealt");
+        assert!(
+            pieces.is_empty() && self.dealt.into_inner() == self.root.m,
+            "every input dealt once"
+        );
         let mut parts = Vec::with_capacity(FANOUT);
         let mut rest: &mut [T] = out;
         for g in 0..FANOUT {
@@ -684,17 +710,8 @@ impl<'p, T: Index> Dealer<'p, T> {
         let stripe = self.plan.keys.shape.stripe;
         let s = self.from / stripe;
         if self.from == s * stripe {
-            // SAFETY: the output is the plan's root buffer, held by this dealer's parts;
-            // stripe s is whole here, and no other part deals it.
-            unsafe {
-                self.plan.keys.deal(
-                    &self.plan.root,
-                    &self.plan.table,
-                    s,
-                    &mut self.buf,
-                    self.out.0,
-                )
-            };
+            // SAFETY: stripe s is whole here, and no other part deals it.
+            unsafe { self.plan.deal_root(s, &mut self.buf, self.out) };
             self.buf.clear();
         } else {
             self.leave_piece();
@@ -729,12 +746,8 @@ impl<'p, T: Index> Dealer<'p, T> {
                 assert_eq!(from, s * stripe + buf.len() as u64, "pieces are contiguous");
                 buf.extend_from_slice(&items);
             }
-            // SAFETY: the output is the plan's root buffer, held by this dealer's parts; the
-            // stripe is whole now and only the part that completed it deals it.
-            unsafe {
-                plan.keys
-                    .deal(&plan.root, &plan.table, s, &mut buf, self.out.0)
-            };
+            // SAFETY: the stripe is whole now, and only the part that completed it deals it.
+            unsafe { plan.deal_root(s, &mut buf, self.out) };
         }
     }
 }
@@ -899,6 +912,164 @@ mod tests {
         let c = Seekable::new(2, 2, 3, Shape::BLOCKS).positions(m, 0, 64);
         assert_ne!(a, b);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn three_levels_and_nodes_of_exactly_a_leaf() {
+        // Depth-2 nodes that split again (their buckets copied back from scratch), and at
+        // m = 12288 with leaves of 3, depth-2 nodes of exactly 3 items (leaves, by <=).
+        for (m, shape) in [
+            (20_000u64, Shape { stripe: 3, leaf: 2 }),
+            (12_288, Shape { stripe: 4, leaf: 3 }),
+            (9_000, Shape { stripe: 5, leaf: 2 }),
+            (
+                300_000,
+                Shape {
+                    stripe: 7,
+                    leaf: 30,
+                },
+            ),
+        ] {
+            let k = keys(m, shape);
+            let whole = streamed(&k, m, &[m / 7, m / 7 + 1, m / 2]);
+            let mut sorted = whole.clone();
+            sorted.sort_unstable();
+            assert!(sorted.iter().copied().eq(0..m), "m={m}");
+            assert_eq!(k.positions(m, 0, m), whole, "m={m} {shape:?}");
+        }
+    }
+
+    #[test]
+    fn prefetching_leaves_and_u32_buffers() {
+        // Level-1 buckets just over PREFETCH_FROM (2**18) items: their Fisher-Yates prefetches
+        // in bulk and not in random access, with the same swaps.
+        let m = FANOUT as u64 * ((1 << 18) + 3);
+        let k = keys(3, Shape::BLOCKS);
+        let plan = Plan::new(&k, m);
+        let mut out = vec![0u32; m as usize];
+        {
+            let (mut a, mut b) = Dealer::new(&plan, &mut out).split(m / 3 + 5);
+            for v in m / 3 + 5..m {
+                b.push(v as u32);
+            }
+            for v in 0..m / 3 + 5 {
+                a.push(v as u32);
+            }
+        }
+        plan.finish(&mut out);
+        let mut seen = vec![false; m as usize];
+        for &v in &out {
+            assert!(!std::mem::replace(&mut seen[v as usize], true));
+        }
+        for a in [0, 12_345, m / 2, m - 64] {
+            let want: Vec<u64> = out[a as usize..a as usize + 64]
+                .iter()
+                .map(|&v| v.into())
+                .collect();
+            assert_eq!(k.positions(m, a, a + 64), want);
+        }
+    }
+
+    #[test]
+    fn nothing_to_shuffle() {
+        let k = keys(1, Shape::BLOCKS);
+        assert!(k.positions(0, 0, 0).is_empty());
+        let plan = Plan::<u64>::new(&k, 0);
+        let mut out: Vec<u64> = Vec::new();
+        drop(Dealer::new(&plan, &mut out));
+        plan.finish(&mut out);
+        assert_eq!(streamed(&k, 1, &[]), [0]);
+    }
+
+    #[test]
+    fn nodes_draw_from_their_own_generators() {
+        // Equal sizes, different places: different leaf orders, stripe orders and cells.
+        let k = keys(
+            2,
+            Shape {
+                stripe: 100,
+                leaf: 1000,
+            },
+        );
+        let node = |depth, path| Node {
+            m: 1000,
+            depth,
+            path,
+        };
+        let (a, b, c) = (node(1, 3), node(1, 4), node(2, 3));
+        assert_ne!(k.leaf_order(&a), k.leaf_order(&b));
+        assert_ne!(k.leaf_order(&b), k.leaf_order(&c));
+        let orders = |n: &Node, s| {
+            let mut v: Vec<u32> = (0..100).collect();
+            fisher_yates_fast(&mut v, &mut k.stripe_rng(n, s), false);
+            v
+        };
+        assert_ne!(orders(&a, 0), orders(&b, 0));
+        assert_ne!(orders(&a, 0), orders(&a, 1));
+        assert_ne!(k.table(&a).rows, k.table(&b).rows);
+        assert_ne!(k.table(&a).rows, k.table(&c).rows);
+    }
+
+    #[test]
+    fn dealers_on_threads() {
+        // Parts fed at once on a pool of three threads deal what one part in order deals.
+        let k = keys(4, Shape::BLOCKS);
+        let m = 40 * STRIPE + 999;
+        let one = streamed(&k, m, &[]);
+        let plan = Plan::new(&k, m);
+        let mut out = vec![0u64; m as usize];
+        {
+            let mut parts = Vec::new();
+            let mut rest = Dealer::new(&plan, &mut out);
+            let mut at = 0;
+            for cut in (1..12).map(|i| i * m / 12 + i) {
+                let (a, b) = rest.split(cut - at);
+                parts.push((at, cut, a));
+                rest = b;
+                at = cut;
+            }
+            parts.push((at, m, rest));
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(3)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                parts.into_par_iter().for_each(|(lo, hi, mut part)| {
+                    for v in lo..hi {
+                        part.push(v);
+                    }
+                })
+            });
+        }
+        plan.finish(&mut out);
+        assert_eq!(out, one);
+    }
+
+    #[test]
+    #[should_panic(expected = "more inputs than the run holds")]
+    fn a_dealer_refuses_inputs_beyond_its_run() {
+        let k = keys(1, Shape::BLOCKS);
+        let plan = Plan::<u32>::new(&k, 10);
+        let mut out = vec![0u32; 10];
+        let (mut first, _) = Dealer::new(&plan, &mut out).split(3);
+        for v in 0..4 {
+            first.push(v);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "every input dealt once")]
+    fn finishing_before_every_input_came_is_refused() {
+        let k = keys(1, Shape { stripe: 4, leaf: 2 });
+        let plan = Plan::<u32>::new(&k, 100);
+        let mut out = vec![0u32; 100];
+        {
+            let mut d = Dealer::new(&plan, &mut out);
+            for v in 0..40 {
+                d.push(v);
+            }
+        }
+        plan.finish(&mut out);
     }
 
     #[test]

@@ -194,8 +194,9 @@ fn layout_key(layout: &Layout) -> u64 {
     )
 }
 
-/// Blocks longer than this are ordered by the bucket shuffle of [`crate::parshuffle`], which
-/// can be read at any position without shuffling the block; shorter ones by Fisher–Yates.
+/// Blocks longer than this are ordered by the seekable bucket shuffle (`crate::seekable`),
+/// which can be read at any position without shuffling the block; shorter ones by
+/// Fisher–Yates.
 pub const BUCKETED_FROM: u64 = 1 << 15;
 /// A position range of at most this length inside one bucketed block is read by random
 /// access instead of shuffling the whole block: the first read after a resume.
@@ -243,8 +244,8 @@ impl<T: Index> Sink for BlockSink<'_, T> {
 }
 
 /// Rank `rank`'s blocks `[j0, j1)`, each shuffled, one after the other. Long blocks are
-/// scattered into their buckets while the partition walk produces them, so the whole needs no
-/// second buffer (only the scatters' slot tables, 1/64 of a `u32` output).
+/// dealt into their buckets while the partition walk produces them, so the whole needs no
+/// second buffer (only the stripe tables, 1/128 of a `u32` output).
 fn blocks<T: Index>(
     layout: &Layout,
     classes: &RankClasses,
@@ -673,7 +674,7 @@ mod tests {
         let one = run(1);
         assert_eq!(one, run(2));
         assert_eq!(one, run(3));
-        // The partition walk splits the long blocks' scatters across tasks here (value
+        // The partition walk splits the long blocks' dealers across tasks here (value
         // subtrees of 2**21): random access must still read the same positions.
         let whole = one.to_u64_vec();
         for a in [1_048_576u64, 1_500_000, 2_097_151, 2_200_000] {
