@@ -13,9 +13,9 @@
 //!   sizes).
 //! - Above: 64 buckets (labels are 6 bits, so no rejection). Values are labelled in stripes
 //!   of `STRIPE` (2**16); stripe `i` draws its labels from the generator `(…, 1 << 60 | i)`.
-//!   One pass counts the labels of every stripe, a second draws
-//!   them again and writes each value to its slot (bucket by bucket, stripe by stripe inside a
-//!   bucket, increasing inside a stripe), staged in cache lines ([`crate::combine`]).
+//!   One pass counts the labels of every stripe, a second draws them again and writes each
+//!   value to its slot (bucket by bucket, stripe by stripe inside a bucket, increasing inside
+//!   a stripe), staged in cache lines ([`crate::combine`]).
 //! - Each bucket is then shuffled the same way, recursively: a node of the bucket tree at
 //!   `depth` with path `p` (6 bits a level) that holds more than `LEAF` values is scattered
 //!   into 64 sub-buckets (labels from `(…, 2 << 60 | depth << 56 | p)`) through a scratch
@@ -39,8 +39,8 @@
 //! id)` (`keyed_xoshiro`), not from ChaCha itself: a Fisher–Yates swap costs 1.05 ns with
 //! xoshiro256++ (two 32-bit draws from each 64-bit word) against 2.4 ns with ChaCha8 on the
 //! 2-core VM of the README (a scratch timing loop over a 250k-value buffer in L2), and these
-//! draws are most of the work. ChaCha keying keeps the generators of different ids as good as independent, and
-//! xoshiro256++ is integer-only, so the output is the same on every platform.
+//! draws are most of the work. ChaCha keying keeps the generators of different ids as good as
+//! independent, and xoshiro256++ is integer-only, so the output is the same on every platform.
 
 use crate::cellrng::fold;
 use crate::combine::Combiner;

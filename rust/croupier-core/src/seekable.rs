@@ -40,8 +40,7 @@
 //! Reading `k` positions costs a Fisher–Yates of each leaf they fall in (at most `leaf`
 //! items) and, per level of buckets, up to `k` stripe shuffles (at most 2**14 items each) and
 //! `O(k log m)` draws, whatever `m`: this is what makes a resume in the middle of a long block
-//! cheap ([`crate::share`]). (64 positions: 12.6 ms at `m` = 6.25e7, 35 ms at 2**33 and 73 ms
-//! at 2**63 - 1, one level of buckets more each time, in an independent review's timing.)
+//! cheap ([`crate::share`]).
 //!
 //! The labelled bucket shuffle of [`crate::parshuffle`] (independent labels, random bucket
 //! sizes) is faster in bulk, but finding a position there first counts every label of the
@@ -156,7 +155,7 @@ fn bucket_of(m: u64, q: u64) -> usize {
 }
 
 /// `t(Gl, Vl)` for cell `(V, G)` = `(s0, s1) x (g0, g1)`, given `t(G, V)`, `t(Gl, V)` and
-/// `t(G, Vl)`.
+/// `t(G, Vl)`. A forced outcome draws nothing ([`hypergeometric`] returns it first).
 fn cell(
     base: u64,
     (s0, s1): (u64, u64),
@@ -165,15 +164,6 @@ fn cell(
     tgl: u64,
     tvl: u64,
 ) -> u64 {
-    if tgl == 0 || tvl == 0 {
-        return 0;
-    }
-    if tgl == tg {
-        return tvl;
-    }
-    if tvl == tg {
-        return tgl;
-    }
     let mut rng = CellRng::for_cell(base, s0, s1, g0 as u64, g1 as u64);
     hypergeometric(&mut rng, tg, tgl, tvl)
 }

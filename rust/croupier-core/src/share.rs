@@ -37,7 +37,7 @@
 //! [`crate::split::class_select`] finds the values of those ranks down the value tree
 //! (`O(log N)` cells each). None of it grows with the block, so a resume costs the same at
 //! any `N` (8–25 ms from 1e9 to 1e12 over 8 ranks, where counting a block's labels took
-//! 26 ms at 1e9 and 27 s at 1e12). The next call computes the rest of the share from there,
+//! 21–32 ms at 1e9 and 27 s at 1e12). The next call computes the rest of the share from there,
 //! whole blocks at a time.
 //!
 //! The whole share needs no second buffer: the partition walk hands each long block's values
