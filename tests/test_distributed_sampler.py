@@ -389,7 +389,7 @@ def test_import_works_with_only_numpy(tmp_path):
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "import croupier\n"
-        "from croupier._sampler_base import HAVE_TORCH\n"
+        "from croupier._torch import HAVE_TORCH\n"
         "assert not HAVE_TORCH\n"
         "s = croupier.DistributedSampler(10, num_replicas=2, rank=0)\n"
         "print(len(list(s)))\n"
@@ -403,7 +403,7 @@ def test_version_is_exposed():
 
 
 def test_position_is_exact_across_chunk_boundaries():
-    from croupier.samplers.distributed import _CHUNK
+    _CHUNK = DistributedSampler._chunk
 
     n = 2 * _CHUNK + 7
     s = DistributedSampler(n, num_replicas=1, rank=0, seed=6)

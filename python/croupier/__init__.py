@@ -8,6 +8,6 @@ samplers subclass ``torch.utils.data.Sampler`` when torch is installed.
 
 from croupier._core import __version__
 from croupier._permutation import permutation
-from croupier.samplers import DistributedSampler
+from croupier.samplers import DistributedSampler, StateError
 
-__all__ = ["DistributedSampler", "__version__", "permutation"]
+__all__ = ["DistributedSampler", "StateError", "__version__", "permutation"]

@@ -6,7 +6,7 @@ import os
 import warnings
 from collections.abc import Callable
 
-from croupier._validate import check_int
+from croupier._validate import MAX_LEN, as_int, check_int
 
 __all__ = ["DistInfo", "resolve_ranks"]
 
@@ -113,6 +113,12 @@ def resolve_ranks(
             num_replicas = found_world
         if rank is None:
             rank = found_rank
-    num_replicas = check_int("num_replicas", num_replicas, 1, 2**63 - 1)
-    rank = check_int("rank", rank, 0, num_replicas - 1)
+    num_replicas = check_int("num_replicas", num_replicas, 1, MAX_LEN)
+    rank = as_int("rank", rank)
+    if not 0 <= rank < num_replicas:
+        # torch's words first: code written for torch's sampler matches on them.
+        raise ValueError(
+            f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]: "
+            f"rank must be in [0, {num_replicas - 1}], got {rank} (num_replicas={num_replicas})"
+        )
     return num_replicas, rank

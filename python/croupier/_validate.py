@@ -1,4 +1,9 @@
-"""Argument checks shared by the samplers: clear errors that name the argument and its range."""
+"""Argument checks: clear errors that name the argument and its range, before any work.
+
+This is the one place where user-facing arguments are checked (the binding crate only converts
+values, and the Rust core checks its own invariants as a backstop). Bounds that the core
+defines, such as :data:`MAX_LEN`, are read from the compiled module, not written again.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,31 @@ import operator
 
 import numpy as np
 
-__all__ = ["check_bool", "check_int", "dataset_length"]
+from croupier import _core
+
+__all__ = ["MAX_LEN", "U64_MAX", "as_int", "check_bool", "check_int", "dataset_length"]
 
 U64_MAX = 2**64 - 1
-MAX_LEN = 2**63 - 1
+"""The largest seed and epoch: they are 64-bit words of the core's random streams."""
+MAX_LEN = _core.MAX_LEN
+"""The largest dataset length, rank count or position (2**63 - 1), defined once in the core."""
+
+
+def as_int(name: str, value: object) -> int:
+    """``value`` as a Python int; ``TypeError`` naming ``name`` unless it is an integer
+    (Python, numpy or anything with ``__index__``; ``bool`` and floats are refused)."""
+    if not isinstance(value, (bool, np.bool_)):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be an int, got {type(value).__name__}")
 
 
 def check_int(name: str, value: object, lo: int = 0, hi: int | None = None) -> int:
     """``value`` as a Python int in ``[lo, hi]``; ``TypeError`` if it is not an integer
     (``bool`` and floats are refused), ``ValueError`` if it is out of range."""
-    try:
-        if isinstance(value, (bool, np.bool_)):
-            raise TypeError
-        v = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    v = as_int(name, value)
     if hi is None and v < lo:
         raise ValueError(f"{name} must be an int >= {lo}, got {v}")
     if hi is not None and not lo <= v <= hi:

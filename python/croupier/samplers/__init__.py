@@ -1,5 +1,7 @@
-"""croupier's ``torch.utils.data`` samplers."""
+"""croupier's ``torch.utils.data`` samplers, all on one base (``_base.StatefulSampler``) that
+owns epoch, position, checkpoint state and pickling."""
 
+from croupier.samplers._state import StateError
 from croupier.samplers.distributed import DistributedSampler
 
-__all__ = ["DistributedSampler"]
+__all__ = ["DistributedSampler", "StateError"]

@@ -1,57 +1,111 @@
-"""Checking checkpoint states before a sampler trusts them.
+"""Checking checkpoint states before a sampler trusts them, and the foreign shapes it accepts.
 
-A state dict comes from disk, possibly from another run, version or configuration; every
-sampler validates it completely (keys, types, ranges, configuration) before changing anything.
+A state dict comes from disk, possibly from another run, version, configuration or library;
+every sampler validates it completely (keys, types, ranges, configuration) before changing
+anything. A state of another library's shape is first converted to the sampler's own shape by
+a :class:`StateFormat`, then checked exactly like a native one: conversion never skips a check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StateError", "check_state"]
+import numpy as np
+
+from croupier._validate import as_int
+
+__all__ = ["KEMPNERFORGE", "StateError", "StateFormat", "check_state"]
 
 
 class StateError(ValueError):
-    """A state dict that cannot be loaded into this sampler."""
+    """A state dict that cannot be loaded into this sampler: missing keys, a negative or
+    out-of-range number, or a different configuration (the message says which). A
+    ``ValueError``, so existing ``except ValueError`` handlers catch it."""
+
+
+@dataclass(frozen=True)
+class StateFormat:
+    """A documented foreign state shape that a sampler also loads.
+
+    A state without a ``version`` key whose keys include all of ``keys`` and nothing outside
+    ``keys | optional`` is of this shape; ``to_native(state, mine)`` returns it in the
+    sampler's own shape, given ``mine``, the sampler's current ``state_dict()`` (whose
+    configuration the converted state must still match).
+    """
+
+    name: str
+    keys: frozenset[str]
+    to_native: Callable[[Mapping[str, Any], dict[str, Any]], dict[str, Any]]
+    optional: frozenset[str] = frozenset()
+
+    def matches(self, keys: set[Any]) -> bool:
+        """Whether a state with these keys has this shape."""
+        return self.keys <= keys <= self.keys | self.optional
+
+
+def _from_kempnerforge(state: Mapping[str, Any], mine: dict[str, Any]) -> dict[str, Any]:
+    # kempnerforge's sampler state records no position: its loader skips with set_skip. The
+    # seed is carried over so that a state of another seed is refused by the configuration check.
+    return {
+        **mine,
+        **{key: state[key] for key in ("epoch", "seed", "num_replicas", "rank")},
+        "position": 0,
+    }
+
+
+KEMPNERFORGE = StateFormat(
+    name="kempnerforge's DistributedSampler",
+    keys=frozenset({"epoch", "seed", "num_replicas", "rank"}),
+    to_native=_from_kempnerforge,
+)
+"""``{"epoch", "seed", "num_replicas", "rank"}``, the state of kempnerforge's
+``DistributedSampler``: loads as the start of that epoch; its seed must equal this sampler's."""
+
+
+def _as_config_value(key: str, value: object, mine: object) -> object:
+    """``value`` normalised to the type of this sampler's own ``mine``, or ``TypeError``."""
+    if isinstance(mine, bool):
+        if isinstance(value, (bool, np.bool_)):
+            return bool(value)
+    elif isinstance(mine, int):
+        return as_int(f"state[{key!r}]", value)
+    elif type(value) is type(mine):
+        return value
+    raise TypeError(f"state[{key!r}] must be a {type(mine).__name__}, got {type(value).__name__}")
 
 
 def check_state(
-    state: object,
+    state: Mapping[str, Any],
     *,
     ints: Iterable[str],
     config: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """Validates ``state`` and returns it as a plain dict.
+    """Validates ``state`` and returns it as a plain dict of plain Python values.
 
     ``ints`` are the keys holding non-negative integers; ``config`` maps the keys that must
-    equal this sampler's own values to those values. Raises ``TypeError`` for a non-mapping or a
-    value of the wrong type, and :class:`StateError` (a ``ValueError``) for missing keys, negative
-    integers or a different configuration, listing every difference.
+    equal this sampler's own values to those values. Integers may be Python, numpy or 0-d
+    torch integers (a state that went through ``torch.save`` or numpy); ``bool`` and floats
+    are refused. Raises ``TypeError`` for a value of the wrong type, and :class:`StateError`
+    for missing keys, negative integers or a different configuration, listing every difference.
     """
-    if not isinstance(state, Mapping):
-        raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")
     ints = tuple(ints)
     missing = [k for k in (*ints, *config) if k not in state]
     if missing:
         raise StateError(f"state is missing keys {missing}; is it a state_dict() of this sampler?")
+    out = dict(state)
     for key in ints:
-        value = state[key]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"state[{key!r}] must be an int, got {type(value).__name__}")
-        if value < 0:
-            raise StateError(f"state[{key!r}] must be >= 0, got {value}")
+        out[key] = as_int(f"state[{key!r}]", state[key])
+        if out[key] < 0:
+            raise StateError(f"state[{key!r}] must be >= 0, got {out[key]}")
     for key, mine in config.items():
-        value = state[key]
-        if type(value) is not type(mine):
-            raise TypeError(
-                f"state[{key!r}] must be a {type(mine).__name__}, got {type(value).__name__}"
-            )
+        out[key] = _as_config_value(key, state[key], mine)
     differ = [
-        f"{key}: state has {state[key]!r}, this sampler has {mine!r}"
+        f"{key}: state has {out[key]!r}, this sampler has {mine!r}"
         for key, mine in config.items()
-        if state[key] != mine
+        if out[key] != mine
     ]
     if differ:
         raise StateError("state comes from a different configuration: " + "; ".join(differ))
-    return dict(state)
+    return out

@@ -1,4 +1,4 @@
-"""The base class of croupier's samplers: torch's ``Sampler`` when torch imports, else a stand-in.
+"""torch's ``Sampler`` when torch imports, else a stand-in: croupier imports with only numpy.
 
 croupier must import with only numpy installed; with torch present its samplers are real
 ``torch.utils.data.Sampler`` subclasses, so ``isinstance`` checks in training code pass.

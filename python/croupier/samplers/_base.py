@@ -1,0 +1,408 @@
+"""The sampler base: everything a croupier sampler needs besides its indices.
+
+A sampler on this base supplies its configuration and one function, "the items of epoch ``e``
+from position ``p``" (computed by the Rust core, handed over as numpy arrays). The base owns the
+rest, the same for every sampler:
+
+- the epoch (``set_epoch``, the ``epoch`` property) and a pending start (``set_skip``, a loaded
+  state), with torch's rule that iterating again without ``set_epoch`` repeats the epoch;
+- the live position: how many items the latest iterator has handed out, exact at every instant
+  (a signal handler or another thread may take a checkpoint between any two bytecodes);
+- ``state_dict``/``load_state_dict`` framing (version, configuration check, position, epoch,
+  world size), states of documented foreign shapes (:class:`StateFormat`), and pickling as a
+  checkpoint (DataLoader workers, ``copy.copy``);
+- read-only configuration: the attributes named in ``_config_names`` cannot be assigned after
+  construction, so a checkpoint always describes what is iterated;
+- a cache of the current epoch's remaining items, and ``__repr__``.
+
+:class:`IndexSampler` yields ``int`` indices and adds :meth:`IndexSampler.indices`;
+:class:`BatchSampler` yields ``list[int]`` batches and counts its position in batches.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from croupier._torch import Sampler
+from croupier._validate import MAX_LEN, U64_MAX, check_int
+from croupier.samplers._state import StateError, StateFormat, check_state
+
+__all__ = ["BatchSampler", "Batches", "IndexSampler", "StatefulSampler"]
+
+T = TypeVar("T")
+Seg = TypeVar("Seg", bound="_Segment")
+
+_STATE_VERSION = 1
+
+
+class _Segment(Protocol):
+    """Consecutive items of an epoch: a numpy array of indices, or :class:`Batches`."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, key: slice, /) -> Any: ...
+    def tolist(self) -> Any: ...
+
+
+class Batches:
+    """Consecutive batches of an epoch, held as two numpy arrays: batch ``i`` is
+    ``flat[offsets[i]:offsets[i + 1]]``. Slicing gives views; no index is copied."""
+
+    __slots__ = ("flat", "offsets")
+
+    def __init__(self, flat: npt.NDArray[Any], offsets: npt.NDArray[Any]) -> None:
+        self.flat = flat
+        self.offsets = offsets
+
+    def __len__(self) -> int:
+        return max(len(self.offsets) - 1, 0)
+
+    def __getitem__(self, key: slice, /) -> Batches:
+        start, stop, step = key.indices(len(self))
+        if step != 1:
+            raise ValueError("Batches slices must be contiguous")
+        return Batches(self.flat, self.offsets[start : max(stop, start) + 1])
+
+    def tolist(self) -> list[list[int]]:
+        """The batches as Python lists of ints."""
+        if len(self) == 0:
+            return []
+        lo, hi = int(self.offsets[0]), int(self.offsets[-1])
+        values = self.flat[lo:hi]
+        cuts = (self.offsets[1:-1] - lo).astype(np.intp)
+        return [part.tolist() for part in np.split(values, cuts)]
+
+
+class _Pending:
+    """Where the next iteration starts: a loaded position (which belongs to its ``epoch``) or a
+    ``set_skip`` (``epoch`` None: it waits for the next iteration, whatever its epoch)."""
+
+    __slots__ = ("epoch", "position")
+
+    def __init__(self, position: int, epoch: int | None) -> None:
+        self.position = position
+        self.epoch = epoch
+
+
+class _Cursor:
+    """Progress of one iteration: the items it has handed out.
+
+    Items are turned into Python objects a chunk at a time. The position is derived from the
+    chunk being handed out (its start plus how many items its list iterator has given), so
+    iteration does no per-item bookkeeping. The chunk's start, size and iterator are replaced
+    together in one attribute store, so the position read at any instant, from a signal
+    handler or another thread, is exactly what was handed out.
+    """
+
+    __slots__ = ("_view",)
+
+    def __init__(self, position: int) -> None:
+        self._view: tuple[int, int, Iterator[Any]] = (position, 0, iter(()))
+
+    @property
+    def position(self) -> int:
+        base, size, items = self._view
+        return base + size - operator.length_hint(items)
+
+    def advance(self, items: list[Any]) -> Iterator[Any]:
+        """Moves to ``items``, the chunk after the current one, and returns its iterator."""
+        base, size, _ = self._view
+        it = iter(items)
+        self._view = (base + size, len(items), it)
+        return it
+
+
+class StatefulSampler(Sampler[T], Generic[T, Seg]):
+    """Epoch, position, checkpoint state and pickling for a sampler whose items come from the
+    Rust core. Subclasses set their configuration, call ``super().__init__`` last, and supply
+    :meth:`_config`, :meth:`_epoch_length` and :meth:`_compute` (optionally
+    :meth:`_first_stop` and :meth:`_check_epoch`)."""
+
+    #: What an item is, in messages ("indices" or "batches").
+    _unit: ClassVar[str] = "indices"
+    #: How many items are turned into Python objects at a time.
+    _chunk: ClassVar[int] = 1 << 14
+    #: Public attributes fixed at construction (assigning one raises ``AttributeError``).
+    _config_names: ClassVar[tuple[str, ...]] = ()
+    #: Foreign state shapes :meth:`load_state_dict` also accepts.
+    _state_formats: ClassVar[tuple[StateFormat, ...]] = ()
+
+    num_replicas: int
+    rank: int
+
+    def __init__(self, num_replicas: int, rank: int, length: int) -> None:
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self._length = length
+        # (epoch, where the next or live iteration stands), replaced as one value so that a
+        # checkpoint never pairs one epoch with another's position.
+        self._now: tuple[int, _Pending | _Cursor | None] = (0, None)
+        # (epoch, first position, items from there to the end of that epoch) or None.
+        self._cache: tuple[int, int, Seg] | None = None
+        self._sealed = True
+
+    # -- what a sampler supplies ----------------------------------------------------------------
+
+    def _config(self) -> dict[str, Any]:
+        """The configuration a state must match to load (JSON-able values)."""
+        raise NotImplementedError
+
+    def _epoch_length(self, num_replicas: int) -> int:
+        """Items per rank and epoch with ``num_replicas`` ranks (``len(self)`` for this one)."""
+        raise NotImplementedError
+
+    def _compute(self, epoch: int, start: int, stop: int | None) -> Seg:
+        """This rank's items ``[start, stop)`` of ``epoch`` (``stop=None``: to the end)."""
+        raise NotImplementedError
+
+    def _first_stop(self, start: int) -> int:
+        """Where the first piece of an iteration starting at ``start`` should end so that its
+        first item comes soon (default: the end of the epoch, one piece)."""
+        return self._length
+
+    def _check_epoch(self, epoch: int) -> None:
+        """Raises ``ValueError`` if this sampler cannot iterate ``epoch`` (beyond the range
+        check every sampler makes)."""
+
+    # -- configuration --------------------------------------------------------------------------
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in type(self)._config_names and self.__dict__.get("_sealed", False):
+            raise AttributeError(
+                f"{type(self).__name__}.{name} is fixed at construction, so that the state "
+                f"describes what is iterated; build a new sampler with {name}=... instead"
+            )
+        object.__setattr__(self, name, value)
+
+    def __len__(self) -> int:
+        """This rank's number of items per epoch."""
+        return self._length
+
+    # -- epoch and position ---------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch; assigning to it is :meth:`set_epoch`."""
+        return self._now[0]
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.set_epoch(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch whose order the next iteration yields.
+
+        A position restored by :meth:`load_state_dict` belongs to its epoch: setting that epoch
+        again keeps it (so the usual ``sampler.set_epoch(epoch)`` at the top of a resumed
+        training loop does not lose it) and moving to another epoch starts that one from its
+        beginning. A :meth:`set_skip` waits for the next iteration, whatever its epoch, as in
+        kempnerforge's sampler. An iterator already running keeps the epoch it started with.
+        """
+        epoch = check_int("epoch", epoch, 0, U64_MAX)
+        self._check_epoch(epoch)
+        current, at = self._now
+        if epoch == current:
+            return
+        if isinstance(at, _Pending) and at.epoch is None:
+            self._now = (epoch, at)
+        else:
+            self._now = (epoch, None)
+        self._cache = None
+
+    def set_skip(self, skip: int) -> None:
+        """Makes the next iteration skip the first ``skip`` items of this rank's epoch, in O(1).
+
+        ``skip`` counts from the start of the epoch and must be in ``[0, len(self)]``;
+        ``skip == len(self)`` leaves nothing to yield. A larger value is refused with
+        ``ValueError``: it would silently run into the next epoch's data.
+        """
+        skip = check_int("skip", skip, 0, self._length)
+        self._now = (self._now[0], _Pending(skip, None))
+
+    @staticmethod
+    def _consumed(at: _Pending | _Cursor | None) -> int:
+        return 0 if at is None else at.position
+
+    @staticmethod
+    def _next_start(at: _Pending | _Cursor | None) -> int:
+        # torch's rule: a new iteration starts the epoch again unless a start is pending.
+        return at.position if isinstance(at, _Pending) else 0
+
+    # -- items ----------------------------------------------------------------------------------
+
+    def _cached(self, epoch: int, start: int) -> Seg | None:
+        """The cached items of ``epoch`` from ``start`` on, if the cache holds them."""
+        cache = self._cache
+        if cache is None or cache[0] != epoch or cache[1] > start:
+            return None
+        return cache[2][start - cache[1] :]  # type: ignore[no-any-return]
+
+    def _tail(self, epoch: int, start: int) -> Seg:
+        """``epoch``'s items from ``start`` to its end: a view of the cache when it holds them,
+        else computed (and cached while ``epoch`` is the current one)."""
+        view = self._cached(epoch, start)
+        if view is not None:
+            return view
+        items = self._compute(epoch, start, None)
+        if epoch == self._now[0]:
+            self._cache = (epoch, start, items)
+        return items
+
+    def _segments(self, epoch: int, start: int) -> Iterator[Seg]:
+        """``epoch``'s items from ``start`` on, in consecutive pieces: a short first piece
+        (see :meth:`_first_stop`), then the rest. The epoch is fixed when iteration starts, as
+        torch's samplers fix their list: a later ``set_epoch`` does not leak into an iterator
+        already running."""
+        view = self._cached(epoch, start)
+        if view is not None:
+            yield view
+            return
+        stop = self._first_stop(start)
+        if stop < self._length:
+            yield self._compute(epoch, start, stop)
+            start = stop
+        yield self._tail(epoch, start)
+
+    def _remaining(self) -> Seg:
+        """What the next iteration yields."""
+        epoch, at = self._now
+        return self._tail(epoch, self._next_start(at))
+
+    def __iter__(self) -> Iterator[T]:
+        epoch, at = self._now
+        start = self._next_start(at)
+        cursor = _Cursor(start)
+        self._now = (epoch, cursor)
+        return _emit(self._segments(epoch, start), cursor, self._chunk)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def _state_config(self) -> dict[str, Any]:
+        return {"version": _STATE_VERSION, **self._config()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint state: the configuration, ``num_replicas``, ``rank``, ``epoch`` and
+        ``position``, the number of this rank's items of the epoch already consumed (handed
+        out by the live iterator, or skipped). After a finished iteration ``position`` is
+        ``len(self)``: a run resumed from it does not repeat the epoch.
+
+        A new dict every call, O(1) in size and JSON-serialisable; it does not change as
+        iteration goes on, and it is exact at any instant (from a signal handler or a thread).
+        """
+        epoch, at = self._now
+        return {
+            **self._state_config(),
+            "num_replicas": self.num_replicas,
+            "rank": self.rank,
+            "epoch": epoch,
+            "position": self._consumed(at),
+        }
+
+    def _as_native(self, state: object) -> Mapping[str, Any]:
+        """``state`` in this sampler's own shape: as it is when it has a ``version``, else
+        converted by the one :class:`StateFormat` whose keys it has."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")
+        if "version" in state:
+            return state
+        keys = set(state)
+        for fmt in self._state_formats:
+            if fmt.matches(keys):
+                return fmt.to_native(state, self.state_dict())
+        shapes = [f"{fmt.name} ({', '.join(sorted(fmt.keys))})" for fmt in self._state_formats]
+        accepted = "a state_dict() of this sampler" + (
+            " or a state of " + " or ".join(shapes) if shapes else ""
+        )
+        raise StateError(f"state has keys {sorted(map(str, keys))}; expected {accepted}")
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores a :meth:`state_dict`: the next iteration continues with exactly the next item.
+
+        The state is validated first: missing keys, wrong types, negative numbers, a position
+        past the end of the epoch, or a different configuration (the message lists each
+        difference) raise ``ValueError`` (:class:`~croupier.StateError`; ``TypeError`` for
+        wrong types) and leave the sampler unchanged. Ranks move in lockstep, so a state saved
+        on any rank loads on any rank. A state saved with a different ``num_replicas`` loads at
+        an epoch boundary (position 0, or the end of the epoch); mid-epoch it is refused.
+        """
+        native = check_state(
+            self._as_native(state),
+            ints=("num_replicas", "rank", "epoch", "position"),
+            config=self._state_config(),
+        )
+        epoch = check_int("state['epoch']", native["epoch"], 0, U64_MAX)
+        self._check_epoch(epoch)
+        saved_w = check_int("state['num_replicas']", native["num_replicas"], 1, MAX_LEN)
+        check_int("state['rank']", native["rank"], 0, saved_w - 1)
+        position = native["position"]
+        saved_len = self._length if saved_w == self.num_replicas else self._epoch_length(saved_w)
+        if position > saved_len:
+            raise StateError(
+                f"state['position'] must be in [0, {saved_len}] ({self._unit} per rank and epoch "
+                f"with num_replicas={saved_w}), got {position}"
+            )
+        if saved_w != self.num_replicas:
+            if 0 < position < saved_len:
+                raise StateError(
+                    f"state was saved mid-epoch (position {position} of {saved_len}) with "
+                    f"num_replicas={saved_w}, this sampler has num_replicas={self.num_replicas}: "
+                    "resuming mid-epoch on a different number of replicas is not supported; "
+                    "resume from a checkpoint taken at an epoch boundary"
+                )
+            position = 0 if position == 0 else self._length
+        if epoch != self._now[0]:
+            self._cache = None
+        self._now = (epoch, _Pending(position, epoch))
+
+    # -- pickling (DataLoader workers, multiprocessing) and repr --------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickling (and copy.copy) is a checkpoint: the live iterator's position is frozen into a
+        # pending start, and the cached items are recomputed on demand, never shipped.
+        state = self.__dict__.copy()
+        state["_cache"] = None
+        epoch, at = self._now
+        if isinstance(at, _Cursor):
+            state["_now"] = (epoch, _Pending(at.position, epoch))
+        return state
+
+    def __repr__(self) -> str:
+        epoch, at = self._now
+        fields = {**self._config(), "num_replicas": self.num_replicas, "rank": self.rank}
+        body = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        return f"{type(self).__name__}({body}, epoch={epoch}, position={self._consumed(at)})"
+
+
+def _emit(segments: Iterator[_Segment], cursor: _Cursor, chunk: int) -> Iterator[Any]:
+    """Yields the items of ``segments`` as Python objects, a chunk at a time."""
+    for seg in segments:
+        for lo in range(0, len(seg), chunk):
+            yield from cursor.advance(seg[lo : lo + chunk].tolist())
+
+
+class IndexSampler(StatefulSampler[int, "npt.NDArray[Any]"]):
+    """A sampler that yields this rank's indices as Python ints; position counts indices."""
+
+    def indices(self) -> npt.NDArray[Any]:
+        """What the next iteration yields, as a read-only numpy array (``uint32`` when the
+        dataset has at most ``2**32`` samples, else ``int64``): the rest of the epoch after a
+        :meth:`set_skip` or :meth:`load_state_dict`, else the whole epoch (a new iteration
+        starts the epoch again, as torch's samplers do). A view of the buffer the Rust core
+        filled: no copy is made."""
+        return self._remaining()
+
+
+class BatchSampler(StatefulSampler[list[int], Batches]):
+    """A sampler that yields batches (``list[int]``); position and ``len`` count batches."""
+
+    _unit = "batches"
+    _chunk = 1 << 10
+
+    def batches(self) -> Batches:
+        """What the next iteration yields, as :class:`Batches` (two numpy arrays: the indices
+        and the offsets where each batch starts), without a copy."""
+        return self._remaining()
