@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 
 import pytest
@@ -11,6 +12,13 @@ from croupier import cli
 from croupier.bench import BenchConfig, run
 from croupier.bench._report import table
 from croupier.bench._systems import SYSTEMS, by_name
+
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="compares against torch's sampler"
+)
+needs_matplotlib = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason="draws the plot with matplotlib"
+)
 
 
 @pytest.mark.parametrize(
@@ -59,6 +67,7 @@ def test_every_system_has_a_known_baseline_and_estimate():
     assert by_name("torch-sampler").memory_estimate(10**9, 8) > 40 << 30
 
 
+@needs_torch
 def test_harness_measures_checks_and_compares():
     lines: list[str] = []
     cfg = BenchConfig(
@@ -113,6 +122,7 @@ def test_runs_that_cannot_fit_are_skipped_and_said_so():
     assert "skipped" in table(results)
 
 
+@needs_matplotlib
 def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     code = cli.main(
         [

@@ -4,7 +4,6 @@ environment, jax, or a callable."""
 import importlib.util
 
 import pytest
-import torch.distributed as dist
 
 from croupier import DistributedSampler
 
@@ -52,7 +51,14 @@ def test_callable():
 
 
 def test_torch_required_but_not_initialised():
+    pytest.importorskip("torch")
     with pytest.raises(ValueError, match=r"torch\.distributed is not initialised"):
+        ranks(dist_info="torch")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch is installed")
+def test_torch_required_but_missing():
+    with pytest.raises(ValueError, match="needs torch installed"):
         ranks(dist_info="torch")
 
 
@@ -63,6 +69,7 @@ def test_jax_required_but_missing():
 
 
 def test_initialised_torch_distributed_wins(monkeypatch):
+    dist = pytest.importorskip("torch.distributed")
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "8")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

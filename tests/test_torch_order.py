@@ -7,11 +7,13 @@ import hashlib
 
 import numpy as np
 import pytest
-import torch
-from torch.utils.data import DistributedSampler as TorchDistributedSampler
 
-from croupier import DistributedSampler, _core
-from croupier._torch_order import torch_randperm_order
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import DistributedSampler as TorchDistributedSampler  # noqa: E402
+
+from croupier import DistributedSampler, _core  # noqa: E402
+from croupier._torch_order import torch_randperm_order  # noqa: E402
 
 TORCH = torch.__version__
 
