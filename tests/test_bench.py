@@ -113,6 +113,7 @@ def test_repeats_go_round_robin_over_systems():
         assert row["epoch_s"] == pytest.approx(sum(r["epoch_s"] for r in row["runs"]) / 2)
 
 
+@needs_torch
 def test_runs_that_cannot_fit_are_skipped_and_said_so():
     cfg = BenchConfig(ns=(10**10,), systems=("torch-sampler",))
     results = run(cfg)
