@@ -86,3 +86,16 @@ def test_inside_a_dataloader_with_two_workers():
     got = [int(i) for batch in loader for i in batch]
     assert got == list(s)
     assert len(got) == len(s) == 501
+
+
+def test_ranks_behind_dataloaders_with_drop_last_never_repeat_a_sample():
+    # torch's own test of its sampler, as a user of croupier's would run it: positional
+    # (dataset, num_replicas, rank), a tensor dataset, DataLoaders that drop the last batch.
+    data = torch.IntTensor(range(9))
+    seen = torch.IntTensor([])
+    for rank in range(4):
+        s = DistributedSampler(data, 4, rank)
+        for batch in DataLoader(data, batch_size=2, drop_last=True, sampler=s):
+            seen = torch.cat((seen, batch), 0)
+    assert seen.size() == seen.unique().size()
+    assert len(seen) == 4 * 2
