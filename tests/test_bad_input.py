@@ -60,6 +60,13 @@ def test_constructor_refuses(kwargs, exc, message):
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize("path", ["/data/train.bin", b"/data/train.bin"])
+def test_a_path_as_the_dataset_is_refused(path, tmp_path):
+    for dataset in (path, tmp_path):
+        with pytest.raises(TypeError, match=r"dataset must be a sized dataset .*a path\?"):
+            make(dataset=dataset)
+
+
 def test_dataset_with_a_bad_len_is_refused():
     class Weird:
         def __len__(self):

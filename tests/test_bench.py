@@ -156,3 +156,21 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
 def test_cli_refuses_bad_arguments(capsys):
     assert cli.main(["bench", "--ranks", "2", "--rank", "5", "--n", "10"]) == 2
     assert "rank must be in [0, ranks)" in capsys.readouterr().err
+
+
+def test_help_answers_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from croupier import cli\n"
+        "try:\n"
+        "    cli.main(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('torch' in sys.modules, 'croupier.samplers' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "bench" in out.stdout
+    assert out.stdout.splitlines()[-1] == "False False"

@@ -80,13 +80,16 @@ def test_initialised_torch_distributed_wins(monkeypatch):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("var", "value"), [("SLURM_NTASKS", "4"), ("LOCAL_RANK", "2")])
+@pytest.mark.parametrize(
+    ("var", "value"), [("SLURM_NTASKS", "4"), ("LOCAL_RANK", "2"), ("LOCAL_RANK", "1")]
+)
 def test_launcher_without_ranks_warns(monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     with pytest.warns(RuntimeWarning, match=f"{var}={value} suggests a multi-process launch"):
         assert ranks() == (1, 0)
 
 
-def test_single_task_launcher_does_not_warn(monkeypatch):
-    monkeypatch.setenv("SLURM_NTASKS", "1")
+@pytest.mark.parametrize(("var", "value"), [("SLURM_NTASKS", "1"), ("LOCAL_RANK", "0")])
+def test_single_task_launcher_does_not_warn(monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
     assert ranks() == (1, 0)  # filterwarnings = error would fail on a warning

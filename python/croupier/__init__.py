@@ -6,8 +6,32 @@ buffers and hands them to Python as numpy arrays without a copy; the classes her
 samplers subclass ``torch.utils.data.Sampler`` when torch is installed.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from croupier._core import __version__
 from croupier._permutation import permutation
-from croupier.samplers import DistributedSampler, StateError
+
+if TYPE_CHECKING:
+    from croupier.samplers import DistributedSampler, StateError
 
 __all__ = ["DistributedSampler", "StateError", "__version__", "permutation"]
+
+# The samplers subclass torch's Sampler, so importing them imports torch (seconds) when it is
+# installed: they load on first use, and `croupier --help` or `croupier.permutation` never pay it.
+_LAZY = {"DistributedSampler": "croupier.samplers", "StateError": "croupier.samplers"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'croupier' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

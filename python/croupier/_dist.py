@@ -64,7 +64,9 @@ _LAUNCHER_VARS = ("LOCAL_RANK", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZ
 def _single_process() -> tuple[int, int]:
     for var in _LAUNCHER_VARS:
         value = os.environ.get(var)
-        if value is not None and value not in ("0", "1"):
+        # LOCAL_RANK is a rank (1 is the second process); the others are sizes (1 is alone).
+        alone = ("0",) if var == "LOCAL_RANK" else ("0", "1")
+        if value is not None and value not in alone:
             warnings.warn(
                 f"croupier: {var}={value} suggests a multi-process launch, but torch.distributed "
                 "is not initialised and RANK/WORLD_SIZE are unset: using rank 0 of 1. Pass "

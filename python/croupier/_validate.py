@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import operator
+import os
 
 import numpy as np
 
@@ -56,6 +57,11 @@ def dataset_length(dataset: object) -> int:
     """The number of samples of ``dataset``: an int N itself, or ``len(dataset)``."""
     if isinstance(dataset, bool):
         raise TypeError("dataset must be a sized object (with __len__) or an int, got bool")
+    if isinstance(dataset, (str, bytes, os.PathLike)):
+        raise TypeError(
+            "dataset must be a sized dataset object or an int number of samples, got "
+            f"{type(dataset).__name__} {dataset!r:.80} (a path? load the dataset first)"
+        )
     if isinstance(dataset, numbers.Integral):  # int and numpy integers, not arrays
         return check_int("dataset", dataset, 0, MAX_LEN)
     if not hasattr(type(dataset), "__len__"):

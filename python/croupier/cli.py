@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from croupier import __version__
-from croupier.samplers import DistributedSampler
 
 __all__ = ["main"]
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from croupier.samplers import DistributedSampler
+
     t0 = time.perf_counter()
     sampler = DistributedSampler(
         args.n, num_replicas=args.num_replicas, rank=args.rank, seed=args.seed
