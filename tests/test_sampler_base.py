@@ -297,3 +297,35 @@ def test_batch_state_position_past_the_epoch_names_batches():
     state = {**s.state_dict(), "position": 11}
     with pytest.raises(StateError, match=r"must be in \[0, 10\] \(batches per rank and epoch"):
         s.load_state_dict(state)
+
+
+# -- streaming without a shuffle ----------------------------------------------------------------
+
+
+def test_unshuffled_iteration_streams_in_windows():
+    # A share of 2**40 indices would need 8 TiB as one buffer: iteration must stream it.
+    n = 2**40 + 3
+    s = DistributedSampler(n, num_replicas=2, rank=1, shuffle=False)
+    it = iter(s)
+    head = [next(it) for _ in range(70_000)]  # across the first windows
+    assert head == list(range(1, 2 * 70_000, 2))
+    assert s.state_dict()["position"] == 70_000
+    assert s._cache is None, "nothing of the epoch is held beyond the window"
+    resumed = DistributedSampler(n, num_replicas=2, rank=1, shuffle=False)
+    resumed.set_skip(len(s) - 2)
+    # the last two: global positions n - 2 and n, the latter padding that repeats position 0
+    assert list(iter(resumed)) == [n - 2, 0]  # list(sampler) would presize to len(sampler)
+
+
+@settings(max_examples=30)
+@given(n=st.integers(0, 300_000), w=st.integers(1, 3), data=st.data())
+def test_unshuffled_resume_anywhere_across_windows(n, w, data):
+    s = DistributedSampler(n, num_replicas=w, rank=0, shuffle=False, drop_last=True)
+    full = s.indices().tolist()
+    assert full == list(range(0, len(s) * w, w))
+    k = data.draw(st.integers(0, len(s)))
+    it = iter(DistributedSampler(n, num_replicas=w, rank=0, shuffle=False, drop_last=True))
+    fresh = DistributedSampler(n, num_replicas=w, rank=0, shuffle=False, drop_last=True)
+    fresh.set_skip(k)
+    assert list(fresh) == full[k:]
+    assert [next(it) for _ in range(k)] == full[:k]

@@ -38,6 +38,8 @@ T = TypeVar("T")
 Seg = TypeVar("Seg", bound="_Segment")
 
 _STATE_VERSION = 1
+# The first window of a streamed iteration is short, so its first item comes at once.
+_FIRST_WINDOW = 1 << 10
 
 
 class _Segment(Protocol):
@@ -164,6 +166,13 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         first item comes soon (default: the end of the epoch, one piece)."""
         return self._length
 
+    def _window(self) -> int | None:
+        """For an order whose every range is cheap to compute (no shuffle), how many items to
+        compute at a time while iterating, so that iteration holds only one window and the
+        first item costs nothing; ``None`` (the default) computes the rest of the epoch once
+        and caches it."""
+        return None
+
     def _check_epoch(self, epoch: int) -> None:
         """Raises ``ValueError`` if this sampler cannot iterate ``epoch`` (beyond the range
         check every sampler makes)."""
@@ -254,12 +263,21 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
 
     def _segments(self, epoch: int, start: int) -> Iterator[Seg]:
         """``epoch``'s items from ``start`` on, in consecutive pieces: a short first piece
-        (see :meth:`_first_stop`), then the rest. The epoch is fixed when iteration starts, as
-        torch's samplers fix their list: a later ``set_epoch`` does not leak into an iterator
-        already running."""
+        (see :meth:`_first_stop`), then the rest; or windows (see :meth:`_window`). The epoch
+        is fixed when iteration starts, as torch's samplers fix their list: a later
+        ``set_epoch`` does not leak into an iterator already running."""
         view = self._cached(epoch, start)
         if view is not None:
             yield view
+            return
+        window = self._window()
+        if window is not None:
+            lo = start
+            size = min(window, _FIRST_WINDOW)
+            while lo < self._length:
+                hi = min(lo + size, self._length)
+                yield self._compute(epoch, lo, hi)
+                lo, size = hi, window
             return
         stop = self._first_stop(start)
         if stop < self._length:

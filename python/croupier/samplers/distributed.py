@@ -156,6 +156,10 @@ class DistributedSampler(IndexSampler):
         arr.flags.writeable = False  # shared by every view handed out
         return arr
 
+    def _window(self) -> int | None:
+        # Unshuffled, any range is arithmetic: stream it instead of holding the whole share.
+        return None if self.shuffle else 1 << 16
+
     def _first_stop(self, start: int) -> int:
         # In the fast shuffled order: the end of the block holding `start`, or the next 64
         # positions inside a long block (read by random access), so the first index is ready
