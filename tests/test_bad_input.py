@@ -180,18 +180,23 @@ def test_refusals_happen_before_any_work(monkeypatch):
     import croupier.samplers.distributed as mod
 
     calls = []
-    real_layout = mod._core.layout
+    real_deal = mod._core.Deal
 
-    def layout(*args):
-        calls.append("layout")
-        return real_layout(*args)
+    class Deal:
+        """Records every call into the core."""
 
-    def rank_indices(*args):
-        calls.append("rank_indices")
-        raise AssertionError("no indices are computed while checking arguments")
+        def __init__(self, *args):
+            calls.append("Deal")
+            self._real = real_deal(*args)
+            self.num_samples, self.total_size = self._real.num_samples, self._real.total_size
 
-    monkeypatch.setattr(mod._core, "layout", layout)
-    monkeypatch.setattr(mod._core, "rank_indices", rank_indices)
+        def indices(self, *args):
+            calls.append("indices")
+            raise AssertionError("no indices are computed while checking arguments")
+
+        first_stop = indices
+
+    monkeypatch.setattr(mod._core, "Deal", Deal)
     for bad in ({"rank": 9}, {"seed": -1}, {"dataset": object()}, {"shuffle": "no"}):
         with pytest.raises((ValueError, TypeError)):
             make(**bad)

@@ -25,8 +25,8 @@ def test_arrays_own_the_rust_buffer_without_a_copy():
     # numpy does not own the data: its base is the Rust-side container holding the Vec.
     for arr in (
         _core.permutation(100, 0, 0),
-        _core.rank_indices(100, 3, 1, True, 0, 0, False, "fast"),
-        _core.rank_indices(2**32 + 5, 2**20, 7, False, 0, 0, False, "torch>=2.6"),
+        _core.Deal(100, 3, 1, True, 0, False, _core.Order.FAST).indices(0),
+        _core.Deal(2**32 + 5, 2**20, 7, False, 0, False, _core.Order.TORCH_INSIDE_OUT).indices(0),
     ):
         assert not arr.flags.owndata
         assert type(arr.base).__name__ == "PySliceContainer"
@@ -55,8 +55,8 @@ def test_peak_memory_shows_no_copy():
 
 
 def test_dtype_switches_above_2_pow_32():
-    at = _core.rank_indices(2**32, 2**20, 0, False, 0, 0, False, "fast")
-    above = _core.rank_indices(2**32 + 1, 2**20, 0, False, 0, 0, False, "fast")
+    at = _core.Deal(2**32, 2**20, 0, False, 0, False, _core.Order.FAST).indices(0)
+    above = _core.Deal(2**32 + 1, 2**20, 0, False, 0, False, _core.Order.FAST).indices(0)
     assert at.dtype == np.uint32 and int(at[-1]) == 2**32 - 2**20
     assert above.dtype == np.int64
 
@@ -89,41 +89,36 @@ def test_gil_is_released_during_the_work():
     assert ticks > 10_000
 
 
+MAX = str(2**63 - 1)
+FAST, TORCH = _core.Order.FAST, _core.Order.TORCH_INSIDE_OUT
+
+
 @pytest.mark.parametrize(
     ("call", "exc", "words"),
     [
-        (lambda: _core.permutation(-1, 0, 0), ValueError, "n must be in [0, 2**63 - 1], got -1"),
-        (lambda: _core.permutation(2**64, 0, 0), ValueError, "n must be in"),
-        (lambda: _core.permutation(2**63, 0, 0), ValueError, "n must be in [0, 2**63 - 1]"),
-        (lambda: _core.permutation("5", 0, 0), TypeError, "n must be an int, got str"),
-        (lambda: _core.permutation(5.0, 0, 0), TypeError, "n must be an int, got float"),
-        (lambda: _core.permutation(5, True, 0), TypeError, "seed must be an int, got bool"),
-        (
-            lambda: _core.permutation(5, 0, -3),
-            ValueError,
-            "epoch must be in [0, 2**64 - 1], got -3",
-        ),
+        # The public functions check arguments with messages that name them.
+        (lambda: croupier.permutation(-1), ValueError, f"n must be in [0, {MAX}], got -1"),
+        (lambda: croupier.permutation(2**63), ValueError, f"n must be in [0, {MAX}]"),
+        (lambda: croupier.permutation("5"), TypeError, "n must be an int, got str"),
+        (lambda: croupier.permutation(5.0), TypeError, "n must be an int, got float"),
+        (lambda: croupier.permutation(5, True), TypeError, "seed must be an int, got bool"),
+        (lambda: croupier.permutation(5, 0, -3), ValueError, "epoch must be in [0, "),
+        # The core checks its own invariants again, behind them.
         (lambda: _core.layout(5, 0, False), ValueError, "num_replicas must be in [1, 2**63 - 1]"),
         (
-            lambda: _core.rank_indices(5, 1, 0, True, 0, 0, False, "numpy"),
-            ValueError,
-            "order must be 'fast', 'torch>=2.6' or 'torch<2.6', got \"numpy\"",
-        ),
-        (
-            lambda: _core.torch_randperm(-1, 0, "torch>=2.6"),
-            ValueError,
-            "n must be in [0, 2**63 - 1], got -1",
-        ),
-        (
-            lambda: _core.torch_randperm(5, 0, "fast"),
-            ValueError,
-            "order must be 'torch>=2.6' or 'torch<2.6', got \"fast\"",
-        ),
-        (
-            lambda: _core.rank_indices(5, 4, 4, True, 0, 0, False, "fast"),
+            lambda: _core.Deal(5, 4, 4, True, 0, False, FAST),
             ValueError,
             "rank must be in [0, num_replicas) = [0, 4), got 4",
         ),
+        (
+            lambda: _core.Deal(5, 1, 0, True, 0, False, FAST).indices(0, 3, 2),
+            ValueError,
+            "start",
+        ),
+        (lambda: _core.torch_randperm(5, 0, FAST), ValueError, "got Order.FAST"),
+        # A value of the wrong type or sign never reaches the core.
+        (lambda: _core.permutation(-1, 0, 0), OverflowError, ""),
+        (lambda: _core.Deal(5, 1, 0, True, 0, False, "fast"), TypeError, "Order"),
     ],
 )
 def test_bad_arguments_raise_named_errors(call, exc, words):
@@ -136,11 +131,29 @@ def test_numpy_integers_are_accepted():
     assert np.array_equal(
         _core.permutation(np.int64(50), np.uint64(2), np.int32(1)), _core.permutation(50, 2, 1)
     )
+    assert np.array_equal(
+        croupier.permutation(np.int64(50), np.uint64(2), np.int32(1)), _core.permutation(50, 2, 1)
+    )
 
 
 def test_unallocatable_buffer_is_a_memory_error():
     with pytest.raises(MemoryError, match="cannot allocate"):
         _core.permutation(2**63 - 1, 0, 0)
+
+
+def test_orders_and_deals_pickle_and_compare():
+    import pickle
+
+    for order in (FAST, _core.Order.TORCH_FORWARD, TORCH):
+        assert pickle.loads(pickle.dumps(order)) == order
+    assert FAST != TORCH and len({FAST, TORCH, _core.Order.FAST}) == 2
+    deal = _core.Deal(1000, 3, 2, True, 9, True, TORCH)
+    clone = pickle.loads(pickle.dumps(deal))
+    assert repr(clone) == repr(deal)
+    assert "order=Order.TORCH_INSIDE_OUT" in repr(deal)
+    assert (clone.num_samples, clone.total_size) == (333, 999)
+    assert (deal.num_samples, deal.total_size) == (333, 999)
+    assert np.array_equal(clone.indices(4), deal.indices(4))
 
 
 big = st.integers(min_value=-(2**70), max_value=2**70)
@@ -154,14 +167,22 @@ big = st.integers(min_value=-(2**70), max_value=2**70)
     epoch=big,
     shuffle=st.booleans(),
     drop=st.booleans(),
-    order=st.sampled_from(["fast", "torch>=2.6", "torch<2.6"]),
+    order=st.sampled_from(["fast", "torch"]),
 )
 def test_no_argument_ever_panics(n, w, r, seed, epoch, shuffle, drop, order):
-    # Small enough shares to compute, or errors: never a PanicException (a BaseException).
+    # Small enough shares to compute, or errors: never a PanicException (a BaseException),
+    # through the public sampler or straight into the core.
     if 0 <= n <= 10_000 or (w > 0 and n // max(w, 1) <= 10_000 and not shuffle):
         with contextlib.suppress(ValueError, TypeError, MemoryError):
-            _core.rank_indices(n, w, r, shuffle, seed, epoch, drop, order)
-    with contextlib.suppress(ValueError, TypeError):
+            s = croupier.DistributedSampler(
+                n, w, r, shuffle=shuffle, seed=seed, drop_last=drop, order=order
+            )
+            s.set_epoch(epoch)
+            s.indices()
+        core_order = FAST if order == "fast" else TORCH
+        with contextlib.suppress(ValueError, OverflowError, MemoryError):
+            _core.Deal(n, w, r, shuffle, seed, drop, core_order).indices(epoch)
+    with contextlib.suppress(ValueError, OverflowError):
         _core.layout(n, w, drop)
 
 

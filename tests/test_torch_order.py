@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DistributedSampler as TorchDistributedSampler  # noqa: E402
 
 from croupier import DistributedSampler, _core  # noqa: E402
-from croupier._torch_order import torch_randperm_order  # noqa: E402
+from croupier._torch_order import TORCH_ORDERS, torch_randperm_order  # noqa: E402
 
 TORCH = torch.__version__
 
@@ -69,7 +69,7 @@ def test_randperm_equals_torch_below_the_large_n_threshold():
         g.manual_seed(seed)
         want = torch.randperm(n, generator=g).numpy()
         for variant in ("torch>=2.6", "torch<2.6"):  # the same below the large-n threshold
-            got = _core.torch_randperm(n, seed, variant)
+            got = _core.torch_randperm(n, seed, TORCH_ORDERS[variant])
             assert (got == want).all(), f"torch_randperm differs from torch {TORCH} at n={n}"
 
 
@@ -101,7 +101,7 @@ def test_randperm_equals_torch_above_the_large_n_threshold():
     g = torch.Generator()
     g.manual_seed(1234 + 2)
     want = torch.randperm(n, generator=g).numpy()
-    got = _core.torch_randperm(n, 1234 + 2, torch_randperm_order())
+    got = _core.torch_randperm(n, 1234 + 2, TORCH_ORDERS[torch_randperm_order()])
     assert len(got) == n
     assert (got == want).all(), f"the large-n variant differs from torch {TORCH} at n={n}"
     del want, got
@@ -120,7 +120,7 @@ def test_randperm_equals_torch_above_the_large_n_threshold():
 def test_legacy_variant_equals_torch_2_1_above_the_threshold():
     # Fingerprint of torch 2.1.2's randperm(2**32 // 20 + 5) with manual_seed(1236), recorded
     # from torch 2.1.2 itself (torch 2.5.1 gives the same; 2.6.0 and later do not).
-    got = _core.torch_randperm(2**32 // 20 + 5, 1236, "torch<2.6")
+    got = _core.torch_randperm(2**32 // 20 + 5, 1236, _core.Order.TORCH_FORWARD)
     assert got.dtype == np.uint32
     assert got[:8].tolist() == [
         34354702,
@@ -167,7 +167,7 @@ def test_seed_plus_epoch_past_u64_is_refused_like_torch():
     with pytest.raises(ValueError, match=r"seed \+ epoch must be at most 2\*\*64 - 1"):
         s.set_epoch(1)
     with pytest.raises(ValueError, match=r"seed \+ epoch must be at most"):
-        _core.rank_indices(5, 1, 0, True, 2**64 - 1, 1, False, "torch>=2.6")
+        _core.Deal(5, 1, 0, True, 2**64 - 1, False, _core.Order.TORCH_INSIDE_OUT).indices(1)
     fast = DistributedSampler(5, num_replicas=1, rank=0, seed=2**64 - 1)
     fast.set_epoch(1)  # croupier's own order has no such limit
     assert sorted(fast) == [0, 1, 2, 3, 4]

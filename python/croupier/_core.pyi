@@ -1,4 +1,10 @@
-"""Type stubs of the compiled module ``croupier._core`` (private; use the ``croupier`` package)."""
+"""Type stubs of the compiled module ``croupier._core`` (private; use the ``croupier`` package).
+
+The module only converts: arguments are checked with clear messages by the Python layer
+(``croupier._validate``) before they reach it; the core's own checks raise ``ValueError``.
+"""
+
+from typing import final
 
 import numpy as np
 import numpy.typing as npt
@@ -6,66 +12,80 @@ import numpy.typing as npt
 __all__ = [
     "MAX_LEN",
     "TORCH_LARGE_N",
+    "U32_MAX_LEN",
+    "Deal",
+    "Order",
     "__version__",
-    "first_stop",
     "layout",
     "permutation",
     "permutation_into",
-    "rank_indices",
     "torch_randperm",
 ]
 
 __version__: str
 MAX_LEN: int
-"""The largest dataset length accepted: 2**63 - 1."""
+"""The largest dataset length, rank count or position accepted: 2**63 - 1."""
+U32_MAX_LEN: int
+"""The largest length whose indices are ``uint32``: 2**32."""
 TORCH_LARGE_N: int
 """From this length (2**32 // 20) on, torch >= 2.6 and torch < 2.6 permute differently."""
 
-def permutation(n: int, seed: int, epoch: int) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
-    """The epoch's permutation of ``[0, n)`` (parallel, exact): ``uint32`` when
-    ``n <= 2**32``, else ``int64``."""
+_Indices = npt.NDArray[np.uint32] | npt.NDArray[np.int64]
 
-def permutation_into(
-    out: npt.NDArray[np.uint32] | npt.NDArray[np.int64], seed: int, epoch: int
-) -> None:
-    """Fills ``out`` (writable, contiguous, 1-D, ``uint32`` or ``int64``) with the permutation of
-    ``[0, len(out))`` that :func:`permutation` returns, in place."""
+@final
+class Order:
+    """An epoch order: croupier's own, or torch's CPU ``randperm`` as releases before 2.6 or
+    from 2.6 on compute it."""
+
+    FAST: Order
+    TORCH_FORWARD: Order
+    TORCH_INSIDE_OUT: Order
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __int__(self) -> int: ...
+
+@final
+class Deal:
+    """How one rank is dealt an epoch (immutable; the epoch is given per call)."""
+
+    def __new__(
+        cls,
+        n: int,
+        num_replicas: int,
+        rank: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        order: Order,
+    ) -> Deal: ...
+    @property
+    def num_samples(self) -> int:
+        """This rank's number of indices per epoch (torch's ``num_samples``)."""
+    @property
+    def total_size(self) -> int:
+        """``num_samples * num_replicas`` (torch's ``total_size``)."""
+    def indices(self, epoch: int, start: int = 0, stop: int | None = None) -> _Indices:
+        """Positions ``[start, stop)`` (default: to the end) of the sequence this rank receives
+        in ``epoch``, padded or cut as torch does: ``uint32`` when ``n <= 2**32``, else
+        ``int64``. In the fast shuffled order only the blocks holding the positions are
+        computed."""
+    def first_stop(self, start: int) -> int:
+        """Where an :meth:`indices` call starting at ``start`` should stop to hand out its
+        first index soonest: in the fast shuffled order, the end of the block holding
+        ``start``, or ``start + 64`` inside a long block (read by random access); else
+        ``num_samples``."""
 
 def layout(n: int, num_replicas: int, drop_last: bool) -> tuple[int, int]:
     """``(num_samples, total_size)`` of torch's ``DistributedSampler`` for these arguments."""
 
-def rank_indices(
-    n: int,
-    num_replicas: int,
-    rank: int,
-    shuffle: bool,
-    seed: int,
-    epoch: int,
-    drop_last: bool,
-    order: str,
-    start: int | None = None,
-    stop: int | None = None,
-) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
-    """Positions ``[start, stop)`` (default: all ``num_samples``) of the sequence ``rank``
-    receives in ``epoch``, padded or cut as torch does.
+def permutation(n: int, seed: int, epoch: int) -> _Indices:
+    """The epoch's permutation of ``[0, n)`` (parallel, exact): ``uint32`` when
+    ``n <= 2**32``, else ``int64``."""
 
-    ``order`` is ``"fast"`` (croupier's order), ``"torch>=2.6"`` or ``"torch<2.6"`` (the order
-    of torch's ``randperm`` in those releases). In the fast shuffled order only the blocks
-    holding the positions are computed."""
+def permutation_into(out: _Indices, seed: int, epoch: int) -> None:
+    """Fills ``out`` (writable, contiguous, 1-D, ``uint32`` or ``int64``) with the permutation of
+    ``[0, len(out))`` that :func:`permutation` returns, in place."""
 
-def first_stop(
-    n: int,
-    num_replicas: int,
-    rank: int,
-    shuffle: bool,
-    drop_last: bool,
-    order: str,
-    start: int,
-) -> int:
-    """Where a :func:`rank_indices` call starting at ``start`` should stop to hand out its first
-    index soonest: in the fast shuffled order, the end of the block holding ``start``, or
-    ``start + 64`` inside a long block (read by random access); else ``num_samples``."""
-
-def torch_randperm(n: int, seed: int, order: str) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
+def torch_randperm(n: int, seed: int, order: Order) -> _Indices:
     """``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` on the CPU, as the
-    releases named by ``order`` (``"torch>=2.6"`` or ``"torch<2.6"``) compute it."""
+    releases named by ``order`` (``TORCH_FORWARD`` or ``TORCH_INSIDE_OUT``) compute it."""

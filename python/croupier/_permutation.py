@@ -12,8 +12,6 @@ from croupier._validate import MAX_LEN, U64_MAX, check_int
 
 __all__ = ["permutation"]
 
-_U32_MAX_LEN = 1 << 32
-
 
 def permutation(
     n: int, seed: int = 0, epoch: int = 0, *, out: npt.NDArray[Any] | None = None
@@ -47,7 +45,7 @@ def permutation(
         raise TypeError(f"out must have dtype uint32 or int64, got {out.dtype}")
     if out.ndim != 1 or len(out) != n:
         raise ValueError(f"out must be 1-D of length n = {n}, got shape {out.shape}")
-    if out.dtype == np.uint32 and n > _U32_MAX_LEN:
+    if out.dtype == np.uint32 and n > _core.U32_MAX_LEN:
         raise ValueError(f"out must be int64 for n > 2**32, got uint32 with n = {n}")
     if not (out.flags.c_contiguous and out.flags.writeable):
         raise ValueError("out must be C-contiguous and writable")

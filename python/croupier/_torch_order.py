@@ -19,16 +19,20 @@ import importlib.metadata
 import re
 import sys
 
-__all__ = ["NEWEST", "torch_randperm_order"]
+from croupier import _core
+
+__all__ = ["NEWEST", "TORCH_ORDERS", "torch_randperm_order"]
 
 NEWEST = "torch>=2.6"
 LEGACY = "torch<2.6"
+TORCH_ORDERS = {NEWEST: _core.Order.TORCH_INSIDE_OUT, LEGACY: _core.Order.TORCH_FORWARD}
+"""The core's order for each variant name (the names are what checkpoints record)."""
 # The day the inside-out randperm landed on torch's main branch (pytorch PR 143682).
 _CHANGE_DATE = "20241224"
 
 
 def torch_randperm_order(torch_version: object = None) -> str:
-    """``"torch>=2.6"`` or ``"torch<2.6"``: the core's name for the ``randperm`` variant of
+    """``"torch>=2.6"`` or ``"torch<2.6"``: the name of the ``randperm`` variant of
     ``torch_version`` (``"2.5.1"``, ``"2.6.0+cu124"``, ...). ``None`` means the torch in use
     (``torch.__version__`` if imported, else the installed package), or the newest variant when
     torch is not installed."""

@@ -12,7 +12,7 @@ import numpy.typing as npt
 
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
-from croupier._torch_order import torch_randperm_order
+from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
 from croupier._validate import U64_MAX, check_bool, check_int, dataset_length
 from croupier.samplers._base import IndexSampler
 from croupier.samplers._state import KEMPNERFORGE
@@ -101,20 +101,29 @@ class DistributedSampler(IndexSampler):
         if order not in _ORDERS:
             raise ValueError(f"order must be one of {list(_ORDERS)}, got {order!r}")
         if order == "torch":
-            core_order = torch_randperm_order(torch_version)
+            randperm: str | None = torch_randperm_order(torch_version)
         elif torch_version is not None:
             raise ValueError("torch_version applies to order='torch' only")
         else:
-            core_order = order
+            randperm = None
         self.shuffle = check_bool("shuffle", shuffle)
         self.drop_last = check_bool("drop_last", drop_last)
         self.seed = check_int("seed", seed, 0, U64_MAX)
         num_replicas, rank = resolve_ranks(num_replicas, rank, dist_info)
         self.dataset = dataset
         self.order = order
-        self.num_samples, self.total_size = _core.layout(n, num_replicas, self.drop_last)
         self._n = n
-        self._core_order = core_order
+        self._randperm = randperm
+        self._deal = _core.Deal(
+            n,
+            num_replicas,
+            rank,
+            self.shuffle,
+            self.seed,
+            self.drop_last,
+            _core.Order.FAST if randperm is None else TORCH_ORDERS[randperm],
+        )
+        self.num_samples, self.total_size = self._deal.num_samples, self._deal.total_size
         super().__init__(num_replicas, rank, self.num_samples)
 
     def _config(self) -> dict[str, Any]:
@@ -127,7 +136,7 @@ class DistributedSampler(IndexSampler):
         }
         if self.order == "torch" and self.shuffle and self._n >= _core.TORCH_LARGE_N:
             # Only here do torch releases disagree; a resume must use the same variant.
-            config["torch_randperm"] = self._core_order
+            config["torch_randperm"] = self._randperm
         return config
 
     def _epoch_length(self, num_replicas: int) -> int:
@@ -141,18 +150,7 @@ class DistributedSampler(IndexSampler):
             )
 
     def _compute(self, epoch: int, start: int, stop: int | None) -> npt.NDArray[Any]:
-        arr = _core.rank_indices(
-            self._n,
-            self.num_replicas,
-            self.rank,
-            self.shuffle,
-            self.seed,
-            epoch,
-            self.drop_last,
-            self._core_order,
-            start,
-            stop,
-        )
+        arr = self._deal.indices(epoch, start, stop)
         arr.flags.writeable = False  # shared by every view handed out
         return arr
 
@@ -164,12 +162,4 @@ class DistributedSampler(IndexSampler):
         # In the fast shuffled order: the end of the block holding `start`, or the next 64
         # positions inside a long block (read by random access), so the first index is ready
         # in milliseconds instead of after the whole share.
-        return _core.first_stop(
-            self._n,
-            self.num_replicas,
-            self.rank,
-            self.shuffle,
-            self.drop_last,
-            self._core_order,
-            start,
-        )
+        return self._deal.first_stop(start)

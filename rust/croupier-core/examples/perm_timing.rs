@@ -16,6 +16,6 @@ fn main() {
     );
     let mut buf = vec![0u32; n as usize];
     let t = Instant::now();
-    croupier_core::parshuffle::fill(&mut buf, 0, 1);
+    croupier_core::fill(&mut buf, 0, 1);
     println!("n={n}: reused buffer {:.3} s", t.elapsed().as_secs_f64());
 }

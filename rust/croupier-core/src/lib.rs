@@ -1,41 +1,39 @@
 //! croupier-core: seeded, reproducible index generation for data-parallel training.
 //!
-//! Pure Rust, no Python: every function here is a deterministic map from its arguments to an
-//! index buffer, identical on every platform and for every thread count. The Python bindings
-//! (`rust/croupier-py`) only convert arguments and hand the buffers over.
+//! Pure Rust, no Python: every public function is a deterministic map from its arguments to an
+//! index buffer, identical on every platform and for every thread count. The PyO3 binding crate
+//! (`rust/croupier-py`) only converts arguments and hands the buffers to numpy; the Python
+//! package (`python/croupier`) turns them into samplers with checkpoint state.
 //!
-//! - [`stream`]: the random streams, derived from `(seed, epoch, purpose, id)`, and unbiased
-//!   bounded draws.
-//! - [`cellrng`], [`hypergeom`]: keyed per-cell generators and exact, platform-independent
-//!   hypergeometric draws.
-//! - [`split`]: the values of chosen classes of a uniform random partition of `[0, n)`, by
-//!   recursive hypergeometric splitting, without computing the other classes.
-//! - [`permute`]: Fisher–Yates permutations over `u32` or `u64` buffers; [`parshuffle`]: full
-//!   permutations on every core (Rao–Sandelius); `seekable`: a bucket shuffle whose positions
-//!   can be read one by one, for the long blocks of a rank's share.
-//! - [`partition`]: torch's `DistributedSampler` arithmetic (padding, `drop_last`, striding)
-//!   and one rank's share of an epoch.
-//! - [`torch`]: torch's CPU `randperm`, reproduced exactly (`order="torch"`).
+//! # Map
+//!
+//! Each folder is one capability:
+//!
+//! - [`shuffle`]: permuting buffers: seeded Fisher–Yates, the parallel full permutation
+//!   ([`permutation`], [`fill`]) with its write-combining scatters, and torch's CPU `randperm`
+//!   reproduced exactly ([`torch_randperm()`]).
+//! - [`deal`]: dealing an epoch to data-parallel ranks: torch's padding and striding
+//!   ([`Layout`]), a rank's positions in either order ([`rank_range`], [`Order`]), and for
+//!   `order="fast"` a rank's share computed alone (class splitting by exact hypergeometric
+//!   draws, per-block orders, a seekable order for long blocks).
+//!
+//! The root holds what every folder uses: [`stream`] (the random streams, keyed by
+//! `(seed, epoch, purpose, id)`, and unbiased bounded draws), `cell_rng` (keyed per-cell
+//! generators for the splitting trees), [`index`] (element types and owned buffers), [`error`].
+//! Weighted mixtures and bucket batching will get folders of their own (`mix/`, `batch/`).
 
-pub mod cellrng;
-mod combine;
+mod cell_rng;
+pub mod deal;
 pub mod error;
-pub mod hypergeom;
 pub mod index;
-pub mod parshuffle;
-pub mod partition;
-pub mod permute;
-mod seekable;
-pub mod share;
-pub mod split;
+pub mod shuffle;
 pub mod stream;
-pub mod torch;
 
 #[cfg(test)]
 mod testkit;
 
+pub use deal::{first_stop, rank_indices, rank_range, Layout, Order};
 pub use error::{Error, Result};
-pub use index::{Index, Indices};
-pub use parshuffle::permutation;
-pub use partition::{first_stop, rank_indices, rank_range, Layout, Order};
+pub use index::{Index, Indices, MAX_LEN, U32_MAX_LEN};
+pub use shuffle::{fill, permutation, torch_randperm, TorchRandperm, LARGE_N_THRESHOLD};
 pub use stream::{Purpose, Stream};

@@ -35,13 +35,13 @@ use rand_core::{Rng, SeedableRng};
 pub enum Purpose {
     /// The global order of an epoch: a Fisher–Yates permutation of `[0, N)`.
     Permutation = u64::from_le_bytes(*b"permute\0"),
-    /// The partition of an epoch into rank shares ([`crate::share`]); only its first word is
+    /// The partition of an epoch into rank shares (`deal::share`); only its first word is
     /// used, as the base of the per-cell keys.
     Share = u64::from_le_bytes(*b"shares\0\0"),
     /// The order inside one block of a rank's share of at most 2**15 values (Fisher–Yates,
-    /// [`crate::share`]).
+    /// `deal::share`).
     ShareOrder = u64::from_le_bytes(*b"inshare\0"),
-    /// The bucket shuffle inside one long block of a rank's share ([`crate::share`]).
+    /// The bucket shuffle inside one long block of a rank's share (`deal::share`).
     ShareBuckets = u64::from_le_bytes(*b"shbucket"),
 }
 

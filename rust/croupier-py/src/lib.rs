@@ -1,17 +1,23 @@
 //! `croupier._core`: the PyO3 face of croupier-core.
 //!
-//! This crate only converts: Python ints to `u64` (with errors that name the argument), the
-//! work to croupier-core with the GIL released, and the resulting Rust buffers to numpy arrays
-//! that own them (no copy). Index math lives in croupier-core.
+//! This crate only converts. Arguments arrive as typed values (`u64`, `bool`, the [`Order`]
+//! enum, the [`Deal`] configuration of a rank's share); the work runs in croupier-core with the
+//! GIL released; the resulting Rust buffers become numpy arrays that own them (no copy).
+//!
+//! Where arguments are checked: user-facing checks, with messages that name the argument and
+//! its range, are made once, in Python (`python/croupier/_validate.py`), before any call
+//! reaches this module. The core checks its own invariants again as a library must, and those
+//! errors arrive here as `ValueError` (`MemoryError` for buffers that cannot be allocated). A
+//! value of the wrong type or sign is refused by the conversion itself (`TypeError` or
+//! `OverflowError`), which only a caller of this private module can meet.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use croupier_core::torch::TorchRandperm;
-use croupier_core::{Error, Indices, Layout, Order};
+use croupier_core::{Error, Indices, Layout, TorchRandperm};
 use numpy::IntoPyArray;
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyBool;
+use pyo3::types::PyType;
 
 /// Core errors as Python exceptions: bad arguments are `ValueError`, unallocatable buffers
 /// `MemoryError`.
@@ -26,6 +32,10 @@ impl From<CoreError> for PyErr {
     }
 }
 
+fn core<T>(result: Result<T, Error>) -> PyResult<T> {
+    result.map_err(|e| CoreError(e).into())
+}
+
 /// Runs `work` with the GIL released and maps its outcome to Python: a core error to its
 /// exception, and a panic (a bug: the core validates its inputs) to `RuntimeError` rather than
 /// pyo3's `PanicException`.
@@ -34,7 +44,7 @@ fn detached<T: Send>(
     work: impl FnOnce() -> Result<T, Error> + Send,
 ) -> PyResult<T> {
     match py.detach(|| catch_unwind(AssertUnwindSafe(work))) {
-        Ok(result) => result.map_err(|e| CoreError(e).into()),
+        Ok(result) => core(result),
         Err(panic) => {
             let msg = panic
                 .downcast_ref::<&str>()
@@ -59,75 +69,209 @@ fn to_numpy(py: Python<'_>, indices: Indices) -> Bound<'_, PyAny> {
     }
 }
 
-/// The upper bound of lengths, ranks and rank counts, and how messages write it.
-const LEN_MAX: (u64, &str) = (croupier_core::index::MAX_LEN, "2**63 - 1");
-/// The upper bound of seeds and epochs.
-const WORD_MAX: (u64, &str) = (u64::MAX, "2**64 - 1");
+/// Runs `work` detached and hands its buffer to numpy: the path of every index-producing call.
+fn indices_to_numpy<'py>(
+    py: Python<'py>,
+    work: impl FnOnce() -> Result<Indices, Error> + Send,
+) -> PyResult<Bound<'py, PyAny>> {
+    let out = detached(py, work)?;
+    Ok(to_numpy(py, out))
+}
 
-/// A Python integer (anything with `__index__`, not `bool`) in `[0, max]`, or an error naming
-/// `name` and the allowed range.
-fn arg_u64(name: &str, obj: &Bound<'_, PyAny>, (max, max_text): (u64, &str)) -> PyResult<u64> {
-    if obj.is_instance_of::<PyBool>() {
-        return Err(PyTypeError::new_err(format!(
-            "{name} must be an int, got bool"
-        )));
+/// An epoch order: croupier's own (`FAST`), or torch's CPU `randperm` as releases before 2.6
+/// (`TORCH_FORWARD`) or from 2.6 on (`TORCH_INSIDE_OUT`) compute it; they differ only for
+/// `2**32 // 20` samples or more.
+#[pyclass(
+    module = "croupier._core",
+    frozen,
+    from_py_object,
+    eq,
+    eq_int,
+    hash,
+    rename_all = "SCREAMING_SNAKE_CASE"
+)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Order {
+    Fast,
+    TorchForward,
+    TorchInsideOut,
+}
+
+impl Order {
+    fn core(self) -> croupier_core::Order {
+        match self {
+            Order::Fast => croupier_core::Order::Fast,
+            Order::TorchForward => croupier_core::Order::Torch(TorchRandperm::Forward),
+            Order::TorchInsideOut => croupier_core::Order::Torch(TorchRandperm::InsideOutForLargeN),
+        }
     }
-    match obj.extract::<u64>() {
-        Ok(v) if v <= max => Ok(v),
-        Err(_) if !obj.hasattr("__index__")? => Err(PyTypeError::new_err(format!(
-            "{name} must be an int, got {}",
-            obj.get_type().name()?
-        ))),
-        _ => Err(PyValueError::new_err(format!(
-            "{name} must be in [0, {max_text}], got {}",
-            obj.repr()?
-        ))),
+
+    fn name(self) -> &'static str {
+        match self {
+            Order::Fast => "FAST",
+            Order::TorchForward => "TORCH_FORWARD",
+            Order::TorchInsideOut => "TORCH_INSIDE_OUT",
+        }
     }
+}
+
+/// What `__reduce__` returns: a callable and its arguments.
+type Reduced<'py> = (Bound<'py, PyAny>, (Bound<'py, PyType>, &'static str));
+
+#[pymethods]
+impl Order {
+    /// Pickles as `getattr(Order, name)`, so an unpickled order is the same member.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Reduced<'py>> {
+        let getattr = py.import("builtins")?.getattr("getattr")?;
+        Ok((getattr, (py.get_type::<Order>(), self.name())))
+    }
+}
+
+/// How one rank is dealt an epoch: the dataset length, the ranks, shuffling, seed,
+/// `drop_last` and the order. Immutable; the epoch is given per call.
+#[pyclass(module = "croupier._core", frozen)]
+struct Deal {
+    layout: Layout,
+    rank: u64,
+    shuffle: bool,
+    seed: u64,
+    order: Order,
+}
+
+#[pymethods]
+impl Deal {
+    #[new]
+    #[pyo3(signature = (n, num_replicas, rank, shuffle, seed, drop_last, order))]
+    fn new(
+        n: u64,
+        num_replicas: u64,
+        rank: u64,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+        order: Order,
+    ) -> PyResult<Self> {
+        let layout = core(Layout::new(n, num_replicas, drop_last))?;
+        core(layout.check_rank(rank))?;
+        Ok(Deal {
+            layout,
+            rank,
+            shuffle,
+            seed,
+            order,
+        })
+    }
+
+    /// This rank's number of indices per epoch (torch's `num_samples`).
+    #[getter]
+    fn num_samples(&self) -> u64 {
+        self.layout.num_samples()
+    }
+
+    /// `num_samples * num_replicas` (torch's `total_size`).
+    #[getter]
+    fn total_size(&self) -> u64 {
+        self.layout.total_size()
+    }
+
+    /// Positions `[start, stop)` (default: to the end) of the sequence this rank receives in
+    /// `epoch`, padded or cut as torch does.
+    #[pyo3(signature = (epoch, start=0, stop=None))]
+    fn indices<'py>(
+        &self,
+        py: Python<'py>,
+        epoch: u64,
+        start: u64,
+        stop: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let stop = stop.unwrap_or(self.layout.num_samples());
+        let order = self.order.core();
+        indices_to_numpy(py, || {
+            croupier_core::rank_range(
+                &self.layout,
+                self.rank,
+                self.shuffle,
+                order,
+                self.seed,
+                epoch,
+                start,
+                stop,
+            )
+        })
+    }
+
+    /// Where an `indices` call starting at `start` should stop to hand out its first index
+    /// soonest: in the fast shuffled order the end of the block holding `start`, or
+    /// `start + 64` inside a long block (read by random access); else `num_samples`.
+    fn first_stop(&self, start: u64) -> PyResult<u64> {
+        core(croupier_core::first_stop(
+            &self.layout,
+            self.rank,
+            self.shuffle,
+            self.order.core(),
+            start,
+        ))
+    }
+
+    fn __getnewargs__(&self) -> (u64, u64, u64, bool, u64, bool, Order) {
+        (
+            self.layout.n(),
+            self.layout.num_replicas(),
+            self.rank,
+            self.shuffle,
+            self.seed,
+            self.layout.drop_last(),
+            self.order,
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Deal(n={}, num_replicas={}, rank={}, shuffle={}, seed={}, drop_last={}, order=Order.{})",
+            self.layout.n(),
+            self.layout.num_replicas(),
+            self.rank,
+            if self.shuffle { "True" } else { "False" },
+            self.seed,
+            if self.layout.drop_last() { "True" } else { "False" },
+            self.order.name(),
+        )
+    }
+}
+
+/// `(num_samples, total_size)` of torch's `DistributedSampler` for these arguments.
+#[pyfunction]
+fn layout(n: u64, num_replicas: u64, drop_last: bool) -> PyResult<(u64, u64)> {
+    let layout = core(Layout::new(n, num_replicas, drop_last))?;
+    Ok((layout.num_samples(), layout.total_size()))
 }
 
 /// The epoch's full permutation of `[0, n)`.
 #[pyfunction]
-#[pyo3(signature = (n, seed, epoch))]
-fn permutation<'py>(
-    py: Python<'py>,
-    n: &Bound<'py, PyAny>,
-    seed: &Bound<'py, PyAny>,
-    epoch: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let (n, seed, epoch) = (
-        arg_u64("n", n, LEN_MAX)?,
-        arg_u64("seed", seed, WORD_MAX)?,
-        arg_u64("epoch", epoch, WORD_MAX)?,
-    );
-    let out = detached(py, || croupier_core::permutation(n, seed, epoch))?;
-    Ok(to_numpy(py, out))
+fn permutation(py: Python<'_>, n: u64, seed: u64, epoch: u64) -> PyResult<Bound<'_, PyAny>> {
+    indices_to_numpy(py, || croupier_core::permutation(n, seed, epoch))
 }
 
 /// Fills a writable, contiguous 1-D `uint32` or `int64` array with the permutation of
 /// `[0, len(out))` for `(seed, epoch)`: the values [`permutation`] returns, in place.
 #[pyfunction]
-#[pyo3(signature = (out, seed, epoch))]
 fn permutation_into<'py>(
     py: Python<'py>,
     out: &Bound<'py, PyAny>,
-    seed: &Bound<'py, PyAny>,
-    epoch: &Bound<'py, PyAny>,
+    seed: u64,
+    epoch: u64,
 ) -> PyResult<()> {
-    let (seed, epoch) = (
-        arg_u64("seed", seed, WORD_MAX)?,
-        arg_u64("epoch", epoch, WORD_MAX)?,
-    );
     if let Ok(mut arr) = out.extract::<numpy::PyReadwriteArray1<'py, u32>>() {
         let buf = arr
             .as_slice_mut()
             .map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
-        if buf.len() as u64 > croupier_core::index::U32_MAX_LEN {
+        if buf.len() as u64 > croupier_core::U32_MAX_LEN {
             return Err(PyValueError::new_err(
                 "out must be int64 for more than 2**32 indices",
             ));
         }
         return detached(py, || {
-            croupier_core::parshuffle::fill(buf, seed, epoch);
+            croupier_core::fill(buf, seed, epoch);
             Ok(())
         });
     }
@@ -137,7 +281,7 @@ fn permutation_into<'py>(
             .map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
         let buf: &mut [u64] = bytemuck::cast_slice_mut(buf);
         return detached(py, || {
-            croupier_core::parshuffle::fill(buf, seed, epoch);
+            croupier_core::fill(buf, seed, epoch);
             Ok(())
         });
     }
@@ -146,131 +290,30 @@ fn permutation_into<'py>(
     ))
 }
 
-/// The epoch order named by a Python string: `"fast"`, `"torch>=2.6"` or `"torch<2.6"` (the
-/// torch releases whose `randperm` to reproduce).
-fn arg_order(order: &str) -> PyResult<Order> {
-    match order {
-        "fast" => Ok(Order::Fast),
-        "torch>=2.6" => Ok(Order::Torch(TorchRandperm::InsideOutForLargeN)),
-        "torch<2.6" => Ok(Order::Torch(TorchRandperm::Forward)),
-        other => Err(PyValueError::new_err(format!(
-            "order must be 'fast', 'torch>=2.6' or 'torch<2.6', got {other:?}"
-        ))),
-    }
-}
-
 /// `torch.randperm(n, generator=torch.Generator().manual_seed(seed))` on the CPU, exactly, as
-/// the torch releases named by `order` (`"torch>=2.6"` or `"torch<2.6"`) compute it.
+/// the torch releases named by `order` (`TORCH_FORWARD` or `TORCH_INSIDE_OUT`) compute it.
 #[pyfunction]
-#[pyo3(signature = (n, seed, order))]
-fn torch_randperm<'py>(
-    py: Python<'py>,
-    n: &Bound<'py, PyAny>,
-    seed: &Bound<'py, PyAny>,
-    order: &str,
-) -> PyResult<Bound<'py, PyAny>> {
-    let (n, seed) = (arg_u64("n", n, LEN_MAX)?, arg_u64("seed", seed, WORD_MAX)?);
-    let Order::Torch(variant) = arg_order(order)? else {
-        return Err(PyValueError::new_err(format!(
-            "order must be 'torch>=2.6' or 'torch<2.6', got {order:?}"
-        )));
+fn torch_randperm(py: Python<'_>, n: u64, seed: u64, order: Order) -> PyResult<Bound<'_, PyAny>> {
+    let croupier_core::Order::Torch(variant) = order.core() else {
+        return Err(PyValueError::new_err(
+            "order must be Order.TORCH_FORWARD or Order.TORCH_INSIDE_OUT, got Order.FAST",
+        ));
     };
-    let out = detached(py, || croupier_core::torch::randperm(n, seed, variant))?;
-    Ok(to_numpy(py, out))
-}
-
-/// `(num_samples, total_size)` of torch's `DistributedSampler` for these arguments.
-#[pyfunction]
-#[pyo3(signature = (n, num_replicas, drop_last))]
-fn layout(
-    n: &Bound<'_, PyAny>,
-    num_replicas: &Bound<'_, PyAny>,
-    drop_last: bool,
-) -> PyResult<(u64, u64)> {
-    let layout = arg_layout(n, num_replicas, drop_last)?;
-    Ok((layout.num_samples(), layout.total_size()))
-}
-
-/// A layout from Python arguments.
-fn arg_layout(
-    n: &Bound<'_, PyAny>,
-    num_replicas: &Bound<'_, PyAny>,
-    drop_last: bool,
-) -> PyResult<Layout> {
-    Ok(Layout::new(
-        arg_u64("n", n, LEN_MAX)?,
-        arg_u64("num_replicas", num_replicas, LEN_MAX)?,
-        drop_last,
-    )
-    .map_err(CoreError)?)
-}
-
-/// Positions `[start, stop)` (default: all) of the sequence `rank` receives in `epoch`
-/// (padding and `drop_last` as torch).
-#[pyfunction]
-#[pyo3(signature = (n, num_replicas, rank, shuffle, seed, epoch, drop_last, order, start=None, stop=None))]
-#[allow(clippy::too_many_arguments)]
-fn rank_indices<'py>(
-    py: Python<'py>,
-    n: &Bound<'py, PyAny>,
-    num_replicas: &Bound<'py, PyAny>,
-    rank: &Bound<'py, PyAny>,
-    shuffle: bool,
-    seed: &Bound<'py, PyAny>,
-    epoch: &Bound<'py, PyAny>,
-    drop_last: bool,
-    order: &str,
-    start: Option<&Bound<'py, PyAny>>,
-    stop: Option<&Bound<'py, PyAny>>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let layout = arg_layout(n, num_replicas, drop_last)?;
-    let order = arg_order(order)?;
-    let (rank, seed, epoch) = (
-        arg_u64("rank", rank, LEN_MAX)?,
-        arg_u64("seed", seed, WORD_MAX)?,
-        arg_u64("epoch", epoch, WORD_MAX)?,
-    );
-    let start = start.map_or(Ok(0), |s| arg_u64("start", s, LEN_MAX))?;
-    let stop = stop.map_or(Ok(layout.num_samples()), |s| arg_u64("stop", s, LEN_MAX))?;
-    let out = detached(py, || {
-        croupier_core::rank_range(&layout, rank, shuffle, order, seed, epoch, start, stop)
-    })?;
-    Ok(to_numpy(py, out))
-}
-
-/// Where a call starting at `start` should stop to hand out its first index soonest (in the
-/// fast shuffled order the end of the block holding `start`, or `start + 64` inside a long
-/// block; else `num_samples`).
-#[pyfunction]
-#[pyo3(signature = (n, num_replicas, rank, shuffle, drop_last, order, start))]
-#[allow(clippy::too_many_arguments)]
-fn first_stop(
-    n: &Bound<'_, PyAny>,
-    num_replicas: &Bound<'_, PyAny>,
-    rank: &Bound<'_, PyAny>,
-    shuffle: bool,
-    drop_last: bool,
-    order: &str,
-    start: &Bound<'_, PyAny>,
-) -> PyResult<u64> {
-    let layout = arg_layout(n, num_replicas, drop_last)?;
-    let order = arg_order(order)?;
-    let rank = arg_u64("rank", rank, LEN_MAX)?;
-    let start = arg_u64("start", start, LEN_MAX)?;
-    Ok(croupier_core::first_stop(&layout, rank, shuffle, order, start).map_err(CoreError)?)
+    indices_to_numpy(py, || croupier_core::torch_randperm(n, seed, variant))
 }
 
 /// The compiled core of croupier (private: use the `croupier` package).
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Order>()?;
+    m.add_class::<Deal>()?;
+    m.add_function(wrap_pyfunction!(layout, m)?)?;
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
     m.add_function(wrap_pyfunction!(permutation_into, m)?)?;
-    m.add_function(wrap_pyfunction!(layout, m)?)?;
-    m.add_function(wrap_pyfunction!(rank_indices, m)?)?;
-    m.add_function(wrap_pyfunction!(first_stop, m)?)?;
     m.add_function(wrap_pyfunction!(torch_randperm, m)?)?;
-    m.add("MAX_LEN", croupier_core::index::MAX_LEN)?;
-    m.add("TORCH_LARGE_N", croupier_core::torch::LARGE_N_THRESHOLD)?;
+    m.add("MAX_LEN", croupier_core::MAX_LEN)?;
+    m.add("U32_MAX_LEN", croupier_core::U32_MAX_LEN)?;
+    m.add("TORCH_LARGE_N", croupier_core::LARGE_N_THRESHOLD)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! # The order
 //!
 //! The epoch's global order is a uniform random permutation `π` of `[0, n)`, padded or cut and
-//! dealt to ranks with torch's arithmetic ([`crate::partition`]): rank `r` takes global
+//! dealt to ranks with torch's arithmetic ([`crate::deal::layout`]): rank `r` takes global
 //! positions `r, r+W, …`. Its first `c_r` positions (those below `min(n, total_size)`) hold
 //! distinct values; `drop_last=False` adds at most one padding position, which repeats
 //! `π[s]` for one `s < W`, i.e. the first index of rank `s mod W`.
@@ -17,11 +17,11 @@
 //!   `[2F, 4F)`, `[4F, 8F)`, … (`F` = [`FIRST_BLOCK`]), the last one ending at `c_r`. Every
 //!   (rank, block) pair is a class, numbered rank-major; the values `drop_last` cuts form one
 //!   last class. The partition of `[0, n)` into these classes is drawn by recursive
-//!   hypergeometric splitting ([`crate::split`]), keyed by `(seed, epoch)` and the layout.
+//!   hypergeometric splitting ([`crate::deal::class_split`]), keyed by `(seed, epoch)` and the layout.
 //! - **Order.** A block's values (increasing) are shuffled by Fisher–Yates with the stream
 //!   `(seed, epoch, ShareOrder, fold(layout, class))` when the block holds at most
 //!   [`BUCKETED_FROM`] values. A longer block is ordered by the seekable shuffle of
-//!   `crate::seekable`, keyed by `(seed, epoch, fold(layout, class))`: the block's values
+//!   `crate::deal::seekable`, keyed by `(seed, epoch, fold(layout, class))`: the block's values
 //!   (increasing) are dealt into 64 buckets of fixed sizes by hypergeometric counts over
 //!   stripes of 2**14, each stripe shuffled, and each bucket shuffled in turn (dealt again
 //!   when it holds more than 2**21). The blocks follow each other.
@@ -34,7 +34,7 @@
 //! the block's increasing order) of the values landing there, shuffling the leaf buckets
 //! holding them (at most 2**21 values each) and, per position and level of buckets, one
 //! stripe (2**14 values), and drawing `O(log N)` cells, and
-//! [`crate::split::class_select`] finds the values of those ranks down the value tree
+//! [`crate::deal::class_split::class_select`] finds the values of those ranks down the value tree
 //! (`O(log N)` cells each). None of it grows with the block, so a resume costs the same at
 //! any `N` (8–25 ms from 1e9 to 1e12 over 8 ranks, where counting a block's labels took
 //! 21–32 ms at 1e9 and 27 s at 1e12). The next call computes the rest of the share from there,
@@ -45,13 +45,15 @@
 //! tables (64 `u64` offsets per stripe of 2**14 values) add 1/128 of a `u32` share.
 //! Nothing here depends on the number of threads.
 
-use crate::cellrng::fold;
+use crate::cell_rng::fold;
+use crate::deal::class_split::{
+    class_offsets, class_select, class_values_into, Classes, Run, Sink,
+};
+use crate::deal::layout::Layout;
+use crate::deal::seekable::{Dealer, Plan, Seekable, Shape};
 use crate::error::{Error, Result};
 use crate::index::{keep_range, try_with_capacity, Index};
-use crate::partition::Layout;
-use crate::permute::fisher_yates;
-use crate::seekable::{Dealer, Plan, Seekable, Shape};
-use crate::split::{class_offsets, class_select, class_values_into, Classes, Run, Sink};
+use crate::shuffle::fisher_yates::fisher_yates;
 use crate::stream::{Purpose, Stream};
 use rayon::prelude::*;
 
@@ -106,11 +108,6 @@ impl RankClasses {
     /// How many distinct values rank `r` receives.
     pub fn share(&self, r: u64) -> u64 {
         self.q + u64::from(r < self.rem)
-    }
-
-    /// Blocks per rank (the last ones of a smaller share may be empty).
-    pub fn blocks(&self) -> u64 {
-        self.blocks
     }
 
     /// The class number of rank `r`'s block `j`.
@@ -194,7 +191,7 @@ fn layout_key(layout: &Layout) -> u64 {
     )
 }
 
-/// Blocks longer than this are ordered by the seekable bucket shuffle (`crate::seekable`),
+/// Blocks longer than this are ordered by the seekable bucket shuffle (`crate::deal::seekable`),
 /// which can be read at any position without shuffling the block; shorter ones by
 /// Fisher–Yates.
 pub const BUCKETED_FROM: u64 = 1 << 15;
@@ -396,7 +393,7 @@ pub fn first_stop(layout: &Layout, rank: u64, start: u64) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::partition::{rank_indices, rank_range, Order};
+    use crate::deal::layout::{rank_indices, rank_range, Order};
     use crate::testkit::{chi2_flat, orders_chi2, tenths_chi2};
     use std::collections::HashSet;
 

@@ -6,7 +6,7 @@
 //! A node holds `m` items in an input order (the root: a block's values, increasing). Unless it
 //! is a leaf, it is cut into [`FANOUT`] buckets of fixed sizes: bucket `g` is output positions
 //! `[g*m/64, (g+1)*m/64)`. Which items fill which bucket is a uniform random partition of the
-//! items into sets of those sizes, drawn the way [`crate::split`] draws a partition:
+//! items into sets of those sizes, drawn the way [`crate::deal::class_split`] draws a partition:
 //!
 //! - The items are cut into stripes of [`STRIPE`] (2**14). Two binary trees organise the
 //!   draws: one over the stripes (halved at the middle stripe), one over the buckets (halved
@@ -14,14 +14,14 @@
 //!   bucket range `G`; at the root `t(G, all)` is `G`'s size and `t(all, V) = |V|`.
 //! - For a stripe range `V` with halves `Vl, Vr` and a bucket range `G` with halves `Gl, Gr`,
 //!   `t(Gl, Vl) ~ Hyp(population t(G, V), marked t(Gl, V), drawn t(G, Vl))`, drawn from the
-//!   generator of cell `(V, G)` ([`crate::cellrng`]); the other three counts follow by
+//!   generator of cell `(V, G)` ([`crate::cell_rng`]); the other three counts follow by
 //!   subtraction. A forced outcome is not drawn.
 //! - A stripe, once it knows how many of its items each bucket takes, is shuffled by
 //!   Fisher–Yates (its own generator); bucket 0 takes the first items, bucket 1 the next, and
 //!   so on. Inside a bucket the stripes' items follow each other in stripe order.
 //!
 //! Every bucket is a node one level down (6 bits of path a level, as in
-//! [`crate::parshuffle`]). A node of at most `leaf` items ([`LEAF`], 2**21) is a leaf, shuffled
+//! [`crate::shuffle::parallel`]). A node of at most `leaf` items ([`LEAF`], 2**21) is a leaf, shuffled
 //! by Fisher–Yates: in place at depth 1, and by the inside-out variant from the scatter buffer
 //! back into place deeper down. The root always splits.
 //!
@@ -40,9 +40,9 @@
 //! Reading `k` positions costs a Fisher–Yates of each leaf they fall in (at most `leaf`
 //! items) and, per level of buckets, up to `k` stripe shuffles (at most 2**14 items each) and
 //! `O(k log m)` draws, whatever `m`: this is what makes a resume in the middle of a long block
-//! cheap ([`crate::share`]).
+//! cheap ([`crate::deal::share`]).
 //!
-//! The labelled bucket shuffle of [`crate::parshuffle`] (independent labels, random bucket
+//! The labelled bucket shuffle of [`crate::shuffle::parallel`] (independent labels, random bucket
 //! sizes) is faster in bulk, but finding a position there first counts every label of the
 //! node. A rank's share is bound by its partition walk, so the blocks take the seekable one.
 //!
@@ -50,15 +50,15 @@
 //!
 //! Stripes and leaves draw from xoshiro256++ keyed by the ChaCha8 stream
 //! `(seed, epoch, ShareBuckets, fold(salt, id))` (the keyed generators of
-//! [`crate::parshuffle`], under another purpose and a salt), with `id` =
+//! [`crate::shuffle::parallel`], under another purpose and a salt), with `id` =
 //! the kind (top four bits) and the node's depth and path, the stripe number folded in for a
 //! stripe; cells draw from [`CellRng`] keyed by the node's base and the cell's coordinates.
 //! Nothing depends on the number of threads.
 
-use crate::cellrng::{fold, CellRng};
-use crate::hypergeom::hypergeometric;
+use crate::cell_rng::{fold, CellRng};
+use crate::deal::hypergeom::hypergeometric;
 use crate::index::Index;
-use crate::parshuffle::{
+use crate::shuffle::parallel::{
     child_path, fisher_yates_fast, inside_out_fast, keyed_xoshiro, Shared, PATH_BITS, PREFETCH_FROM,
 };
 use crate::stream::{Purpose, Stream};

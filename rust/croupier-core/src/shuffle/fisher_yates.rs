@@ -75,7 +75,7 @@ pub(crate) fn identity<T: Index>(n: u64) -> Result<Vec<T>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parshuffle::{fill, permutation};
+    use crate::shuffle::parallel::{fill, permutation};
     use crate::stream::Purpose;
 
     fn perm(n: u64, seed: u64, epoch: u64) -> Vec<u64> {

@@ -12,12 +12,12 @@
 //! these with float division, which is inexact beyond 2**53 samples; croupier uses exact integer
 //! arithmetic, so the two agree wherever torch's own arithmetic is exact.
 
+use crate::deal::share;
 use crate::error::{Error, Result};
 use crate::index::{
     check_len, keep_range, try_with_capacity, Index, Indices, MAX_LEN, U32_MAX_LEN,
 };
-use crate::share;
-use crate::torch;
+use crate::shuffle::torch_randperm;
 
 /// How one epoch of `n` samples is dealt to `num_replicas` ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,22 +143,26 @@ fn sequential_share<T: Index>(layout: &Layout, rank: u64, start: u64, stop: u64)
 /// Which global order an epoch follows when shuffling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Order {
-    /// croupier's own order ([`crate::share`]): uniform like torch's, but each rank computes
+    /// croupier's own order (`deal::share`): uniform like torch's, but each rank computes
     /// only its own share.
     Fast,
-    /// torch's order: `torch.randperm(n)` seeded with `seed + epoch` ([`crate::torch`]), as the
+    /// torch's order: `torch.randperm(n)` seeded with `seed + epoch` ([`crate::shuffle::torch_randperm()`]), as the
     /// given torch releases compute it.
-    Torch(torch::TorchRandperm),
+    Torch(torch_randperm::TorchRandperm),
 }
 
 fn torch_share<T: Index>(
     layout: &Layout,
     rank: u64,
-    variant: torch::TorchRandperm,
+    variant: torch_randperm::TorchRandperm,
     seed: u64,
     epoch: u64,
 ) -> Result<Vec<T>> {
-    let order = torch::randperm(layout.n, torch::sampler_seed(seed, epoch)?, variant)?;
+    let order = torch_randperm::randperm(
+        layout.n,
+        torch_randperm::sampler_seed(seed, epoch)?,
+        variant,
+    )?;
     // The element type follows n in both places, so this conversion never copies in practice.
     let order: Vec<T> = match order {
         Indices::U32(v) => v.into_iter().map(|x| T::from_u64(x.into())).collect(),
@@ -241,7 +245,7 @@ pub fn rank_indices(
 
 /// Where a call that starts at `start` should stop to hand out its first index soonest: in
 /// `order="fast"` with shuffling the end of the block holding `start`, or at most
-/// [`crate::share::RANDOM_ACCESS_MAX`] positions on inside a long block (read by random
+/// `RANDOM_ACCESS_MAX` (64) positions on inside a long block (read by random
 /// access); `num_samples` otherwise.
 pub fn first_stop(
     layout: &Layout,
@@ -262,7 +266,7 @@ pub fn first_stop(
 mod tests {
     use super::*;
 
-    const TORCH: Order = Order::Torch(torch::TorchRandperm::InsideOutForLargeN);
+    const TORCH: Order = Order::Torch(torch_randperm::TorchRandperm::InsideOutForLargeN);
 
     /// torch's DistributedSampler.__iter__, transcribed as list operations (independent of the
     /// in-place code above).
@@ -301,9 +305,13 @@ mod tests {
                     let layout = Layout::new(n, w, drop_last).unwrap();
                     for (shuffle, order) in [(false, Order::Fast), (true, TORCH)] {
                         let global = if shuffle {
-                            torch::randperm(n, 14, torch::TorchRandperm::InsideOutForLargeN)
-                                .unwrap()
-                                .to_u64_vec()
+                            torch_randperm::randperm(
+                                n,
+                                14,
+                                torch_randperm::TorchRandperm::InsideOutForLargeN,
+                            )
+                            .unwrap()
+                            .to_u64_vec()
                         } else {
                             (0..n).collect()
                         };

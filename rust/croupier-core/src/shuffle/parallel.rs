@@ -15,7 +15,7 @@
 //!   of `STRIPE` (2**16); stripe `i` draws its labels from the generator `(…, 1 << 60 | i)`.
 //!   One pass counts the labels of every stripe, a second draws them again and writes each
 //!   value to its slot (bucket by bucket, stripe by stripe inside a bucket, increasing inside
-//!   a stripe), staged in cache lines ([`crate::combine`]).
+//!   a stripe), staged in cache lines ([`crate::shuffle::write_combine`]).
 //! - Each bucket is then shuffled the same way, recursively: a node of the bucket tree at
 //!   `depth` with path `p` (6 bits a level) that holds more than `LEAF` values is scattered
 //!   into 64 sub-buckets (labels from `(…, 2 << 60 | depth << 56 | p)`) through a scratch
@@ -42,11 +42,11 @@
 //! draws are most of the work. ChaCha keying keeps the generators of different ids as good as
 //! independent, and xoshiro256++ is integer-only, so the output is the same on every platform.
 
-use crate::cellrng::fold;
-use crate::combine::Combiner;
+use crate::cell_rng::fold;
 use crate::error::Result;
 use crate::index::{check_len, try_with_capacity_huge, Index, Indices, U32_MAX_LEN};
-use crate::permute::{fisher_yates, swaps_with_lookahead};
+use crate::shuffle::fisher_yates::{fisher_yates, swaps_with_lookahead};
+use crate::shuffle::write_combine::Combiner;
 use crate::stream::{lemire_u32, Purpose, Stream};
 use rand_core::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;

@@ -1,4 +1,4 @@
-//! Software write-combining for the bucket scatters of [`crate::parshuffle`].
+//! Software write-combining for the bucket scatters of [`crate::shuffle::parallel`].
 //!
 //! A scatter writes its values to 64 runs at once, each run moving forward. Written one value
 //! at a time, every store to a cache line not yet in cache first reads that line from memory
@@ -194,7 +194,7 @@ fn fence() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::permute::fisher_yates;
+    use crate::shuffle::fisher_yates::fisher_yates;
     use crate::stream::{Purpose, Stream};
 
     /// Values 1000, 1001, … scattered to runs starting at `from[k]` of `out` in the order of

@@ -20,7 +20,7 @@
 //! and the other three counts follow by subtraction. In a leaf `V` the values themselves are
 //! dealt: `G`'s values are a bit set, `Gl` takes a uniform random subset of it of size
 //! `t(Gl, V)` (see [`subset`]), `Gr` the rest. Each decision is drawn
-//! from the generator of its cell `(V, G)` ([`crate::cellrng`]), so any process that needs a
+//! from the generator of its cell `(V, G)` ([`crate::cell_rng`]), so any process that needs a
 //! cell draws the same thing, and skipping a cell whose outcome is forced changes nothing else.
 //!
 //! # Cost
@@ -33,10 +33,9 @@
 //! `O(log N)` small vectors. Work splits over value subtrees with rayon; the
 //! output never depends on how.
 
-use crate::cellrng::CellRng;
-use crate::error::Result;
-use crate::hypergeom::hypergeometric;
-use crate::index::{try_with_capacity, Index};
+use crate::cell_rng::CellRng;
+use crate::deal::hypergeom::hypergeometric;
+use crate::index::Index;
 
 /// Class sizes of a partition, as prefix sums.
 pub trait Classes: Sync {
@@ -93,7 +92,7 @@ pub trait Sink: Send + Sized {
     fn split(self, count: u64) -> (Self, Self);
 }
 
-/// A buffer filled in increasing value order: the plain output of [`class_values`].
+/// A buffer filled in increasing value order: the plain output of `class_values`.
 pub struct Run<'o, T> {
     buf: &'o mut [T],
     at: usize,
@@ -625,17 +624,19 @@ fn deposit_portable(compact: u64, mask: u64) -> u64 {
 /// The values of classes `[c0, c1)` of the partition of `[0, n)` keyed by `base`, class by
 /// class, each class in increasing order; and the offsets of the classes in the buffer
 /// (`c1 - c0 + 1` of them). `classes.prefix(classes.count())` must equal `n`, and `c0 < c1 <=
-/// classes.count()`.
+/// classes.count()`. (The share feeds sinks through [`class_values_into`]; this is the
+/// reference the tests compare them with.)
+#[cfg(test)]
 pub fn class_values<T: Index, C: Classes>(
     n: u64,
     classes: &C,
     c0: u64,
     c1: u64,
     base: u64,
-) -> Result<(Vec<T>, Vec<u64>)> {
+) -> crate::error::Result<(Vec<T>, Vec<u64>)> {
     let offsets = class_offsets(classes, c0, c1);
     let total = *offsets.last().expect("at least one class");
-    let mut out = try_with_capacity::<T>("a class's indices", total)?;
+    let mut out = crate::index::try_with_capacity::<T>("a class's indices", total)?;
     out.resize(total as usize, T::from_u64(0));
     let mut segs = Vec::with_capacity((c1 - c0) as usize);
     let mut rest: &mut [T] = &mut out;
@@ -659,7 +660,7 @@ pub fn class_offsets<C: Classes>(classes: &C, c0: u64, c1: u64) -> Vec<u64> {
         .collect()
 }
 
-/// [`class_values`] into given sinks, one per class of `[c0, c1)`, each fed its class's values
+/// `class_values` into given sinks, one per class of `[c0, c1)`, each fed its class's values
 /// in increasing order.
 pub fn class_values_into<C: Classes, S: Sink>(
     n: u64,
@@ -709,7 +710,7 @@ fn full_set(len: u64) -> [u64; WORDS] {
 
 /// The values of class `class` of the partition of `[0, n)` keyed by `base` with the given
 /// ranks among the class's values (in increasing order; ranks need not be sorted, each must be
-/// below the class's size): random access into [`class_values`] without computing the class.
+/// below the class's size): random access into `class_values` without computing the class.
 /// The cost is a walk down the value tree along the paths that hold the wanted ranks.
 pub fn class_select<C: Classes>(
     n: u64,

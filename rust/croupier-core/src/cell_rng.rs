@@ -1,4 +1,4 @@
-//! Per-cell random sources for the recursive splitting in [`crate::split`].
+//! Per-cell random sources for the recursive splitting in [`crate::deal::class_split`].
 //!
 //! The splitting engine makes one random decision per *cell* (a value range crossed with a
 //! class range), and every rank that needs a cell must make the same decision without talking

@@ -24,7 +24,7 @@ use rand_mt::Mt;
 
 use crate::error::{Error, Result};
 use crate::index::{check_len, try_with_capacity, Index, Indices, U32_MAX_LEN};
-use crate::permute::{identity, swaps_with_lookahead, LOOKAHEAD};
+use crate::shuffle::fisher_yates::{identity, swaps_with_lookahead, LOOKAHEAD};
 
 /// From this length on, torch 2.6 and later use the inside-out variant with 64-bit draws.
 pub const LARGE_N_THRESHOLD: u64 = u32::MAX as u64 / 20;

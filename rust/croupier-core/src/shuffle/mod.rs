@@ -1,0 +1,20 @@
+//! Shuffling: every way croupier permutes a buffer of indices.
+//!
+//! - `fisher_yates`: seeded Durstenfeld Fisher–Yates over `u32`/`u64` buffers, with unbiased
+//!   bounded draws and software prefetch of the swap target on large buffers.
+//! - `parallel`: the full permutation of `[0, n)` on every core (Rao–Sandelius: values dealt
+//!   to cache-sized buckets, each bucket shuffled), the same for every thread count.
+//! - `write_combine`: software write-combining for `parallel`'s bucket scatters (values staged
+//!   in cache lines, whole lines written with non-temporal stores).
+//! - `torch_randperm`: torch's CPU `randperm` reproduced exactly, for `order="torch"`.
+
+pub(crate) mod fisher_yates;
+pub(crate) mod parallel;
+pub(crate) mod torch_randperm;
+pub(crate) mod write_combine;
+
+pub use fisher_yates::fisher_yates;
+pub use parallel::{fill, permutation};
+pub use torch_randperm::{
+    randperm as torch_randperm, sampler_seed, TorchRandperm, LARGE_N_THRESHOLD,
+};
