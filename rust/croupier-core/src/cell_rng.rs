@@ -13,8 +13,8 @@
 //! generators", OOPSLA 2014; the `rand_xoshiro` implementation) seeded with that key.
 //!
 //! Why not a ChaCha stream per cell: a rank visits millions of cells and most use one or two
-//! words, while keying a ChaCha8 stream generates a 256-byte block first (about 95 ns at the
-//! 0.37 ns a byte measured on the README's VM) against a few nanoseconds for SplitMix64.
+//! words, while keying a ChaCha8 stream generates a 256-byte block first, against one
+//! multiply-xorshift round per word for SplitMix64 (measured costs: `docs/performance.md`).
 //! SplitMix64 passes BigCrush, its outputs are a bijective mix of a counter, and integer-only
 //! arithmetic makes them identical on every platform.
 

@@ -117,7 +117,7 @@ pub const HUGE_PAGE_BYTES: usize = 2 << 20;
 
 /// Like [`try_with_capacity`], and on Linux advises the kernel to back a large buffer with
 /// transparent huge pages before it is first touched (`madvise(MADV_HUGEPAGE)`): a 4 GB
-/// shuffle then takes about 2,000 page faults instead of a million, and far fewer TLB misses.
+/// buffer then needs about 2,000 page faults instead of a million, and far fewer TLB misses.
 /// The advice changes speed only, never contents; where it is refused nothing changes.
 pub(crate) fn try_with_capacity_huge<T>(what: &'static str, n: u64) -> Result<Vec<T>> {
     let v = try_with_capacity::<T>(what, n)?;

@@ -74,8 +74,8 @@ pub const FANOUT: usize = 64;
 /// Depth of the bucket tree over [`FANOUT`] buckets.
 const LEVELS: usize = FANOUT.trailing_zeros() as usize;
 /// Items per stripe: the unit of dealing in bulk and the largest Fisher–Yates a read needs
-/// besides the leaf. A split of a stripe range costs up to 63 hypergeometric draws (about
-/// 0.3 µs each), so shorter stripes would cost more per item in bulk.
+/// besides the leaf. A split of a stripe range costs up to 63 hypergeometric draws, so shorter
+/// stripes would cost more per item in bulk.
 pub const STRIPE: u64 = 1 << 14;
 /// Nodes of at most this many items are leaves (8 MiB of `u32`, in the last-level cache).
 pub const LEAF: u64 = 1 << 21;

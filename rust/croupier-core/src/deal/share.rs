@@ -35,9 +35,8 @@
 //! holding them (at most 2**21 values each) and, per position and level of buckets, one
 //! stripe (2**14 values), and drawing `O(log N)` cells, and
 //! [`crate::deal::class_split::class_select`] finds the values of those ranks down the value tree
-//! (`O(log N)` cells each). None of it grows with the block, so a resume costs the same at
-//! any `N` (8–25 ms from 1e9 to 1e12 over 8 ranks, where counting a block's labels took
-//! 21–32 ms at 1e9 and 27 s at 1e12). The next call computes the rest of the share from there,
+//! (`O(log N)` cells each). None of it grows with the block, so a resume costs about the same
+//! at any `N` (measured: `docs/performance.md`). The next call computes the rest of the share from there,
 //! whole blocks at a time.
 //!
 //! The whole share needs no second buffer: the partition walk hands each long block's values
@@ -57,9 +56,8 @@ use crate::shuffle::fisher_yates::fisher_yates;
 use crate::stream::{Purpose, Stream};
 use rayon::prelude::*;
 
-/// Size of a rank's first block, and the unit of the doubling block sizes. 1024 rather than
-/// 4096: at N = 1e8 over 8 ranks the first block took 8–9 ms instead of 20–22 ms, and the
-/// whole share took no longer (`cargo run --release --example share_timing -- 1e8 8 3`).
+/// Size of a rank's first block, and the unit of the doubling block sizes: 1024 rather than
+/// 4096 gives the first index sooner at no cost to the whole share (`docs/performance.md`).
 pub const FIRST_BLOCK: u64 = 1 << 10;
 
 /// The classes of an epoch: every rank's blocks, rank-major, then the values cut by

@@ -36,10 +36,9 @@
 //!
 //! Above `SMALL` the bulk draws come from xoshiro256++ (Blackman and Vigna, via `rand_xoshiro`)
 //! whose 256-bit state is the first 32 bytes of the ChaCha8 stream `(seed, epoch, Permutation,
-//! id)` (`keyed_xoshiro`), not from ChaCha itself: a Fisher–Yates swap costs 1.05 ns with
-//! xoshiro256++ (two 32-bit draws from each 64-bit word) against 2.4 ns with ChaCha8 on the
-//! 2-core VM of the README (a scratch timing loop over a 250k-value buffer in L2), and these
-//! draws are most of the work. ChaCha keying keeps the generators of different ids as good as
+//! id)` (`keyed_xoshiro`), not from ChaCha itself: a xoshiro256++ word is a few adds, shifts
+//! and rotations (and gives two 32-bit draws) where ChaCha8 runs 8 rounds over a 64-byte block,
+//! and these draws are most of the work (measured: `docs/performance.md`). ChaCha keying keeps the generators of different ids as good as
 //! independent, and xoshiro256++ is integer-only, so the output is the same on every platform.
 
 use crate::cell_rng::fold;
@@ -55,13 +54,13 @@ use rayon::prelude::*;
 /// Up to this length the permutation is one Fisher–Yates in cache.
 pub const SMALL: u64 = 1 << 15;
 const STRIPE: u64 = 1 << 16;
-/// Buckets per scatter: few enough write streams for the hardware to combine (on the 2-core
-/// VM of the README, scattering 1e8 values to 64 streams took 0.11 s, to 128 streams 0.3 s).
+/// Buckets per scatter: few enough write streams for the hardware to combine (128 measured
+/// about three times slower: `docs/performance.md`).
 const FANOUT: usize = 64;
 const BITS: u32 = FANOUT.trailing_zeros();
 /// A bucket of at most this many values is shuffled by Fisher–Yates in place (8 MiB of `u32`,
-/// in the last-level cache; with prefetching this measured faster than one more scatter: 1e8
-/// values in 64 buckets, 0.37–0.42 s against 0.43–0.50 s). Counted in values, not bytes, so
+/// in the last-level cache; with prefetching this measured faster than one more scatter).
+/// Counted in values, not bytes, so
 /// it is a function of `n` alone and the order never depends on the machine (`u64` buffers,
 /// `n > 2**32`, simply have twice the bytes per leaf).
 pub(crate) const LEAF: usize = 1 << 21;
@@ -152,8 +151,7 @@ impl Labels {
     /// From [`PAIRS_FROM`] labels on, the labels are counted two at a time: the five 12-bit
     /// fields of a word index a table of label pairs, which is folded into the bucket counts
     /// at the end. That halves the increments at the cost of clearing and folding a 16 KiB
-    /// table (second-level counts of a 3e8 permutation: 0.12–0.18 against 0.28–0.31
-    /// CPU-seconds, three interleaved pairs on the README's VM). Shorter runs count label by
+    /// table, which pays from [`PAIRS_FROM`] labels on. Shorter runs count label by
     /// label into four tables, so that repeated labels do not wait on each other's increments.
     fn count(self, len: usize) -> [usize; FANOUT] {
         self.count_folding_every(len, FOLD_WORDS)
@@ -247,12 +245,9 @@ impl Labels {
 /// generator word, with a rejection drawing a fresh word's high half (`next_u32`); a uniform
 /// integer in `[0, s)`, `s >= 1`. The shuffles take two draws from each word, low half first,
 /// then high half (even when the low half's draw was rejected and drew fresh words in
-/// between); a word's unused high half at the very end is dropped. Two draws a word is what
-/// makes a swap cost about 1 ns (see the module documentation). Taking both draws of a word in
-/// one loop step, rather than carrying the pending half from call to call, took about a fifth
-/// off the inside-out leaves (3e8 permutation: 0.75–0.81 against 0.94–1.02 of the second-level
-/// scatter's time in the same runs, four interleaved pairs) and off the plain Fisher–Yates
-/// leaves (1.6e7: 0.43 against 0.53 CPU-seconds summed over six pairs), on the README's VM.
+/// between); a word's unused high half at the very end is dropped. Both draws of a word are
+/// taken in one loop step rather than carrying the pending half from call to call, which
+/// measured about a fifth faster (`docs/performance.md`).
 #[inline(always)]
 fn below(half: u32, s: u32, rng: &mut Xoshiro256PlusPlus) -> usize {
     lemire_u32(half, s, || rng.next_u32()) as usize
@@ -262,8 +257,7 @@ fn below(half: u32, s: u32, rng: &mut Xoshiro256PlusPlus) -> usize {
 /// `len-1-s` with a uniform position in `[0, len-1-s]`, drawn by [`below`], two swaps a
 /// word. Past [`PREFETCH_FROM`] values the targets are drawn [`LEAF_LOOKAHEAD`] swaps ahead
 /// and prefetched (same draws, same swaps): that pays once `buf` outgrows L2, and costs inside
-/// it (on the VM of the README, timing the leaves of a 1e9 permutation, 244k-value leaves took
-/// 3.3 ns a swap with prefetching, 2.0 ns without).
+/// it.
 pub(crate) fn fisher_yates_fast<T: Index>(
     buf: &mut [T],
     rng: &mut Xoshiro256PlusPlus,
@@ -339,8 +333,8 @@ pub(crate) fn inside_out_fast<T: Index>(src: &[T], dst: &mut [T], rng: &mut Xosh
 
 /// Leaves longer than this (1 MiB of `u32`) are shuffled with prefetching.
 pub(crate) const PREFETCH_FROM: usize = 1 << 18;
-/// How far ahead leaf targets are prefetched: on the VM of the README, 1e8 values in 64 leaves
-/// of 6 MiB took 0.15 s with 64, 0.175 s with 32, 0.19 s with 16 and 0.18 s with 128.
+/// How far ahead leaf targets are prefetched (64 measured best of 16, 32, 64 and 128:
+/// `docs/performance.md`).
 const LEAF_LOOKAHEAD: usize = 64;
 
 /// Fills `out` with the permutation of `[0, out.len())` for `(seed, epoch)`, reusing the

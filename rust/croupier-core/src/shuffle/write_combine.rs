@@ -12,7 +12,8 @@
 //! This changes how values travel, not where they go: the output is the same byte for byte.
 //! One cost: the lines written with non-temporal stores leave the cache, so a scatter whose
 //! output is read again right away (the second level of the bucket tree) reads it from memory.
-//! Measured over the whole 1e9 permutation, the scatters still came out ahead (see the README).
+//! Measured over the whole 1e9 permutation, the scatters still came out ahead
+//! (`docs/performance.md`).
 
 use crate::index::Index;
 
@@ -31,8 +32,7 @@ struct Line([u8; LINE_BYTES]);
 /// A push is one load of the run's fill offset, the store of the value into the staging lines
 /// at that offset, and the store of the offset moved on; a line is full when the offset reaches
 /// the next line. (Tracking the output position per run and deriving the slot from it took
-/// five more instructions a value: 3.0 against 2.4 ns a push on the README's VM, staging
-/// 2**28 pushes through a 256 KiB output.)
+/// five more instructions a value, and measured slower: `docs/performance.md`.)
 pub(crate) struct Combiner<T, const K: usize> {
     out: *mut T,
     /// Per run, the first position this writer owns.
