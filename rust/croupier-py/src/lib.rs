@@ -12,10 +12,11 @@
 //! `OverflowError`), which only a caller of this private module can meet.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use croupier_core::{Error, Indices, Layout, TorchRandperm};
 use numpy::IntoPyArray;
-use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyImportError, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
@@ -36,14 +37,59 @@ fn core<T>(result: Result<T, Error>) -> PyResult<T> {
     result.map_err(|e| CoreError(e).into())
 }
 
-/// Runs `work` with the GIL released and maps its outcome to Python: a core error to its
-/// exception, and a panic (a bug: the core validates its inputs) to `RuntimeError` rather than
-/// pyo3's `PanicException`.
+/// The thread pool of one process.
+struct ProcessPool {
+    pid: u32,
+    pool: rayon::ThreadPool,
+}
+
+/// This process's pool, or null before the first parallel call.
+static POOL: AtomicPtr<ProcessPool> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The pool croupier's parallel work runs on in this process.
+///
+/// Not rayon's global pool: after `fork` (DataLoader workers, `multiprocessing`) a child has
+/// the parent's pool in memory but none of its threads, so work sent to it would wait forever,
+/// and the global pool cannot be rebuilt. croupier's pool is tagged with the id of the process
+/// that built it, and a child builds its own on its first call. The results never depend on
+/// the pool (work is split by data, not by thread). Pools are never freed: a parent's pool
+/// seen from a child must not be torn down there (its threads and locks are the parent's), so
+/// each process that uses croupier keeps one.
+fn pool() -> PyResult<&'static rayon::ThreadPool> {
+    let pid = std::process::id();
+    loop {
+        let current = POOL.load(Ordering::Acquire);
+        // SAFETY: a non-null POOL points to a leaked `ProcessPool`, never freed.
+        if let Some(found) = unsafe { current.as_ref() } {
+            if found.pid == pid {
+                return Ok(&found.pool);
+            }
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("croupier-{i}"))
+            .build()
+            .map_err(|e| PyRuntimeError::new_err(format!("croupier: no thread pool: {e}")))?;
+        let fresh = Box::into_raw(Box::new(ProcessPool { pid, pool }));
+        match POOL.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: `fresh` is now the leaked, never-freed pool of this process.
+            Ok(_) => return Ok(unsafe { &(*fresh).pool }),
+            // Another thread installed a pool first: drop ours (built here, its threads are
+            // this process's) and look again.
+            // SAFETY: `fresh` came from `Box::into_raw` above and was never shared.
+            Err(_) => drop(unsafe { Box::from_raw(fresh) }),
+        }
+    }
+}
+
+/// Runs `work` with the GIL released, on this process's pool, and maps its outcome to Python:
+/// a core error to its exception, and a panic (a bug: the core validates its inputs) to
+/// `RuntimeError` rather than pyo3's `PanicException`.
 fn detached<T: Send>(
     py: Python<'_>,
     work: impl FnOnce() -> Result<T, Error> + Send,
 ) -> PyResult<T> {
-    match py.detach(|| catch_unwind(AssertUnwindSafe(work))) {
+    let pool = pool()?;
+    match py.detach(|| pool.install(|| catch_unwind(AssertUnwindSafe(work)))) {
         Ok(result) => core(result),
         Err(panic) => {
             let msg = panic
@@ -302,9 +348,22 @@ fn torch_randperm(py: Python<'_>, n: u64, seed: u64, order: Order) -> PyResult<B
     indices_to_numpy(py, || croupier_core::torch_randperm(n, seed, variant))
 }
 
+/// Loads numpy's C API while the module is imported. rust-numpy loads it on first use,
+/// importing numpy's `multiarray` module, and turns any failure there (a `KeyboardInterrupt`
+/// arriving during that import, say) into a panic; here a failure is an import error instead,
+/// and later calls never import anything.
+fn load_numpy_api(py: Python<'_>) -> PyResult<()> {
+    py.import("numpy")?;
+    catch_unwind(AssertUnwindSafe(|| {
+        numpy::PyArray1::<u32>::zeros(py, 0, false);
+    }))
+    .map_err(|_| PyImportError::new_err("croupier: numpy's C API could not be loaded"))
+}
+
 /// The compiled core of croupier (private: use the `croupier` package).
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    load_numpy_api(m.py())?;
     m.add_class::<Order>()?;
     m.add_class::<Deal>()?;
     m.add_function(wrap_pyfunction!(layout, m)?)?;

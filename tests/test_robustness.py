@@ -1,0 +1,110 @@
+"""What training jobs do to a sampler library: fork after using it (DataLoader workers,
+multiprocessing), and interrupt it (Ctrl-C)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import croupier
+from croupier import DistributedSampler
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+def _in_child(work, timeout: float = 60.0):
+    """Runs ``work()`` in a forked child; returns what it returned (an array), or fails if the
+    child hangs past ``timeout`` seconds or dies."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 1
+        try:
+            out = np.ascontiguousarray(work())
+            os.write(write, out.astype(np.int64).tobytes())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    import select
+
+    chunks = []
+    ready, _, _ = select.select([read], [], [], timeout)
+    if not ready:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail(f"the forked child hung for {timeout} s")
+    while chunk := os.read(read, 1 << 20):
+        chunks.append(chunk)
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked child failed"
+    return np.frombuffer(b"".join(chunks), dtype=np.int64)
+
+
+def test_a_forked_child_uses_croupier_after_its_parent_did():
+    # The parent's thread pool exists after these calls; the child has none of its threads.
+    n = 3_000_000
+    perm = croupier.permutation(n, seed=1)
+    share = DistributedSampler(n, num_replicas=2, rank=1, seed=1).indices()
+    child_perm = _in_child(lambda: croupier.permutation(n, seed=1))
+    child_share = _in_child(
+        lambda: DistributedSampler(n, num_replicas=2, rank=1, seed=1).indices()
+    )
+    assert np.array_equal(child_perm, perm), "the same result in the child"
+    assert np.array_equal(child_share, share)
+    # and the parent still works, and so does a grandchild
+    assert np.array_equal(croupier.permutation(n, seed=1), perm)
+    grand = _in_child(lambda: _in_child(lambda: croupier.permutation(n, seed=1)))
+    assert np.array_equal(grand, perm)
+
+
+class _CallsCroupier:
+    """A dataset whose items are computed by croupier, as a worker would."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        return int(croupier.permutation(1_000_000, seed=i)[0])
+
+
+# torch warns when a machine has fewer CPUs than workers; the test is about correctness.
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+def test_dataloader_workers_forked_after_croupier_ran():
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    croupier.permutation(1_000_000)  # the parent's pool now exists
+    want = [int(croupier.permutation(1_000_000, seed=i)[0]) for i in range(8)]
+    loader = DataLoader(
+        _CallsCroupier(),
+        batch_size=2,
+        num_workers=2,
+        multiprocessing_context="fork",
+        timeout=60,
+    )
+    got = torch.cat(list(loader)).tolist()
+    assert got == want
+
+
+def test_numpy_api_is_loaded_at_import_not_on_first_use():
+    # A first call that had to import numpy's C API could be interrupted in that import and
+    # turn it into a PanicException; after `import croupier` nothing is imported any more.
+    code = textwrap.dedent(
+        """
+        import sys
+        import croupier._core as core
+        for name in ("numpy.core.multiarray", "numpy._core.multiarray"):
+            sys.modules[name] = None  # any import of it now fails
+        print(core.permutation(10, 0, 0).tolist())
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert sorted(eval(out.stdout)) == list(range(10))
