@@ -53,9 +53,7 @@ def test_a_forked_child_uses_croupier_after_its_parent_did():
     perm = croupier.permutation(n, seed=1)
     share = DistributedSampler(n, num_replicas=2, rank=1, seed=1).indices()
     child_perm = _in_child(lambda: croupier.permutation(n, seed=1))
-    child_share = _in_child(
-        lambda: DistributedSampler(n, num_replicas=2, rank=1, seed=1).indices()
-    )
+    child_share = _in_child(lambda: DistributedSampler(n, num_replicas=2, rank=1, seed=1).indices())
     assert np.array_equal(child_perm, perm), "the same result in the child"
     assert np.array_equal(child_share, share)
     # and the parent still works, and so does a grandchild
