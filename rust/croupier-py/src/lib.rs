@@ -361,7 +361,12 @@ fn load_numpy_api(py: Python<'_>) -> PyResult<()> {
 }
 
 /// The compiled core of croupier (private: use the `croupier` package).
-#[pymodule]
+///
+/// `gil_used = false`: on a free-threaded Python the module does not need the GIL. Its only
+/// shared state is the per-process thread pool, published through an atomic pointer; `Order`
+/// and `Deal` are frozen (immutable, so `Sync`); every call works on its own buffers, or, for
+/// `permutation_into`, on an array borrowed mutably through rust-numpy's borrow checking.
+#[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     load_numpy_api(m.py())?;
     m.add_class::<Order>()?;
