@@ -1,0 +1,91 @@
+"""scripts/bench-compare: ratios per group, best of runs, the margin, and what it refuses."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench-compare"
+_loader = importlib.machinery.SourceFileLoader("bench_compare", str(SCRIPT))
+_spec = importlib.util.spec_from_loader("bench_compare", _loader)
+assert _spec is not None
+bench_compare = importlib.util.module_from_spec(_spec)
+_loader.exec_module(bench_compare)
+
+
+def run(**groups: tuple[float, dict[str, float]]) -> dict:
+    """A pytest-benchmark JSON: group -> (croupier's median, {alternative: median})."""
+    benches = []
+    for group, (ours, theirs) in groups.items():
+        benches.append(
+            {"group": group, "name": f"test_croupier_{group}", "stats": {"median": ours}}
+        )
+        for name, median in theirs.items():
+            benches.append({"group": group, "name": name, "stats": {"median": median}})
+    return {"benchmarks": benches, "machine_info": {"cpu": {"brand_raw": "cpu", "count": 2}}}
+
+
+def write(tmp_path: Path, name: str, data: dict) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_ratio_is_the_fastest_alternative_over_croupier():
+    got = bench_compare.ratios(run(a=(2.0, {"test_torch_a": 10.0, "test_numpy_a": 8.0})))
+    assert got["a"]["ratio"] == 4.0 and got["a"]["alternative"] == "test_numpy_a"
+
+
+def test_baseline_is_the_median_and_comparison_the_best_of_runs(tmp_path, capsys):
+    runs = [
+        write(tmp_path, f"r{i}.json", run(a=(1.0, {"test_torch_a": r})))
+        for i, r in enumerate((10.0, 12.0, 20.0))
+    ]
+    base = tmp_path / "base.json"
+    assert (
+        bench_compare.main([*map(str, runs), "--margin", "0.3", "--write-baseline", str(base)]) == 0
+    )
+    recorded = json.loads(base.read_text())
+    assert recorded["groups"]["a"]["ratio"] == 12.0 and recorded["margin"] == 0.3
+    # 8.5x alone is 29% below 12x: passes; 8.0x alone is 33% below: fails; the best of 8x and
+    # 9x passes.
+    ok = write(tmp_path, "ok.json", run(a=(1.0, {"test_torch_a": 8.5})))
+    slow = write(tmp_path, "slow.json", run(a=(1.0, {"test_torch_a": 8.0})))
+    better = write(tmp_path, "better.json", run(a=(1.0, {"test_torch_a": 9.0})))
+    assert bench_compare.main([str(ok), "--baseline", str(base)]) == 0
+    assert bench_compare.main([str(slow), "--baseline", str(base)]) == 1
+    assert "FAIL (more than 30% slower)" in capsys.readouterr().out
+    assert bench_compare.main([str(slow), str(better), "--baseline", str(base)]) == 0
+
+
+def test_a_missing_group_fails_and_a_new_one_is_reported(tmp_path, capsys):
+    base = tmp_path / "base.json"
+    bench_compare.main(
+        [
+            str(write(tmp_path, "r.json", run(a=(1.0, {"test_torch_a": 5.0})))),
+            "--write-baseline",
+            str(base),
+        ]
+    )
+    other = write(tmp_path, "o.json", run(b=(1.0, {"test_torch_b": 5.0})))
+    assert bench_compare.main([str(other), "--baseline", str(base)]) == 1
+    out = capsys.readouterr().out
+    assert "missing" in out and "new" in out
+
+
+def test_a_group_without_exactly_one_croupier_test_is_refused(tmp_path):
+    data = run(a=(1.0, {}))
+    with pytest.raises(SystemExit, match="must hold one test_croupier_"):
+        bench_compare.ratios(data)
+
+
+def test_the_committed_baseline_covers_every_bench_group():
+    baseline = json.loads((SCRIPT.parent.parent / "benches" / "baseline-small.json").read_text())
+    assert 0 < baseline["margin"] < 0.5, "a twice-slower core must fail"
+    assert len(baseline["groups"]) == 10
+    for group in baseline["groups"].values():
+        assert group["croupier"].startswith("test_croupier") and group["ratio"] > 1
