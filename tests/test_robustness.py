@@ -131,3 +131,50 @@ def test_concurrent_use_from_threads_gives_the_serial_results():
     for a, b in zip(serial, threaded, strict=True):
         for x, y in zip(a, b, strict=True):
             assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (
+            "DistributedSampler(10**8, num_replicas=2, rank=0, order='torch').indices()",
+            "torch's order",
+        ),
+        ("DistributedSampler(10**9, num_replicas=1, rank=0).indices()", "this rank's indices"),
+        ("croupier.permutation(10**8)", "the permutation"),
+    ],
+)
+def test_what_cannot_fit_is_refused_before_any_work(call, words):
+    # CROUPIER_MEMORY_LIMIT caps what croupier may take (as a container's cgroup limit would).
+    code = textwrap.dedent(
+        f"""
+        import croupier
+        from croupier import DistributedSampler
+        try:
+            {call}
+        except MemoryError as e:
+            print(e)
+        """
+    )
+    env = {**os.environ, "CROUPIER_MEMORY_LIMIT": str(200 * 2**20)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert words in out.stdout and "GiB" in out.stdout and "available" in out.stdout, out.stdout
+
+
+def test_streaming_and_small_calls_pass_the_memory_check():
+    code = textwrap.dedent(
+        """
+        from croupier import DistributedSampler
+        s = DistributedSampler(2**40, num_replicas=2, rank=0, shuffle=False)
+        it = iter(s)
+        print(sum(next(it) for _ in range(100_000)))
+        print(len(DistributedSampler(10**6, num_replicas=8, rank=1).indices()))
+        """
+    )
+    env = {**os.environ, "CROUPIER_MEMORY_LIMIT": str(200 * 2**20)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert out.stdout.split() == [str(sum(range(0, 200_000, 2))), "125000"]

@@ -32,8 +32,10 @@ pub mod stream;
 #[cfg(test)]
 mod testkit;
 
-pub use deal::{first_stop, rank_indices, rank_range, Layout, Order};
+pub use deal::{first_stop, rank_indices, rank_range, rank_range_bytes, Layout, Order};
 pub use error::{Error, Result};
 pub use index::{Index, Indices, MAX_LEN, U32_MAX_LEN};
-pub use shuffle::{fill, permutation, torch_randperm, TorchRandperm, LARGE_N_THRESHOLD};
+pub use shuffle::{
+    fill, permutation, permutation_bytes, torch_randperm, TorchRandperm, LARGE_N_THRESHOLD,
+};
 pub use stream::{Purpose, Stream};

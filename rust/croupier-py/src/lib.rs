@@ -115,6 +115,58 @@ fn to_numpy(py: Python<'_>, indices: Indices) -> Bound<'_, PyAny> {
     }
 }
 
+/// Memory a call may still take, in bytes: `MemAvailable + SwapFree`, capped by the cgroup's
+/// `memory.max - memory.current` (a container's limit, which `/proc/meminfo` does not show)
+/// and by `CROUPIER_MEMORY_LIMIT` (bytes) when set. `None` where none of these can be read.
+fn available_memory() -> Option<u64> {
+    let mut found: Option<u64> = None;
+    let mut cap = |v: u64| found = Some(found.map_or(v, |f| f.min(v)));
+    if let Ok(text) = std::fs::read_to_string("/proc/meminfo") {
+        let field = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        };
+        if let Some(avail) = field("MemAvailable:") {
+            cap((avail + field("SwapFree:").unwrap_or(0)).saturating_mul(1024));
+        }
+    }
+    let cgroup = |file: &str| {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{file}"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    if let (Some(max), Some(current)) = (cgroup("memory.max"), cgroup("memory.current")) {
+        cap(max.saturating_sub(current));
+    }
+    if let Some(limit) = std::env::var("CROUPIER_MEMORY_LIMIT")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+    {
+        cap(limit);
+    }
+    found
+}
+
+/// Refuses, before any work, a call whose buffers need more memory than is available: a
+/// `MemoryError` naming the bytes, instead of minutes of work and then a failed allocation (or
+/// the kernel's OOM killer). Small calls are not checked.
+fn check_memory(bytes: u64, what: &str) -> PyResult<()> {
+    const CHECKED_FROM: u64 = 1 << 26;
+    if bytes < CHECKED_FROM {
+        return Ok(());
+    }
+    match available_memory() {
+        Some(available) if bytes > available => Err(PyMemoryError::new_err(format!(
+            "croupier: {what} needs about {:.2} GiB ({bytes} bytes), but only {:.2} GiB are \
+             available (MemAvailable + SwapFree, the cgroup limit, CROUPIER_MEMORY_LIMIT)",
+            bytes as f64 / (1u64 << 30) as f64,
+            available as f64 / (1u64 << 30) as f64,
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Runs `work` detached and hands its buffer to numpy: the path of every index-producing call.
 fn indices_to_numpy<'py>(
     py: Python<'py>,
@@ -232,6 +284,20 @@ impl Deal {
     ) -> PyResult<Bound<'py, PyAny>> {
         let stop = stop.unwrap_or(self.layout.num_samples());
         let order = self.order.core();
+        check_memory(
+            croupier_core::rank_range_bytes(
+                &self.layout,
+                self.rank,
+                self.shuffle,
+                order,
+                start,
+                stop,
+            ),
+            match self.order {
+                Order::Fast => "this rank's indices",
+                _ => "torch's order (the whole permutation, as torch builds it)",
+            },
+        )?;
         indices_to_numpy(py, || {
             croupier_core::rank_range(
                 &self.layout,
@@ -295,6 +361,7 @@ fn layout(n: u64, num_replicas: u64, drop_last: bool) -> PyResult<(u64, u64)> {
 /// The epoch's full permutation of `[0, n)`.
 #[pyfunction]
 fn permutation(py: Python<'_>, n: u64, seed: u64, epoch: u64) -> PyResult<Bound<'_, PyAny>> {
+    check_memory(croupier_core::permutation_bytes(n), "the permutation")?;
     indices_to_numpy(py, || croupier_core::permutation(n, seed, epoch))
 }
 
@@ -345,6 +412,14 @@ fn torch_randperm(py: Python<'_>, n: u64, seed: u64, order: Order) -> PyResult<B
             "order must be Order.TORCH_FORWARD or Order.TORCH_INSIDE_OUT, got Order.FAST",
         ));
     };
+    check_memory(
+        n.saturating_mul(if n <= croupier_core::U32_MAX_LEN {
+            4
+        } else {
+            8
+        }),
+        "randperm",
+    )?;
     indices_to_numpy(py, || croupier_core::torch_randperm(n, seed, variant))
 }
 

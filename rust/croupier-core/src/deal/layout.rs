@@ -221,6 +221,27 @@ pub fn rank_range(
     })
 }
 
+/// Bytes a [`rank_range`] call with these arguments holds at its peak: the positions asked
+/// for, and whatever is computed whole to reach them (the blocks holding them in
+/// `order="fast"`, the whole permutation of `n` in torch's order). An estimate, so that a call
+/// that cannot fit is refused before any work.
+pub fn rank_range_bytes(
+    layout: &Layout,
+    rank: u64,
+    shuffle: bool,
+    order: Order,
+    start: u64,
+    stop: u64,
+) -> u64 {
+    let elem: u64 = if layout.n <= U32_MAX_LEN { 4 } else { 8 };
+    let stop = stop.max(start);
+    match (shuffle, order) {
+        (false, _) => (stop - start).saturating_mul(elem),
+        (true, Order::Fast) => share::fast_share_bytes(layout, rank, start, stop),
+        (true, Order::Torch(_)) => layout.n.saturating_mul(elem),
+    }
+}
+
 /// The indices rank `rank` receives in epoch `epoch`, in the order it receives them: all of
 /// [`rank_range`].
 pub fn rank_indices(

@@ -17,4 +17,4 @@ pub(crate) mod layout;
 pub(crate) mod seekable;
 pub(crate) mod share;
 
-pub use layout::{first_stop, rank_indices, rank_range, Layout, Order};
+pub use layout::{first_stop, rank_indices, rank_range, rank_range_bytes, Layout, Order};

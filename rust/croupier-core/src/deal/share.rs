@@ -51,7 +51,7 @@ use crate::deal::class_split::{
 use crate::deal::layout::Layout;
 use crate::deal::seekable::{Dealer, Plan, Seekable, Shape};
 use crate::error::{Error, Result};
-use crate::index::{keep_range, try_with_capacity, Index};
+use crate::index::{keep_range, try_with_capacity, Index, U32_MAX_LEN};
 use crate::shuffle::fisher_yates::fisher_yates;
 use crate::stream::{Purpose, Stream};
 use rayon::prelude::*;
@@ -325,6 +325,25 @@ fn block_range<T: Index>(
 
 /// Positions `[start, stop)` of rank `rank`'s sequence for the epoch, in `order="fast"` with
 /// shuffling; `start <= stop <= layout.num_samples()`.
+/// Bytes [`fast_share`] holds at its peak for positions `[start, stop)` of `rank`'s share:
+/// the blocks holding them (computed whole, then cut) and their stripe tables. An estimate
+/// for refusing what cannot fit before any work, not a bound the allocator is held to.
+pub fn fast_share_bytes(layout: &Layout, rank: u64, start: u64, stop: u64) -> u64 {
+    let Ok(classes) = RankClasses::new(layout) else {
+        return 0;
+    };
+    let c = classes.share(rank);
+    let own_stop = stop.min(c);
+    let values = if start < own_stop {
+        let (j0, j1) = (block_of(start), block_of(own_stop - 1) + 1);
+        block_start(c, j1) - block_start(c, j0)
+    } else {
+        0
+    };
+    let elem = if layout.n() <= U32_MAX_LEN { 4 } else { 8 };
+    (values + values / 64 + (stop - start)).saturating_mul(elem)
+}
+
 pub fn fast_share<T: Index>(
     layout: &Layout,
     rank: u64,

@@ -14,7 +14,7 @@ pub(crate) mod torch_randperm;
 pub(crate) mod write_combine;
 
 pub use fisher_yates::fisher_yates;
-pub use parallel::{fill, permutation};
+pub use parallel::{fill, permutation, permutation_bytes};
 pub use torch_randperm::{
     randperm as torch_randperm, sampler_seed, TorchRandperm, LARGE_N_THRESHOLD,
 };

@@ -568,6 +568,20 @@ fn shuffle_node<T: Index>(
     }
 }
 
+/// Bytes [`permutation`] holds at its peak: the output, and above `64 * LEAF` values one
+/// level-1 bucket of scratch per thread. An estimate, so that a call that cannot fit is
+/// refused before any work.
+pub fn permutation_bytes(n: u64) -> u64 {
+    let elem: u64 = if n <= U32_MAX_LEN { 4 } else { 8 };
+    let scratch = if n / FANOUT as u64 > LEAF as u64 {
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+        threads as u64 * n.div_ceil(FANOUT as u64)
+    } else {
+        0
+    };
+    n.saturating_add(scratch).saturating_mul(elem)
+}
+
 /// The epoch's permutation of `[0, n)` (see the module documentation). A `u32` buffer when
 /// `n <= 2**32`, `u64` above.
 pub fn permutation(n: u64, seed: u64, epoch: u64) -> Result<Indices> {
