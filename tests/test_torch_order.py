@@ -171,6 +171,12 @@ def test_seed_plus_epoch_past_u64_is_refused_like_torch():
     fast = DistributedSampler(5, num_replicas=1, rank=0, seed=2**64 - 1)
     fast.set_epoch(1)  # croupier's own order has no such limit
     assert sorted(fast) == [0, 1, 2, 3, 4]
+    # Unshuffled, torch never seeds its generator, so it takes any epoch: so does croupier.
+    plain = DistributedSampler(5, 1, 0, shuffle=False, seed=2**64 - 1, order="torch")
+    theirs = TorchDistributedSampler(range(5), 1, 0, shuffle=False, seed=2**64 - 1)
+    plain.set_epoch(7)
+    theirs.set_epoch(7)
+    assert list(plain) == list(theirs) == [0, 1, 2, 3, 4]
 
 
 @pytest.mark.parametrize(

@@ -143,7 +143,8 @@ class DistributedSampler(IndexSampler):
         return _core.layout(self._n, num_replicas, self.drop_last)[0]
 
     def _check_epoch(self, epoch: int) -> None:
-        if self.order == "torch" and self.seed + epoch > U64_MAX:
+        # torch seeds its generator only to shuffle: unshuffled, any epoch is fine, as in torch.
+        if self.order == "torch" and self.shuffle and self.seed + epoch > U64_MAX:
             raise ValueError(
                 f"seed + epoch must be at most 2**64 - 1 for order='torch' (torch.manual_seed "
                 f"refuses more), got seed={self.seed} epoch={epoch}"
