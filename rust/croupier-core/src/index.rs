@@ -44,6 +44,16 @@ pub const U32_MAX_LEN: u64 = 1 << 32;
 /// (numpy `int64`, torch `long`).
 pub const MAX_LEN: u64 = (1 << 63) - 1;
 
+/// Bytes per index in the buffers for a dataset of `n` samples: 4 (`u32`) up to
+/// [`U32_MAX_LEN`], 8 (`u64`) above.
+pub fn index_bytes(n: u64) -> u64 {
+    if n <= U32_MAX_LEN {
+        4
+    } else {
+        8
+    }
+}
+
 /// An owned index buffer: `u32` when the dataset length is at most 2**32, `u64` above.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Indices {

@@ -34,7 +34,7 @@ mod testkit;
 
 pub use deal::{first_stop, rank_indices, rank_range, rank_range_bytes, Layout, Order};
 pub use error::{Error, Result};
-pub use index::{Index, Indices, MAX_LEN, U32_MAX_LEN};
+pub use index::{index_bytes, Index, Indices, MAX_LEN, U32_MAX_LEN};
 pub use shuffle::{
     fill, permutation, permutation_bytes, torch_randperm, TorchRandperm, LARGE_N_THRESHOLD,
 };

@@ -412,14 +412,7 @@ fn torch_randperm(py: Python<'_>, n: u64, seed: u64, order: Order) -> PyResult<B
             "order must be Order.TORCH_FORWARD or Order.TORCH_INSIDE_OUT, got Order.FAST",
         ));
     };
-    check_memory(
-        n.saturating_mul(if n <= croupier_core::U32_MAX_LEN {
-            4
-        } else {
-            8
-        }),
-        "randperm",
-    )?;
+    check_memory(n.saturating_mul(croupier_core::index_bytes(n)), "randperm")?;
     indices_to_numpy(py, || croupier_core::torch_randperm(n, seed, variant))
 }
 

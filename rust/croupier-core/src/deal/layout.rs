@@ -233,7 +233,7 @@ pub fn rank_range_bytes(
     start: u64,
     stop: u64,
 ) -> u64 {
-    let elem: u64 = if layout.n <= U32_MAX_LEN { 4 } else { 8 };
+    let elem = crate::index::index_bytes(layout.n);
     let stop = stop.max(start);
     match (shuffle, order) {
         (false, _) => (stop - start).saturating_mul(elem),

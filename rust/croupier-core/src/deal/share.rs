@@ -51,7 +51,7 @@ use crate::deal::class_split::{
 use crate::deal::layout::Layout;
 use crate::deal::seekable::{Dealer, Plan, Seekable, Shape};
 use crate::error::{Error, Result};
-use crate::index::{keep_range, try_with_capacity, Index, U32_MAX_LEN};
+use crate::index::{keep_range, try_with_capacity, Index};
 use crate::shuffle::fisher_yates::fisher_yates;
 use crate::stream::{Purpose, Stream};
 use rayon::prelude::*;
@@ -340,7 +340,7 @@ pub fn fast_share_bytes(layout: &Layout, rank: u64, start: u64, stop: u64) -> u6
     } else {
         0
     };
-    let elem = if layout.n() <= U32_MAX_LEN { 4 } else { 8 };
+    let elem = crate::index::index_bytes(layout.n());
     (values + values / 64 + (stop - start)).saturating_mul(elem)
 }
 

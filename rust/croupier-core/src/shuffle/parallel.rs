@@ -572,7 +572,7 @@ fn shuffle_node<T: Index>(
 /// level-1 bucket of scratch per thread. An estimate, so that a call that cannot fit is
 /// refused before any work.
 pub fn permutation_bytes(n: u64) -> u64 {
-    let elem: u64 = if n <= U32_MAX_LEN { 4 } else { 8 };
+    let elem = crate::index::index_bytes(n);
     let scratch = if n / FANOUT as u64 > LEAF as u64 {
         let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
         threads as u64 * n.div_ceil(FANOUT as u64)
