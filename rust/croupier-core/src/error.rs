@@ -29,7 +29,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     /// Shorthand for [`Error::OutOfRange`].
-    pub fn out_of_range(
+    pub(crate) fn out_of_range(
         name: &'static str,
         allowed: impl Into<String>,
         got: impl ToString,

@@ -77,8 +77,9 @@ impl Indices {
         self.len() == 0
     }
 
-    /// The indices widened to `u64` (a copy; for tests and small outputs).
-    pub fn to_u64_vec(&self) -> Vec<u64> {
+    /// The indices widened to `u64` (a copy, for tests).
+    #[cfg(test)]
+    pub(crate) fn to_u64_vec(&self) -> Vec<u64> {
         match self {
             Indices::U32(v) => v.iter().map(|&x| x as u64).collect(),
             Indices::U64(v) => v.clone(),
@@ -87,7 +88,7 @@ impl Indices {
 }
 
 /// Checks a dataset length against [`MAX_LEN`].
-pub fn check_len(name: &'static str, n: u64) -> Result<u64> {
+pub(crate) fn check_len(name: &'static str, n: u64) -> Result<u64> {
     if n > MAX_LEN {
         return Err(Error::out_of_range(name, "in [0, 2**63 - 1]", n));
     }
@@ -123,7 +124,7 @@ pub(crate) fn keep_range<T: Copy>(v: &mut Vec<T>, from: usize, len: usize) {
 }
 
 /// Buffers from this size on ask the kernel for transparent huge pages.
-pub const HUGE_PAGE_BYTES: usize = 2 << 20;
+pub(crate) const HUGE_PAGE_BYTES: usize = 2 << 20;
 
 /// Like [`try_with_capacity`], and on Linux advises the kernel to back a large buffer with
 /// transparent huge pages before it is first touched (`madvise(MADV_HUGEPAGE)`): a 4 GB

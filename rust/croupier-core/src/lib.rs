@@ -1,9 +1,16 @@
 //! croupier-core: seeded, reproducible index generation for data-parallel training.
 //!
 //! Pure Rust, no Python: every public function is a deterministic map from its arguments to an
-//! index buffer, identical on every platform and for every thread count. The PyO3 binding crate
-//! (`rust/croupier-py`) only converts arguments and hands the buffers to numpy; the Python
-//! package (`python/croupier`) turns them into samplers with checkpoint state.
+//! index buffer, identical on every platform and for every thread count.
+//!
+//! # Layers
+//!
+//! 1. This crate: the math, with no Python types and no checkpoint state.
+//! 2. The PyO3 binding crate (`rust/croupier-py`, the `croupier._core` extension module): it
+//!    converts arguments, refuses calls that cannot fit in memory, and hands the buffers to
+//!    numpy. It imports everything from this crate's root.
+//! 3. The Python package (`python/croupier`): samplers with checkpoint state, built on the
+//!    binding.
 //!
 //! # Map
 //!
@@ -13,29 +20,37 @@
 //!   ([`permutation`], [`fill`]) with its write-combining scatters, and torch's CPU `randperm`
 //!   reproduced exactly ([`torch_randperm()`]).
 //! - [`deal`]: dealing an epoch to data-parallel ranks: torch's padding and striding
-//!   ([`Layout`]), a rank's positions in either order ([`rank_range`], [`Order`]), and for
-//!   `order="fast"` a rank's share computed alone (class splitting by exact hypergeometric
-//!   draws, per-block orders, a seekable order for long blocks).
+//!   ([`Layout`]), a rank's positions in either order ([`rank_range`], [`first_stop`],
+//!   [`Order`]), and for `order="fast"` a rank's share computed alone (class splitting by exact
+//!   hypergeometric draws with keyed per-cell generators, per-block orders, a seekable order
+//!   for long blocks).
 //!
-//! The root holds what every folder uses: [`stream`] (the random streams, keyed by
-//! `(seed, epoch, purpose, id)`, and unbiased bounded draws), `cell_rng` (keyed per-cell
-//! generators for the splitting trees), [`index`] (element types and owned buffers), [`error`].
 //! Weighted mixtures and bucket batching will get folders of their own (`mix/`, `batch/`).
+//!
+//! The root holds what every folder uses (crate-private modules; what callers need is
+//! re-exported here):
+//!
+//! - `stream`: the random streams, keyed by `(seed, epoch, purpose, id)`, key folding, and
+//!   unbiased bounded draws.
+//! - `index`: index element types ([`Index`]: `u32` up to [`U32_MAX_LEN`] samples, `u64`
+//!   above, up to [`MAX_LEN`]) and owned buffers ([`Indices`]).
+//! - `error`: the one error type, [`Error`].
+//!
+//! Folders depend on the root; `deal` also uses `shuffle` (Fisher–Yates, torch's `randperm`,
+//! the keyed generators of the parallel permutation); `shuffle` uses nothing in `deal`.
 
-mod cell_rng;
 pub mod deal;
-pub mod error;
-pub mod index;
+mod error;
+mod index;
 pub mod shuffle;
-pub mod stream;
+mod stream;
 
 #[cfg(test)]
 mod testkit;
 
-pub use deal::{first_stop, rank_indices, rank_range, rank_range_bytes, Layout, Order};
+pub use deal::{first_stop, rank_range, rank_range_bytes, Layout, Order};
 pub use error::{Error, Result};
 pub use index::{index_bytes, Index, Indices, MAX_LEN, U32_MAX_LEN};
 pub use shuffle::{
     fill, permutation, permutation_bytes, torch_randperm, TorchRandperm, LARGE_N_THRESHOLD,
 };
-pub use stream::{Purpose, Stream};

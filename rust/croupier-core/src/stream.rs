@@ -1,4 +1,4 @@
-//! Random streams and unbiased bounded draws.
+//! Random streams, key folding and unbiased bounded draws.
 //!
 //! # How streams are derived
 //!
@@ -19,6 +19,12 @@
 //! ChaCha is integer-only, so the bits are the same on every platform; the SIMD paths of
 //! `rand_chacha` produce the same words as the scalar one.
 //!
+//! # Derived keys
+//!
+//! Generators that are not ChaCha streams (the per-cell SplitMix64 generators of `deal`, the
+//! xoshiro256++ generators of `shuffle`) are keyed by words folded one at a time into a base
+//! drawn from a stream, by [`fold`].
+//!
 //! # Bounded draws
 //!
 //! [`Stream::below_u32`] and [`Stream::below_u64`] return a uniform integer in `[0, s)` by
@@ -27,33 +33,34 @@
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
+use rand_xoshiro::SplitMix64;
 
 /// What a stream is used for; the third word of the key. The values are part of the
 /// reproducibility contract: never change or reuse one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u64)]
-pub enum Purpose {
+pub(crate) enum Purpose {
     /// The global order of an epoch: a Fisher–Yates permutation of `[0, N)`.
     Permutation = u64::from_le_bytes(*b"permute\0"),
-    /// The partition of an epoch into rank shares (`deal::share`); only its first word is
+    /// The partition of an epoch into rank shares (`deal::fast_share`); only its first word is
     /// used, as the base of the per-cell keys.
     Share = u64::from_le_bytes(*b"shares\0\0"),
     /// The order inside one block of a rank's share of at most 2**15 values (Fisher–Yates,
-    /// `deal::share`).
+    /// `deal::fast_share`).
     ShareOrder = u64::from_le_bytes(*b"inshare\0"),
-    /// The bucket shuffle inside one long block of a rank's share (`deal::share`).
+    /// The bucket shuffle inside one long block of a rank's share (`deal::fast_share`).
     ShareBuckets = u64::from_le_bytes(*b"shbucket"),
 }
 
 /// A deterministic random stream; see the module documentation for its derivation.
 #[derive(Debug, Clone)]
-pub struct Stream {
+pub(crate) struct Stream {
     rng: ChaCha8Rng,
 }
 
 impl Stream {
     /// The stream named by `(seed, epoch, purpose, id)`.
-    pub fn new(seed: u64, epoch: u64, purpose: Purpose, id: u64) -> Self {
+    pub(crate) fn new(seed: u64, epoch: u64, purpose: Purpose, id: u64) -> Self {
         let mut key = [0u8; 32];
         for (chunk, word) in key
             .chunks_exact_mut(8)
@@ -68,40 +75,40 @@ impl Stream {
 
     /// The next 32 random bits.
     #[inline(always)]
-    pub fn next_u32(&mut self) -> u32 {
+    pub(crate) fn next_u32(&mut self) -> u32 {
         self.rng.next_u32()
     }
 
     /// The next 64 random bits.
     #[inline(always)]
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.rng.next_u64()
     }
 
     /// Fills `dst` with the stream's next bytes (ChaCha's output order, so the same on every
     /// platform).
     #[inline(always)]
-    pub fn fill_bytes(&mut self, dst: &mut [u8]) {
+    pub(crate) fn fill_bytes(&mut self, dst: &mut [u8]) {
         self.rng.fill_bytes(dst);
     }
 
     /// A uniform integer in `[0, s)`; `s` must be at least 1. Consumes 32-bit words.
     #[inline(always)]
-    pub fn below_u32(&mut self, s: u32) -> u32 {
+    pub(crate) fn below_u32(&mut self, s: u32) -> u32 {
         let first = self.next_u32();
         lemire_u32(first, s, || self.next_u32())
     }
 
     /// A uniform integer in `[0, s)`; `s` must be at least 1. Consumes 64-bit words.
     #[inline(always)]
-    pub fn below_u64(&mut self, s: u64) -> u64 {
+    pub(crate) fn below_u64(&mut self, s: u64) -> u64 {
         lemire_u64(s, || self.next_u64())
     }
 
     /// A uniform integer in `[0, s)` for any `s >= 1`: a 32-bit draw when `s < 2**32`, a 64-bit
     /// draw otherwise. Which one is used depends on `s` alone, so the sequence is fixed.
     #[inline(always)]
-    pub fn below(&mut self, s: u64) -> u64 {
+    pub(crate) fn below(&mut self, s: u64) -> u64 {
         if s <= u64::from(u32::MAX) {
             u64::from(self.below_u32(s as u32))
         } else {
@@ -139,6 +146,15 @@ pub(crate) fn lemire_u64(s: u64, mut next: impl FnMut() -> u64) -> u64 {
         }
     }
     (m >> 64) as u64
+}
+
+/// Folds one word into a running 64-bit hash: `h = splitmix64(h ^ word)`, where
+/// `splitmix64(x)` is the first output of a SplitMix64 generator whose state is `x`. Keys
+/// derived from several words (a cell's coordinates, a bucket-tree path, a layout) are folded
+/// one word at a time from a base drawn from a [`Stream`].
+#[inline(always)]
+pub(crate) fn fold(h: u64, word: u64) -> u64 {
+    SplitMix64::from_seed((h ^ word).to_le_bytes()).next_u64()
 }
 
 #[cfg(test)]

@@ -7,8 +7,9 @@
 //! prefix(x)` values), every such partition equally likely. Two binary trees organise it:
 //! the *value tree* halves `[lo, hi)` at `lo + (hi - lo) / 2` down to leaves of at most
 //! [`Classes::leaf`] values (64 to 1024), and the *class tree* splits class ranges `[a, b)` at
-//! [`Classes::split`] (the midpoint by default) down to single classes. Write `t(G, V)` for how many values of value node `V` go to class node `G`; at the
-//! root `t(G, [0, n))` is `G`'s size and `t([0, C), V) = |V|`. For a value node `V` with
+//! [`Classes::split`] (the midpoint by default) down to single classes. Write `t(G, V)` for
+//! how many values of value node `V` go to class node `G`; at the root `t(G, [0, n))` is `G`'s
+//! size and `t([0, C), V) = |V|`. For a value node `V` with
 //! halves `Vl, Vr` and a class node `G` with halves `Gl, Gr`, the values of `V` that `G` gets
 //! are a uniform random subset of `V` of size `t(G, V)`, so how many of them lie in `Vl` while
 //! belonging to `Gl` is hypergeometric:
@@ -19,9 +20,9 @@
 //!
 //! and the other three counts follow by subtraction. In a leaf `V` the values themselves are
 //! dealt: `G`'s values are a bit set, `Gl` takes a uniform random subset of it of size
-//! `t(Gl, V)` (see [`subset`]), `Gr` the rest. Each decision is drawn
-//! from the generator of its cell `(V, G)` ([`crate::cell_rng`]), so any process that needs a
-//! cell draws the same thing, and skipping a cell whose outcome is forced changes nothing else.
+//! `t(Gl, V)` (see [`subset`]), `Gr` the rest. Each decision is drawn from the generator of
+//! its cell `(V, G)` ([`crate::deal::cell_rng`]), so any process that needs a cell draws the
+//! same thing, and skipping a cell whose outcome is forced changes nothing else.
 //!
 //! # Cost
 //!
@@ -33,12 +34,12 @@
 //! `O(log N)` small vectors. Work splits over value subtrees with rayon; the
 //! output never depends on how.
 
-use crate::cell_rng::CellRng;
+use crate::deal::cell_rng::CellRng;
 use crate::deal::hypergeom::hypergeometric;
 use crate::index::Index;
 
 /// Class sizes of a partition, as prefix sums.
-pub trait Classes: Sync {
+pub(crate) trait Classes: Sync {
     /// Number of classes `C`.
     fn count(&self) -> u64;
     /// Total size of classes `[0, x)` for `x <= C`; non-decreasing, `prefix(0) = 0`.
@@ -56,7 +57,7 @@ pub trait Classes: Sync {
 }
 
 /// The largest value leaf: its values are dealt with bit sets of 16 words.
-pub const MAX_LEAF: u64 = 1024;
+pub(crate) const MAX_LEAF: u64 = 1024;
 const WORDS: usize = (MAX_LEAF / 64) as usize;
 
 thread_local! {
@@ -85,7 +86,7 @@ struct Engine<'c, C> {
 
 /// Receives one wanted class's values, in increasing order. The parallel walk splits a sink
 /// where a value subtree ends, so each part receives a run of consecutive ranks.
-pub trait Sink: Send + Sized {
+pub(crate) trait Sink: Send + Sized {
     /// The next value of the class.
     fn push(&mut self, v: u64);
     /// The sinks of the next `count` values and of the ones after them.
@@ -93,14 +94,14 @@ pub trait Sink: Send + Sized {
 }
 
 /// A buffer filled in increasing value order: the plain output of `class_values`.
-pub struct Run<'o, T> {
+pub(crate) struct Run<'o, T> {
     buf: &'o mut [T],
     at: usize,
 }
 
 impl<'o, T> Run<'o, T> {
     /// Fills `buf` from its start.
-    pub fn new(buf: &'o mut [T]) -> Self {
+    pub(crate) fn new(buf: &'o mut [T]) -> Self {
         Run { buf, at: 0 }
     }
 }
@@ -627,7 +628,7 @@ fn deposit_portable(compact: u64, mask: u64) -> u64 {
 /// classes.count()`. (The share feeds sinks through [`class_values_into`]; this is the
 /// reference the tests compare them with.)
 #[cfg(test)]
-pub fn class_values<T: Index, C: Classes>(
+pub(crate) fn class_values<T: Index, C: Classes>(
     n: u64,
     classes: &C,
     c0: u64,
@@ -650,7 +651,7 @@ pub fn class_values<T: Index, C: Classes>(
 }
 
 /// Where classes `[c0, c1)` start, from `c0`'s start, and where the last ends.
-pub fn class_offsets<C: Classes>(classes: &C, c0: u64, c1: u64) -> Vec<u64> {
+pub(crate) fn class_offsets<C: Classes>(classes: &C, c0: u64, c1: u64) -> Vec<u64> {
     assert!(
         c0 < c1 && c1 <= classes.count(),
         "wanted classes out of range"
@@ -662,7 +663,7 @@ pub fn class_offsets<C: Classes>(classes: &C, c0: u64, c1: u64) -> Vec<u64> {
 
 /// `class_values` into given sinks, one per class of `[c0, c1)`, each fed its class's values
 /// in increasing order.
-pub fn class_values_into<C: Classes, S: Sink>(
+pub(crate) fn class_values_into<C: Classes, S: Sink>(
     n: u64,
     classes: &C,
     c0: u64,
@@ -712,7 +713,7 @@ fn full_set(len: u64) -> [u64; WORDS] {
 /// ranks among the class's values (in increasing order; ranks need not be sorted, each must be
 /// below the class's size): random access into `class_values` without computing the class.
 /// The cost is a walk down the value tree along the paths that hold the wanted ranks.
-pub fn class_select<C: Classes>(
+pub(crate) fn class_select<C: Classes>(
     n: u64,
     classes: &C,
     class: u64,

@@ -17,11 +17,11 @@
 //! another machine, so `ln` here is written with `+ - * /` only, which IEEE 754 rounds
 //! identically everywhere (Rust never contracts them into fused multiply-adds on its own).
 
-use crate::cell_rng::CellRng;
+use crate::deal::cell_rng::CellRng;
 use std::sync::OnceLock;
 
 /// Up to this many sequential draws, the small method is used.
-pub const SMALL: u64 = 12;
+pub(crate) const SMALL: u64 = 12;
 
 // ln 2 split as in fdlibm: the high part has trailing zero bits, so e * LN2_HI is exact.
 const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
@@ -32,7 +32,7 @@ const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
 /// `x = 2**e * m` with `m` in `[sqrt(1/2), sqrt(2))`, and `ln(m) = 2 atanh(z)` with
 /// `z = (m-1)/(m+1)`, `|z| <= 0.1716`, summed as the odd series `2 (z + z**3/3 + …)` to 12
 /// terms (the next term is below 2**-60 of the sum).
-pub fn ln(x: f64) -> f64 {
+pub(crate) fn ln(x: f64) -> f64 {
     debug_assert!(x > 0.0 && x.is_finite() && x.is_normal());
     let bits = x.to_bits();
     let mut e = ((bits >> 52) & 0x7ff) as i64 - 1023;
@@ -89,7 +89,7 @@ fn stirling(k: u64) -> f64 {
 
 /// `ln(k!)`: tabulated below 2**16 (summed logarithms below 256, Stirling's series above),
 /// Stirling's series beyond.
-pub fn ln_factorial(k: u64) -> f64 {
+pub(crate) fn ln_factorial(k: u64) -> f64 {
     if k < TABLE as u64 {
         return ln_factorial_table()[k as usize];
     }
@@ -128,7 +128,7 @@ fn stirling_correction(x: f64) -> f64 {
 /// population of 2**40 each `ln(k!)` is about 3e13 and its last bit is worth 0.004, enough to
 /// bend an acceptance test; the difference written as
 /// `(a+1/2) ln(a/b) + (a-b) ln b - (a-b) + corr(a) - corr(b)` keeps every term small.
-pub fn ln_factorial_ratio(a: u64, b: u64) -> f64 {
+pub(crate) fn ln_factorial_ratio(a: u64, b: u64) -> f64 {
     if a < TABLE as u64 || b < TABLE as u64 {
         return ln_factorial(a) - ln_factorial(b);
     }
@@ -140,7 +140,7 @@ pub fn ln_factorial_ratio(a: u64, b: u64) -> f64 {
 
 /// The number of marked items among `a` drawn without replacement from `n` items of which `s`
 /// are marked. Requires `s <= n` and `a <= n`.
-pub fn hypergeometric(rng: &mut CellRng, n: u64, s: u64, a: u64) -> u64 {
+pub(crate) fn hypergeometric(rng: &mut CellRng, n: u64, s: u64, a: u64) -> u64 {
     debug_assert!(s <= n && a <= n);
     if s == 0 || a == 0 {
         return 0;

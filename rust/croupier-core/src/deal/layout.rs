@@ -1,4 +1,5 @@
-//! Dealing an epoch to data-parallel ranks with torch's `DistributedSampler` arithmetic.
+//! torch's `DistributedSampler` arithmetic: how an epoch's global order is padded or cut and
+//! strided over data-parallel ranks, and a rank's share taken from a whole global order.
 //!
 //! An epoch has a global order `order` of `[0, n)`. Its global sequence has `total_size`
 //! positions and position `p` holds `order[p mod n]`: with `drop_last=False` the order is padded
@@ -12,14 +13,13 @@
 //! these with float division, which is inexact beyond 2**53 samples; croupier uses exact integer
 //! arithmetic, so the two agree wherever torch's own arithmetic is exact.
 
-use crate::deal::share;
 use crate::error::{Error, Result};
-use crate::index::{
-    check_len, keep_range, try_with_capacity, Index, Indices, MAX_LEN, U32_MAX_LEN,
-};
-use crate::shuffle::torch_randperm;
+use crate::index::{check_len, try_with_capacity, Index, MAX_LEN};
 
-/// How one epoch of `n` samples is dealt to `num_replicas` ranks.
+/// How one epoch of `n` samples is dealt to `num_replicas` ranks, by torch's
+/// `DistributedSampler` arithmetic: the global order is padded by repeating its head (or, with
+/// `drop_last`, cut) to [`Layout::total_size`] positions, and rank `r` of `W` takes positions
+/// `r, r + W, r + 2W, …`, [`Layout::num_samples`] of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     n: u64,
@@ -89,7 +89,7 @@ impl Layout {
     }
 
     /// Checks a range of positions of a rank's sequence: `start <= stop <= num_samples`.
-    pub fn check_range(&self, start: u64, stop: u64) -> Result<()> {
+    pub(crate) fn check_range(&self, start: u64, stop: u64) -> Result<()> {
         let ns = self.num_samples();
         if start > stop || stop > ns {
             return Err(Error::out_of_range(
@@ -112,7 +112,7 @@ impl Layout {
 }
 
 /// Replaces the epoch's `order` by `rank`'s share of it, in place: no second buffer of size `n`.
-fn take_rank_share<T: Index>(mut order: Vec<T>, layout: &Layout, rank: u64) -> Vec<T> {
+pub(super) fn take_rank_share<T: Index>(mut order: Vec<T>, layout: &Layout, rank: u64) -> Vec<T> {
     let (n, w) = (layout.n, layout.num_replicas);
     let real = layout.first_occurrences(rank);
     // Padding positions read from the head of `order`, which the compaction below overwrites,
@@ -133,159 +133,24 @@ fn take_rank_share<T: Index>(mut order: Vec<T>, layout: &Layout, rank: u64) -> V
 
 /// Positions `[start, stop)` of `rank`'s share without shuffling: position `p` holds
 /// `(rank + p W) mod n`.
-fn sequential_share<T: Index>(layout: &Layout, rank: u64, start: u64, stop: u64) -> Result<Vec<T>> {
+pub(super) fn sequential_share<T: Index>(
+    layout: &Layout,
+    rank: u64,
+    start: u64,
+    stop: u64,
+) -> Result<Vec<T>> {
     let mut v = try_with_capacity::<T>("a rank's indices", stop - start)?;
     let (n, w) = (layout.n, layout.num_replicas);
     v.extend((start..stop).map(|k| T::from_u64((rank + w * k) % n)));
     Ok(v)
 }
 
-/// Which global order an epoch follows when shuffling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Order {
-    /// croupier's own order (`deal::share`): uniform like torch's, but each rank computes
-    /// only its own share.
-    Fast,
-    /// torch's order: `torch.randperm(n)` seeded with `seed + epoch` ([`crate::shuffle::torch_randperm()`]), as the
-    /// given torch releases compute it.
-    Torch(torch_randperm::TorchRandperm),
-}
-
-fn torch_share<T: Index>(
-    layout: &Layout,
-    rank: u64,
-    variant: torch_randperm::TorchRandperm,
-    seed: u64,
-    epoch: u64,
-) -> Result<Vec<T>> {
-    let order = torch_randperm::randperm(
-        layout.n,
-        torch_randperm::sampler_seed(seed, epoch)?,
-        variant,
-    )?;
-    // The element type follows n in both places, so this conversion never copies in practice.
-    let order: Vec<T> = match order {
-        Indices::U32(v) => v.into_iter().map(|x| T::from_u64(x.into())).collect(),
-        Indices::U64(v) => v.into_iter().map(T::from_u64).collect(),
-    };
-    Ok(take_rank_share(order, layout, rank))
-}
-
-fn share_range<T: Index>(
-    layout: &Layout,
-    rank: u64,
-    shuffle: bool,
-    order: Order,
-    (seed, epoch): (u64, u64),
-    (start, stop): (u64, u64),
-) -> Result<Vec<T>> {
-    if !shuffle {
-        return sequential_share(layout, rank, start, stop);
-    }
-    match order {
-        Order::Fast => share::fast_share(layout, rank, seed, epoch, start, stop),
-        Order::Torch(variant) => {
-            let mut v = torch_share::<T>(layout, rank, variant, seed, epoch)?;
-            keep_range(&mut v, start as usize, (stop - start) as usize);
-            v.shrink_to_fit();
-            Ok(v)
-        }
-    }
-}
-
-/// Positions `[start, stop)` of the sequence rank `rank` receives in epoch `epoch`, with
-/// `0 <= start <= stop <= num_samples`.
-///
-/// With `shuffle`, the global order is the epoch's `order`; without, it is `0, 1, …, n-1` (in
-/// both orders, as in torch). Padding, `drop_last` and striding follow torch (see the module
-/// docs). `order="fast"` computes only the blocks holding the positions asked for; the other
-/// modes compute the whole share and cut it.
-#[allow(clippy::too_many_arguments)]
-pub fn rank_range(
-    layout: &Layout,
-    rank: u64,
-    shuffle: bool,
-    order: Order,
-    seed: u64,
-    epoch: u64,
-    start: u64,
-    stop: u64,
-) -> Result<Indices> {
-    layout.check_rank(rank)?;
-    layout.check_range(start, stop)?;
-    let range = ((seed, epoch), (start, stop));
-    Ok(if layout.n <= U32_MAX_LEN {
-        Indices::U32(share_range(layout, rank, shuffle, order, range.0, range.1)?)
-    } else {
-        Indices::U64(share_range(layout, rank, shuffle, order, range.0, range.1)?)
-    })
-}
-
-/// Bytes a [`rank_range`] call with these arguments holds at its peak: the positions asked
-/// for, and whatever is computed whole to reach them (the blocks holding them in
-/// `order="fast"`, the whole permutation of `n` in torch's order). An estimate, so that a call
-/// that cannot fit is refused before any work.
-pub fn rank_range_bytes(
-    layout: &Layout,
-    rank: u64,
-    shuffle: bool,
-    order: Order,
-    start: u64,
-    stop: u64,
-) -> u64 {
-    let elem = crate::index::index_bytes(layout.n);
-    let stop = stop.max(start);
-    match (shuffle, order) {
-        (false, _) => (stop - start).saturating_mul(elem),
-        (true, Order::Fast) => share::fast_share_bytes(layout, rank, start, stop),
-        (true, Order::Torch(_)) => layout.n.saturating_mul(elem),
-    }
-}
-
-/// The indices rank `rank` receives in epoch `epoch`, in the order it receives them: all of
-/// [`rank_range`].
-pub fn rank_indices(
-    layout: &Layout,
-    rank: u64,
-    shuffle: bool,
-    order: Order,
-    seed: u64,
-    epoch: u64,
-) -> Result<Indices> {
-    rank_range(
-        layout,
-        rank,
-        shuffle,
-        order,
-        seed,
-        epoch,
-        0,
-        layout.num_samples(),
-    )
-}
-
-/// Where a call that starts at `start` should stop to hand out its first index soonest: in
-/// `order="fast"` with shuffling the end of the block holding `start`, or at most
-/// `RANDOM_ACCESS_MAX` (64) positions on inside a long block (read by random
-/// access); `num_samples` otherwise.
-pub fn first_stop(
-    layout: &Layout,
-    rank: u64,
-    shuffle: bool,
-    order: Order,
-    start: u64,
-) -> Result<u64> {
-    layout.check_rank(rank)?;
-    if shuffle && order == Order::Fast {
-        share::first_stop(layout, rank, start.min(layout.num_samples()))
-    } else {
-        Ok(layout.num_samples())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::deal::rank::{rank_indices, Order};
+    use crate::index::Indices;
+    use crate::shuffle::torch_randperm;
 
     const TORCH: Order = Order::Torch(torch_randperm::TorchRandperm::InsideOutForLargeN);
 

@@ -1,20 +1,33 @@
 //! Dealing: how an epoch's indices reach data-parallel ranks.
 //!
-//! - `layout`: torch's `DistributedSampler` arithmetic (padding by repeating the head,
-//!   `drop_last`, rank `r` taking positions `r, r + W, …`) and the entry points that give a
-//!   rank's positions in either order ([`Order`]).
+//! Words used throughout: a rank's *share* is the sequence of indices it receives in an
+//! epoch; *dealing* is torch's arithmetic that gives it positions `r, r + W, …` of the global
+//! order; a *partition* is only ever the uniform random split of `[0, n)` into classes (sets of
+//! given sizes) that `order="fast"` draws instead of a whole permutation.
+//!
+//! - `rank`: the entry points ([`rank_range`], [`first_stop`], [`rank_range_bytes`]) that give
+//!   a rank's positions in either [`Order`]: without shuffling, in torch's order, or in the
+//!   fast order.
+//! - `layout`: torch's `DistributedSampler` arithmetic ([`Layout`]: padding by repeating the
+//!   head, `drop_last`, rank `r` taking positions `r, r + W, …`), and a rank's share taken from
+//!   a whole global order.
+//! - `fast_share`: one rank's share in `order="fast"`, computed without the other ranks':
+//!   its values from `class_split`, cut into blocks, each block in its own uniform order.
 //! - `class_split`: the values of chosen classes of a uniform random partition of `[0, n)`,
 //!   drawn by recursive hypergeometric splitting without computing the other classes.
-//! - `hypergeom`: exact hypergeometric draws, bit-identical on every platform (no libm).
-//! - `share`: one rank's share in `order="fast"`: its values from `class_split`, cut into
-//!   blocks, each block in its own uniform order.
 //! - `seekable`: the order of a share's long blocks, a bucket shuffle with fixed bucket sizes
 //!   whose positions can be read one by one (a mid-epoch resume reads only what it needs).
+//! - `hypergeom`: exact hypergeometric draws, bit-identical on every platform (no libm).
+//! - `cell_rng`: the keyed per-cell generators (SplitMix64) that `class_split` and `seekable`
+//!   draw from, so that every rank makes the same decision for a cell without communicating.
 
+pub(crate) mod cell_rng;
 pub(crate) mod class_split;
+pub(crate) mod fast_share;
 pub(crate) mod hypergeom;
 pub(crate) mod layout;
+pub(crate) mod rank;
 pub(crate) mod seekable;
-pub(crate) mod share;
 
-pub use layout::{first_stop, rank_indices, rank_range, rank_range_bytes, Layout, Order};
+pub use layout::Layout;
+pub use rank::{first_stop, rank_range, rank_range_bytes, Order};

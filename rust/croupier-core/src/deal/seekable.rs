@@ -14,16 +14,16 @@
 //!   bucket range `G`; at the root `t(G, all)` is `G`'s size and `t(all, V) = |V|`.
 //! - For a stripe range `V` with halves `Vl, Vr` and a bucket range `G` with halves `Gl, Gr`,
 //!   `t(Gl, Vl) ~ Hyp(population t(G, V), marked t(Gl, V), drawn t(G, Vl))`, drawn from the
-//!   generator of cell `(V, G)` ([`crate::cell_rng`]); the other three counts follow by
+//!   generator of cell `(V, G)` ([`crate::deal::cell_rng`]); the other three counts follow by
 //!   subtraction. A forced outcome is not drawn.
 //! - A stripe, once it knows how many of its items each bucket takes, is shuffled by
 //!   Fisher–Yates (its own generator); bucket 0 takes the first items, bucket 1 the next, and
 //!   so on. Inside a bucket the stripes' items follow each other in stripe order.
 //!
 //! Every bucket is a node one level down (6 bits of path a level, as in
-//! [`crate::shuffle::parallel`]). A node of at most `leaf` items ([`LEAF`], 2**21) is a leaf, shuffled
-//! by Fisher–Yates: in place at depth 1, and by the inside-out variant from the scatter buffer
-//! back into place deeper down. The root always splits.
+//! [`crate::shuffle::parallel`]). A node of at most `leaf` items ([`LEAF`], 2**21) is a leaf,
+//! shuffled by Fisher–Yates: in place at depth 1, and by the inside-out variant from the
+//! scatter buffer back into place deeper down. The root always splits.
 //!
 //! The counts of a uniform partition into fixed-size sets are exactly these hypergeometric
 //! splits, a stripe's items dealt in a uniform random order go to uniform random subsets of the
@@ -40,7 +40,7 @@
 //! Reading `k` positions costs a Fisher–Yates of each leaf they fall in (at most `leaf`
 //! items) and, per level of buckets, up to `k` stripe shuffles (at most 2**14 items each) and
 //! `O(k log m)` draws, whatever `m`: this is what makes a resume in the middle of a long block
-//! cheap ([`crate::deal::share`]).
+//! cheap ([`crate::deal::fast_share`]).
 //!
 //! The labelled bucket shuffle of [`crate::shuffle::parallel`] (independent labels, random bucket
 //! sizes) is faster in bulk, but finding a position there first counts every label of the
@@ -55,13 +55,13 @@
 //! stripe; cells draw from [`CellRng`] keyed by the node's base and the cell's coordinates.
 //! Nothing depends on the number of threads.
 
-use crate::cell_rng::{fold, CellRng};
+use crate::deal::cell_rng::CellRng;
 use crate::deal::hypergeom::hypergeometric;
 use crate::index::Index;
 use crate::shuffle::parallel::{
     child_path, fisher_yates_fast, inside_out_fast, keyed_xoshiro, Shared, PATH_BITS, PREFETCH_FROM,
 };
-use crate::stream::{Purpose, Stream};
+use crate::stream::{fold, Purpose, Stream};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
@@ -70,15 +70,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Buckets per node.
-pub const FANOUT: usize = 64;
+pub(crate) const FANOUT: usize = 64;
 /// Depth of the bucket tree over [`FANOUT`] buckets.
 const LEVELS: usize = FANOUT.trailing_zeros() as usize;
 /// Items per stripe: the unit of dealing in bulk and the largest Fisher–Yates a read needs
 /// besides the leaf. A split of a stripe range costs up to 63 hypergeometric draws, so shorter
 /// stripes would cost more per item in bulk.
-pub const STRIPE: u64 = 1 << 14;
+pub(crate) const STRIPE: u64 = 1 << 14;
 /// Nodes of at most this many items are leaves (8 MiB of `u32`, in the last-level cache).
-pub const LEAF: u64 = 1 << 21;
+pub(crate) const LEAF: u64 = 1 << 21;
 /// Stripe ranges wider than this split their table's work across threads.
 const PAR_STRIPES: u64 = 64;
 
@@ -89,17 +89,17 @@ const LEAF_ORDER: u64 = 3 << 60;
 
 /// Stripe and leaf sizes (tests use small ones to reach deep trees with few items).
 #[derive(Clone, Copy, Debug)]
-pub struct Shape {
+pub(crate) struct Shape {
     /// Items per stripe, at least 1 and below 2**32.
-    pub stripe: u64,
+    pub(crate) stripe: u64,
     /// Nodes below the root of at most this many items are leaves; at least 1 and below
     /// 2**32.
-    pub leaf: u64,
+    pub(crate) leaf: u64,
 }
 
 impl Shape {
     /// The shape of a rank's long blocks.
-    pub const BLOCKS: Shape = Shape {
+    pub(crate) const BLOCKS: Shape = Shape {
         stripe: STRIPE,
         leaf: LEAF,
     };
@@ -107,7 +107,7 @@ impl Shape {
 
 /// The generators and shape of one seekable shuffle.
 #[derive(Clone, Copy, Debug)]
-pub struct Seekable {
+pub(crate) struct Seekable {
     seed: u64,
     epoch: u64,
     salt: u64,
@@ -176,7 +176,7 @@ struct Table {
 
 impl Seekable {
     /// The shuffle keyed by `(seed, epoch, salt)`, of the given shape.
-    pub fn new(seed: u64, epoch: u64, salt: u64, shape: Shape) -> Self {
+    pub(crate) fn new(seed: u64, epoch: u64, salt: u64, shape: Shape) -> Self {
         assert!(
             shape.stripe >= 1 && shape.stripe < 1 << 32,
             "stripe in [1, 2**32)"
@@ -386,7 +386,7 @@ impl Seekable {
 
     /// Random access: for every output position in `[q0, q1)` of the shuffle of `m` items,
     /// the input position of the item that lands there.
-    pub fn positions(&self, m: u64, q0: u64, q1: u64) -> Vec<u64> {
+    pub(crate) fn positions(&self, m: u64, q0: u64, q1: u64) -> Vec<u64> {
         assert!(q0 <= q1 && q1 <= m, "positions out of range");
         let mut out = vec![0u64; (q1 - q0) as usize];
         let wanted: Vec<(u64, usize)> = (q0..q1).zip(0..).collect();
@@ -528,7 +528,7 @@ fn goes_right(g: usize, d: usize) -> bool {
 /// The level-1 layout of one seekable shuffle whose items arrive from a stream (a share's
 /// partition walk): [`Dealer`]s write them straight to their bucket, [`Plan::finish`] then
 /// shuffles the buckets.
-pub struct Plan<T> {
+pub(crate) struct Plan<T> {
     keys: Seekable,
     root: Node,
     table: Table,
@@ -558,7 +558,7 @@ impl<T> Default for Pieces<T> {
 
 impl<T: Index> Plan<T> {
     /// The layout of the shuffle of `m` items keyed by `keys`: draws the root's stripe table.
-    pub fn new(keys: &Seekable, m: u64) -> Self {
+    pub(crate) fn new(keys: &Seekable, m: u64) -> Self {
         let root = Node {
             m,
             depth: 0,
@@ -588,7 +588,7 @@ impl<T: Index> Plan<T> {
 
     /// Shuffles every bucket of `out`, the buffer the [`Dealer`]s of this plan filled (they
     /// must all be dropped, having taken every input).
-    pub fn finish(self, out: &mut [T]) {
+    pub(crate) fn finish(self, out: &mut [T]) {
         assert_eq!(
             out.len() as u64,
             self.root.m,
@@ -627,7 +627,7 @@ impl<T: Index> Plan<T> {
 /// Writes a run of consecutive inputs `[next, end)` of a [`Plan`] to their buckets as they
 /// arrive, a stripe at a time. Parts split off with [`Dealer::split`] can run on other threads;
 /// a stripe a split cuts is dealt by the part that brings its last piece.
-pub struct Dealer<'p, T: Index> {
+pub(crate) struct Dealer<'p, T: Index> {
     plan: &'p Plan<T>,
     out: Shared<T>,
     next: u64,
@@ -641,7 +641,7 @@ pub struct Dealer<'p, T: Index> {
 
 impl<'p, T: Index> Dealer<'p, T> {
     /// A dealer of all the plan's inputs into `out` (exactly as long).
-    pub fn new(plan: &'p Plan<T>, out: &'p mut [T]) -> Self {
+    pub(crate) fn new(plan: &'p Plan<T>, out: &'p mut [T]) -> Self {
         assert_eq!(
             out.len() as u64,
             plan.root.m,
@@ -659,7 +659,7 @@ impl<'p, T: Index> Dealer<'p, T> {
     }
 
     /// The parts for the next `count` inputs and for the ones after them.
-    pub fn split(mut self, count: u64) -> (Self, Self) {
+    pub(crate) fn split(mut self, count: u64) -> (Self, Self) {
         assert!(count <= self.end - self.next, "split beyond the run");
         let mid = self.next + count;
         let right = Dealer {
@@ -677,7 +677,7 @@ impl<'p, T: Index> Dealer<'p, T> {
 
     /// Takes the next input.
     #[inline(always)]
-    pub fn push(&mut self, v: T) {
+    pub(crate) fn push(&mut self, v: T) {
         assert!(self.next < self.end, "more inputs than the run holds");
         if self.buf.capacity() == 0 {
             // A part of a few inputs (a short block's share of a value subtree) stays small.

@@ -12,8 +12,8 @@ use crate::stream::Stream;
 /// How many swaps ahead the swap target is drawn and prefetched, for buffers past the
 /// last-level cache where every swap is a cache miss: drawing targets this far ahead lets those
 /// misses overlap. The draws are made in exactly the same order as without lookahead, so the
-/// result is unchanged. (Within the last-level cache, the permutation's leaves measured faster
-/// with 64: `parshuffle` passes its own distance.)
+/// result is unchanged. (The leaves of the parallel permutation, which fit the last-level
+/// cache, pass their own distance: [`crate::shuffle::parallel`].)
 pub(crate) const LOOKAHEAD: usize = 32;
 
 #[inline(always)]
@@ -53,7 +53,7 @@ pub(crate) fn swaps_with_lookahead<T, const AHEAD: usize>(
 }
 
 /// Shuffles `buf` in place with the draws of `stream`.
-pub fn fisher_yates<T: Index>(buf: &mut [T], stream: &mut Stream) {
+pub(crate) fn fisher_yates<T: Index>(buf: &mut [T], stream: &mut Stream) {
     let n = buf.len();
     // Swap number s exchanges position n-1-s with a uniform position in [0, n-1-s].
     let swaps = n.saturating_sub(1);

@@ -2,19 +2,18 @@
 //!
 //! - `fisher_yates`: seeded Durstenfeld Fisher–Yates over `u32`/`u64` buffers, with unbiased
 //!   bounded draws and software prefetch of the swap target on large buffers.
-//! - `parallel`: the full permutation of `[0, n)` on every core (Rao–Sandelius: values dealt
-//!   to cache-sized buckets, each bucket shuffled), the same for every thread count.
+//! - `parallel`: the full permutation of `[0, n)` on every core ([`permutation`], [`fill`];
+//!   Rao–Sandelius: values dealt to cache-sized buckets, each bucket shuffled), the same for
+//!   every thread count.
 //! - `write_combine`: software write-combining for `parallel`'s bucket scatters (values staged
 //!   in cache lines, whole lines written with non-temporal stores).
-//! - `torch_randperm`: torch's CPU `randperm` reproduced exactly, for `order="torch"`.
+//! - `torch_randperm`: torch's CPU `randperm` reproduced exactly ([`torch_randperm()`],
+//!   [`TorchRandperm`]), for `order="torch"`.
 
 pub(crate) mod fisher_yates;
 pub(crate) mod parallel;
 pub(crate) mod torch_randperm;
 pub(crate) mod write_combine;
 
-pub use fisher_yates::fisher_yates;
 pub use parallel::{fill, permutation, permutation_bytes};
-pub use torch_randperm::{
-    randperm as torch_randperm, sampler_seed, TorchRandperm, LARGE_N_THRESHOLD,
-};
+pub use torch_randperm::{randperm as torch_randperm, TorchRandperm, LARGE_N_THRESHOLD};

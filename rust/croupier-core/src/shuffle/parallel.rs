@@ -38,31 +38,31 @@
 //! whose 256-bit state is the first 32 bytes of the ChaCha8 stream `(seed, epoch, Permutation,
 //! id)` (`keyed_xoshiro`), not from ChaCha itself: a xoshiro256++ word is a few adds, shifts
 //! and rotations (and gives two 32-bit draws) where ChaCha8 runs 8 rounds over a 64-byte block,
-//! and these draws are most of the work (measured: `docs/performance.md`). ChaCha keying keeps the generators of different ids as good as
-//! independent, and xoshiro256++ is integer-only, so the output is the same on every platform.
+//! and these draws are most of the work (`docs/performance.md`). ChaCha keying keeps the
+//! generators of different ids as good as independent, and xoshiro256++ is integer-only, so
+//! the output is the same on every platform.
 
-use crate::cell_rng::fold;
 use crate::error::Result;
 use crate::index::{check_len, try_with_capacity_huge, Index, Indices, U32_MAX_LEN};
 use crate::shuffle::fisher_yates::{fisher_yates, swaps_with_lookahead};
 use crate::shuffle::write_combine::Combiner;
-use crate::stream::{lemire_u32, Purpose, Stream};
+use crate::stream::{fold, lemire_u32, Purpose, Stream};
 use rand_core::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
 
 /// Up to this length the permutation is one Fisher–Yates in cache.
-pub const SMALL: u64 = 1 << 15;
+pub(crate) const SMALL: u64 = 1 << 15;
 const STRIPE: u64 = 1 << 16;
-/// Buckets per scatter: few enough write streams for the hardware to combine (128 measured
-/// about three times slower: `docs/performance.md`).
+/// Buckets per scatter: few enough write streams for the hardware to combine, and 6-bit labels
+/// need no rejection (other fan-outs: `docs/performance.md`).
 const FANOUT: usize = 64;
 const BITS: u32 = FANOUT.trailing_zeros();
 /// A bucket of at most this many values is shuffled by Fisher–Yates in place (8 MiB of `u32`,
-/// in the last-level cache; with prefetching this measured faster than one more scatter).
-/// Counted in values, not bytes, so
-/// it is a function of `n` alone and the order never depends on the machine (`u64` buffers,
-/// `n > 2**32`, simply have twice the bytes per leaf).
+/// sized for the last-level cache, where a prefetching Fisher–Yates replaces one more scatter:
+/// `docs/performance.md`). Counted in values, not bytes, so it is a function of `n` alone and
+/// the order never depends on the machine (`u64` buffers, `n > 2**32`, simply have twice the
+/// bytes per leaf).
 pub(crate) const LEAF: usize = 1 << 21;
 // Generator ids: the kind in the top four bits; for stripes the stripe number (< 2**47); for
 // bucket-tree nodes the depth in bits 56..60 and the path below, 6 bits a level (see
@@ -246,8 +246,8 @@ impl Labels {
 /// integer in `[0, s)`, `s >= 1`. The shuffles take two draws from each word, low half first,
 /// then high half (even when the low half's draw was rejected and drew fresh words in
 /// between); a word's unused high half at the very end is dropped. Both draws of a word are
-/// taken in one loop step rather than carrying the pending half from call to call, which
-/// measured about a fifth faster (`docs/performance.md`).
+/// taken in one loop step rather than carrying the pending half from call to call
+/// (`docs/performance.md`).
 #[inline(always)]
 fn below(half: u32, s: u32, rng: &mut Xoshiro256PlusPlus) -> usize {
     lemire_u32(half, s, || rng.next_u32()) as usize
@@ -333,8 +333,7 @@ pub(crate) fn inside_out_fast<T: Index>(src: &[T], dst: &mut [T], rng: &mut Xosh
 
 /// Leaves longer than this (1 MiB of `u32`) are shuffled with prefetching.
 pub(crate) const PREFETCH_FROM: usize = 1 << 18;
-/// How far ahead leaf targets are prefetched (64 measured best of 16, 32, 64 and 128:
-/// `docs/performance.md`).
+/// How far ahead leaf targets are prefetched (chosen by measurement: `docs/performance.md`).
 const LEAF_LOOKAHEAD: usize = 64;
 
 /// Fills `out` with the permutation of `[0, out.len())` for `(seed, epoch)`, reusing the

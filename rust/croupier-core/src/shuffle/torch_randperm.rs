@@ -34,7 +34,8 @@ pub const LARGE_N_THRESHOLD: u64 = u32::MAX as u64 / 20;
 pub enum TorchRandperm {
     /// torch up to 2.5: forward swaps with 32-bit draws for every `n`.
     Forward,
-    /// torch 2.6 and later: forward swaps below the threshold, inside-out with 64-bit draws from it.
+    /// torch 2.6 and later: forward swaps below the threshold, inside-out with 64-bit draws
+    /// from it.
     InsideOutForLargeN,
 }
 
@@ -103,7 +104,7 @@ pub fn randperm(n: u64, seed: u64, variant: TorchRandperm) -> Result<Indices> {
 /// The seed `torch.utils.data.DistributedSampler` gives its generator: `seed + epoch` (torch's
 /// Mersenne Twister then keeps its low 32 bits). torch refuses a sum of 2**64 or more
 /// (`manual_seed` overflows), and so does this.
-pub fn sampler_seed(seed: u64, epoch: u64) -> Result<u64> {
+pub(crate) fn sampler_seed(seed: u64, epoch: u64) -> Result<u64> {
     seed.checked_add(epoch).ok_or_else(|| {
         Error::out_of_range(
             "seed + epoch",

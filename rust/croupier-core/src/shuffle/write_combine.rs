@@ -12,8 +12,7 @@
 //! This changes how values travel, not where they go: the output is the same byte for byte.
 //! One cost: the lines written with non-temporal stores leave the cache, so a scatter whose
 //! output is read again right away (the second level of the bucket tree) reads it from memory.
-//! Measured over the whole 1e9 permutation, the scatters still came out ahead
-//! (`docs/performance.md`).
+//! The net effect on a whole permutation is a measurement: `docs/performance.md`.
 
 use crate::index::Index;
 
@@ -31,8 +30,8 @@ struct Line([u8; LINE_BYTES]);
 ///
 /// A push is one load of the run's fill offset, the store of the value into the staging lines
 /// at that offset, and the store of the offset moved on; a line is full when the offset reaches
-/// the next line. (Tracking the output position per run and deriving the slot from it took
-/// five more instructions a value, and measured slower: `docs/performance.md`.)
+/// the next line. (Tracking the output position per run and deriving the slot from it takes
+/// five more instructions a value: `docs/performance.md`.)
 pub(crate) struct Combiner<T, const K: usize> {
     out: *mut T,
     /// Per run, the first position this writer owns.

@@ -1,4 +1,5 @@
-//! Per-cell random sources for the recursive splitting in [`crate::deal::class_split`].
+//! Per-cell random sources for the recursive splitting in [`crate::deal::class_split`] and the
+//! bucket counts of [`crate::deal::seekable`].
 //!
 //! The splitting engine makes one random decision per *cell* (a value range crossed with a
 //! class range), and every rank that needs a cell must make the same decision without talking
@@ -6,11 +7,12 @@
 //! by the cell's coordinates, instead of a position in a shared stream.
 //!
 //! A cell's key is a 64-bit hash of `(base, lo, hi, a, b)`: starting from `base` (64 bits drawn
-//! from the ChaCha8 [`crate::Stream`] of the epoch, so seeds map to keys through ChaCha), each
-//! word is folded in as `h = splitmix64(h ^ word)`, where `splitmix64(x)` is the first output of
-//! a SplitMix64 generator whose state is `x`. The cell's random words are then the outputs of a
-//! SplitMix64 generator (Steele, Lea and Flood, "Fast splittable pseudorandom number
-//! generators", OOPSLA 2014; the `rand_xoshiro` implementation) seeded with that key.
+//! from the ChaCha8 [`crate::stream::Stream`] of the epoch, so seeds map to keys through
+//! ChaCha), each word is folded in by [`crate::stream::fold`] as `h = splitmix64(h ^ word)`,
+//! where `splitmix64(x)` is the first output of a SplitMix64 generator whose state is `x`. The
+//! cell's random words are then the outputs of a SplitMix64 generator (Steele, Lea and Flood,
+//! "Fast splittable pseudorandom number generators", OOPSLA 2014; the `rand_xoshiro`
+//! implementation) seeded with that key.
 //!
 //! Why not a ChaCha stream per cell: a rank visits millions of cells and most use one or two
 //! words, while keying a ChaCha8 stream generates a 256-byte block first, against one
@@ -21,24 +23,18 @@
 use rand_core::{Rng, SeedableRng};
 use rand_xoshiro::SplitMix64;
 
-use crate::stream::{lemire_u32, lemire_u64};
-
-/// Folds one word into a running 64-bit hash (see the module documentation).
-#[inline(always)]
-pub fn fold(h: u64, word: u64) -> u64 {
-    SplitMix64::from_seed((h ^ word).to_le_bytes()).next_u64()
-}
+use crate::stream::{fold, lemire_u32, lemire_u64};
 
 /// The generator of one cell.
 #[derive(Debug, Clone)]
-pub struct CellRng {
+pub(crate) struct CellRng {
     rng: SplitMix64,
 }
 
 impl CellRng {
     /// The generator keyed by `key` (already folded from the cell's coordinates).
     #[inline(always)]
-    pub fn new(key: u64) -> Self {
+    pub(crate) fn new(key: u64) -> Self {
         CellRng {
             rng: SplitMix64::from_seed(key.to_le_bytes()),
         }
@@ -46,20 +42,20 @@ impl CellRng {
 
     /// The generator of cell `(lo, hi) x (a, b)` under `base`.
     #[inline(always)]
-    pub fn for_cell(base: u64, lo: u64, hi: u64, a: u64, b: u64) -> Self {
+    pub(crate) fn for_cell(base: u64, lo: u64, hi: u64, a: u64, b: u64) -> Self {
         CellRng::new(fold(fold(fold(fold(base, lo), hi), a), b))
     }
 
     /// The next 64 random bits.
     #[inline(always)]
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.rng.next_u64()
     }
 
     /// A uniform integer in `[0, s)`, `s >= 1`, by Lemire's multiply-shift with rejection
     /// (exact, no modulo bias).
     #[inline(always)]
-    pub fn below(&mut self, s: u64) -> u64 {
+    pub(crate) fn below(&mut self, s: u64) -> u64 {
         lemire_u64(s, || self.next_u64())
     }
 
@@ -67,7 +63,7 @@ impl CellRng {
     /// word (its low and high halves, Lemire's method on each; a rejected half draws a fresh
     /// word of its own).
     #[inline(always)]
-    pub fn below_pair(&mut self, s1: u32, s2: u32) -> (u32, u32) {
+    pub(crate) fn below_pair(&mut self, s1: u32, s2: u32) -> (u32, u32) {
         let x = self.next_u64();
         let a = lemire_u32(x as u32, s1, || self.next_u64() as u32);
         let b = lemire_u32((x >> 32) as u32, s2, || self.next_u64() as u32);
@@ -76,7 +72,7 @@ impl CellRng {
 
     /// A uniform double in `(0, 1]` with 53 random bits (never 0, so its logarithm is finite).
     #[inline(always)]
-    pub fn unit_open0(&mut self) -> f64 {
+    pub(crate) fn unit_open0(&mut self) -> f64 {
         ((self.next_u64() >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 }

@@ -17,7 +17,8 @@
 //!   `[2F, 4F)`, `[4F, 8F)`, … (`F` = [`FIRST_BLOCK`]), the last one ending at `c_r`. Every
 //!   (rank, block) pair is a class, numbered rank-major; the values `drop_last` cuts form one
 //!   last class. The partition of `[0, n)` into these classes is drawn by recursive
-//!   hypergeometric splitting ([`crate::deal::class_split`]), keyed by `(seed, epoch)` and the layout.
+//!   hypergeometric splitting ([`crate::deal::class_split`]), keyed by `(seed, epoch)` and the
+//!   layout.
 //! - **Order.** A block's values (increasing) are shuffled by Fisher–Yates with the stream
 //!   `(seed, epoch, ShareOrder, fold(layout, class))` when the block holds at most
 //!   [`BUCKETED_FROM`] values. A longer block is ordered by the seekable shuffle of
@@ -34,17 +35,16 @@
 //! the block's increasing order) of the values landing there, shuffling the leaf buckets
 //! holding them (at most 2**21 values each) and, per position and level of buckets, one
 //! stripe (2**14 values), and drawing `O(log N)` cells, and
-//! [`crate::deal::class_split::class_select`] finds the values of those ranks down the value tree
-//! (`O(log N)` cells each). None of it grows with the block, so a resume costs about the same
-//! at any `N` (measured: `docs/performance.md`). The next call computes the rest of the share from there,
-//! whole blocks at a time.
+//! [`crate::deal::class_split::class_select`] finds the values of those ranks down the value
+//! tree (`O(log N)` cells each). None of it grows with the block, so a resume costs about the
+//! same at any `N` (`docs/performance.md`). The next call computes the rest of the share from
+//! there, whole blocks at a time.
 //!
 //! The whole share needs no second buffer: the partition walk hands each long block's values
 //! to a `Dealer` that deals them, a stripe at a time, straight to their buckets. The stripe
 //! tables (64 `u64` offsets per stripe of 2**14 values) add 1/128 of a `u32` share.
 //! Nothing here depends on the number of threads.
 
-use crate::cell_rng::fold;
 use crate::deal::class_split::{
     class_offsets, class_select, class_values_into, Classes, Run, Sink,
 };
@@ -53,17 +53,18 @@ use crate::deal::seekable::{Dealer, Plan, Seekable, Shape};
 use crate::error::{Error, Result};
 use crate::index::{keep_range, try_with_capacity, Index};
 use crate::shuffle::fisher_yates::fisher_yates;
-use crate::stream::{Purpose, Stream};
+use crate::stream::{fold, Purpose, Stream};
 use rayon::prelude::*;
 
-/// Size of a rank's first block, and the unit of the doubling block sizes: 1024 rather than
-/// 4096 gives the first index sooner at no cost to the whole share (`docs/performance.md`).
-pub const FIRST_BLOCK: u64 = 1 << 10;
+/// Size of a rank's first block, and the unit of the doubling block sizes: the first index
+/// needs this many values, and halving it adds only one block to a share
+/// (`docs/performance.md`).
+pub(crate) const FIRST_BLOCK: u64 = 1 << 10;
 
 /// The classes of an epoch: every rank's blocks, rank-major, then the values cut by
 /// `drop_last` (if any).
 #[derive(Debug, Clone)]
-pub struct RankClasses {
+pub(crate) struct RankClasses {
     w: u64,
     q: u64,
     rem: u64,
@@ -74,7 +75,7 @@ pub struct RankClasses {
 
 impl RankClasses {
     /// The classes of `layout`.
-    pub fn new(layout: &Layout) -> Result<Self> {
+    pub(crate) fn new(layout: &Layout) -> Result<Self> {
         let (n, w) = (layout.n(), layout.num_replicas());
         let kept = n.min(layout.total_size());
         let (q, rem) = (kept / w, kept % w);
@@ -104,18 +105,18 @@ impl RankClasses {
     }
 
     /// How many distinct values rank `r` receives.
-    pub fn share(&self, r: u64) -> u64 {
+    pub(crate) fn share(&self, r: u64) -> u64 {
         self.q + u64::from(r < self.rem)
     }
 
     /// The class number of rank `r`'s block `j`.
-    pub fn class(&self, r: u64, j: u64) -> u64 {
+    pub(crate) fn class(&self, r: u64, j: u64) -> u64 {
         r * self.blocks + j
     }
 }
 
 /// The block holding position `p` of a share.
-pub fn block_of(p: u64) -> u64 {
+pub(crate) fn block_of(p: u64) -> u64 {
     if p < FIRST_BLOCK {
         0
     } else {
@@ -124,7 +125,7 @@ pub fn block_of(p: u64) -> u64 {
 }
 
 /// Where block `j` of a share of `c` values starts.
-pub fn block_start(c: u64, j: u64) -> u64 {
+pub(crate) fn block_start(c: u64, j: u64) -> u64 {
     if j == 0 {
         0
     } else if j > u64::from(FIRST_BLOCK.leading_zeros()) {
@@ -192,10 +193,10 @@ fn layout_key(layout: &Layout) -> u64 {
 /// Blocks longer than this are ordered by the seekable bucket shuffle (`crate::deal::seekable`),
 /// which can be read at any position without shuffling the block; shorter ones by
 /// Fisher–Yates.
-pub const BUCKETED_FROM: u64 = 1 << 15;
+pub(crate) const BUCKETED_FROM: u64 = 1 << 15;
 /// A position range of at most this length inside one bucketed block is read by random
 /// access instead of shuffling the whole block: the first read after a resume.
-pub const RANDOM_ACCESS_MAX: u64 = 64;
+pub(crate) const RANDOM_ACCESS_MAX: u64 = 64;
 
 /// The seekable shuffle of class `class`'s block.
 fn block_keys(seed: u64, epoch: u64, key: u64, class: u64) -> Seekable {
@@ -328,7 +329,7 @@ fn block_range<T: Index>(
 /// Bytes [`fast_share`] holds at its peak for positions `[start, stop)` of `rank`'s share:
 /// the blocks holding them (computed whole, then cut) and their stripe tables. An estimate
 /// for refusing what cannot fit before any work, not a bound the allocator is held to.
-pub fn fast_share_bytes(layout: &Layout, rank: u64, start: u64, stop: u64) -> u64 {
+pub(crate) fn fast_share_bytes(layout: &Layout, rank: u64, start: u64, stop: u64) -> u64 {
     let Ok(classes) = RankClasses::new(layout) else {
         return 0;
     };
@@ -344,7 +345,7 @@ pub fn fast_share_bytes(layout: &Layout, rank: u64, start: u64, stop: u64) -> u6
     (values + values / 64 + (stop - start)).saturating_mul(elem)
 }
 
-pub fn fast_share<T: Index>(
+pub(crate) fn fast_share<T: Index>(
     layout: &Layout,
     rank: u64,
     seed: u64,
@@ -389,7 +390,7 @@ pub fn fast_share<T: Index>(
 
 /// Where the first call from `start` should stop: the end of the block holding `start`, or
 /// [`RANDOM_ACCESS_MAX`] positions on inside a bucketed block (read by random access).
-pub fn first_stop(layout: &Layout, rank: u64, start: u64) -> Result<u64> {
+pub(crate) fn first_stop(layout: &Layout, rank: u64, start: u64) -> Result<u64> {
     layout.check_rank(rank)?;
     let classes = RankClasses::new(layout)?;
     let c = classes.share(rank);
@@ -410,7 +411,7 @@ pub fn first_stop(layout: &Layout, rank: u64, start: u64) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deal::layout::{rank_indices, rank_range, Order};
+    use crate::deal::rank::{rank_indices, rank_range, Order};
     use crate::testkit::{chi2_flat, orders_chi2, tenths_chi2};
     use std::collections::HashSet;
 
