@@ -110,11 +110,14 @@ def test_checkpoints_from_a_timer_signal_handler_are_exact():
     s = DistributedSampler(n, num_replicas=2, rank=0, seed=3)
     consumed: list[int] = []
     live = False  # only while an iteration runs is len(consumed) its progress
+    stopping = False  # set before the timer is cancelled: a handler still pending then must
+    # not arm it again, or the signal would later meet the default action and kill pytest
 
     def handler(signum: int, frame: object) -> None:
         if live:
             taken.append((s.state_dict(), len(consumed)))
-        signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-5, 4e-4))
+        if not stopping:
+            signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-5, 4e-4))
 
     old = signal.signal(signal.SIGALRM, handler)
     try:
@@ -127,6 +130,7 @@ def test_checkpoints_from_a_timer_signal_handler_are_exact():
                 consumed.append(i)
             live = False
     finally:
+        stopping = True
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert len(taken) >= 300
