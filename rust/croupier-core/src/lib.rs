@@ -42,6 +42,7 @@
 pub mod deal;
 mod error;
 mod index;
+pub mod mix;
 pub mod shuffle;
 mod stream;
 
@@ -51,6 +52,7 @@ mod testkit;
 pub use deal::{first_stop, rank_range, rank_range_bytes, Layout, Order};
 pub use error::{Error, Result};
 pub use index::{index_bytes, Index, Indices, MAX_LEN, U32_MAX_LEN};
+pub use mix::{Mixture, PhaseSpec};
 pub use shuffle::{
     fill, permutation, permutation_bytes, torch_randperm, TorchRandperm, LARGE_N_THRESHOLD,
 };

@@ -1,0 +1,243 @@
+//! Which dataset each position of a mixture phase draws from: a uniform random sequence with
+//! exact counts (a uniform permutation of the multiset `{d × c_d}`), readable at any position.
+//!
+//! # Algorithm
+//!
+//! The phase's `m` positions are cut into leaves of `B` positions ([`Interleave::leaf`]:
+//! `2**16`, or `16 D` rounded up to a power of two for `D` datasets, so that the tree costs at
+//! most about one draw per 8 positions); a binary tree over the leaves halves a leaf range
+//! `[a, b)` at `a + (b - a) / 2`. A node knows how many of its positions each dataset takes;
+//! its left child's counts are a multivariate hypergeometric draw (the left child's size out
+//! of the node's multiset), drawn dataset by dataset as univariate hypergeometrics
+//! ([`crate::deal::hypergeom`], exact and platform-independent) from the generator of the node
+//! `CellRng(base, a, b)`; the right child gets the rest. A leaf's multiset is written out in
+//! dataset order and shuffled by Fisher–Yates (xoshiro256++ keyed by the leaf's number).
+//!
+//! How many of each value fall in a block of a uniform multiset permutation is exactly this
+//! hypergeometric split, and given its counts a block's order is uniform, so the whole is a
+//! uniform permutation of the multiset. A position is read from its root-to-leaf path
+//! (`O(D log(m/B))` draws and one leaf shuffle); the counts before it come from the same walk,
+//! which is what a resume needs. The keys fold in the rank, the phase's start and its nominal
+//! length, so every rank interleaves independently and a phase cut short by a later schedule
+//! keeps its order up to the cut.
+
+use crate::deal::cell_rng::CellRng;
+use crate::deal::hypergeom::hypergeometric;
+use crate::shuffle::parallel::{fisher_yates_fast, keyed_xoshiro};
+use crate::stream::{fold, Purpose, Stream};
+
+/// A dataset's count in a node: `(dataset, count)`, only nonzero counts, by dataset.
+pub(crate) type Counts = Vec<(u32, u64)>;
+
+/// The interleave of one phase on one rank.
+#[derive(Debug, Clone)]
+pub(crate) struct Interleave {
+    /// Positions of the phase (its nominal length).
+    m: u64,
+    /// Positions per leaf.
+    leaf: u64,
+    /// The phase's counts over all `m` positions.
+    counts: Counts,
+    seed: u64,
+    epoch: u64,
+    key: u64,
+    base: u64,
+}
+
+impl Interleave {
+    /// The interleave of a phase of `m` positions holding dataset `d` `counts[d]` times
+    /// (`Σ counts = m`), keyed by the rank and the phase's start.
+    pub(crate) fn new(counts: &[u64], (seed, epoch): (u64, u64), rank: u64, start: u64) -> Self {
+        let m: u64 = counts.iter().sum();
+        let sparse: Counts = counts
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(d, &c)| (d as u32, c))
+            .collect();
+        let leaf = (16 * sparse.len() as u64).next_power_of_two().max(1 << 16);
+        let key = fold(fold(fold(0, rank), start), m);
+        let base = Stream::new(seed, epoch, Purpose::MixInterleave, key).next_u64();
+        Interleave {
+            m,
+            leaf,
+            counts: sparse,
+            seed,
+            epoch,
+            key,
+            base,
+        }
+    }
+
+    /// Positions per leaf.
+    pub(crate) fn leaf(&self) -> u64 {
+        self.leaf
+    }
+
+    /// Number of leaves.
+    pub(crate) fn leaves(&self) -> u64 {
+        self.m.div_ceil(self.leaf)
+    }
+
+    /// Positions `[lo, hi)` of leaf `l`.
+    pub(crate) fn leaf_range(&self, l: u64) -> (u64, u64) {
+        (l * self.leaf, ((l + 1) * self.leaf).min(self.m))
+    }
+
+    /// The counts of node `[a, b)`'s left child, given the node's.
+    fn split_left(&self, a: u64, b: u64, node: &Counts) -> (Counts, Counts) {
+        let mid = a + (b - a) / 2;
+        let lo = a * self.leaf;
+        let hi = (b * self.leaf).min(self.m);
+        let mut pop = hi - lo;
+        let mut draws = (mid - a) * self.leaf;
+        let mut rng = CellRng::for_cell(self.base, a, b, 0, 0);
+        let (mut left, mut right) = (Counts::new(), Counts::new());
+        for &(d, c) in node {
+            let x = if draws == 0 {
+                0
+            } else if draws == pop {
+                c
+            } else {
+                hypergeometric(&mut rng, pop, c, draws)
+            };
+            pop -= c;
+            draws -= x;
+            if x > 0 {
+                left.push((d, x));
+            }
+            if c > x {
+                right.push((d, c - x));
+            }
+        }
+        (left, right)
+    }
+
+    /// The counts of every leaf in `[l0, l1)`, and the counts of all positions before leaf
+    /// `l0` (added to `before`, indexed by dataset).
+    pub(crate) fn leaf_counts(&self, (l0, l1): (u64, u64), before: &mut [u64]) -> Vec<Counts> {
+        let mut out = Vec::with_capacity((l1 - l0) as usize);
+        if l0 < l1 {
+            self.walk(
+                (0, self.leaves()),
+                self.counts.clone(),
+                (l0, l1),
+                before,
+                &mut out,
+            );
+        }
+        out
+    }
+
+    fn walk(
+        &self,
+        (a, b): (u64, u64),
+        node: Counts,
+        (l0, l1): (u64, u64),
+        before: &mut [u64],
+        out: &mut Vec<Counts>,
+    ) {
+        if b <= l0 {
+            for (d, c) in node {
+                before[d as usize] += c;
+            }
+            return;
+        }
+        if a >= l1 {
+            return;
+        }
+        if b - a == 1 {
+            out.push(node);
+            return;
+        }
+        let mid = a + (b - a) / 2;
+        let (left, right) = self.split_left(a, b, &node);
+        drop(node);
+        self.walk((a, mid), left, (l0, l1), before, out);
+        self.walk((mid, b), right, (l0, l1), before, out);
+    }
+
+    /// Leaf `l`'s sequence, as indices into its `counts` (which must be the leaf's).
+    pub(crate) fn leaf_order(&self, l: u64, counts: &Counts) -> Vec<u32> {
+        let (lo, hi) = self.leaf_range(l);
+        let mut ids = Vec::with_capacity((hi - lo) as usize);
+        for (e, &(_, c)) in counts.iter().enumerate() {
+            ids.extend(std::iter::repeat_n(e as u32, c as usize));
+        }
+        debug_assert_eq!(ids.len() as u64, hi - lo);
+        let mut rng = keyed_xoshiro(
+            self.seed,
+            self.epoch,
+            Purpose::MixInterleave,
+            fold(self.key, (1 << 63) | l),
+        );
+        fisher_yates_fast(&mut ids, &mut rng, false);
+        ids
+    }
+
+    /// How many of the positions `[0, q)` each dataset takes, added to `into` (by dataset).
+    pub(crate) fn prefix(&self, q: u64, into: &mut [u64]) {
+        let q = q.min(self.m);
+        if q == self.m {
+            for &(d, c) in &self.counts {
+                into[d as usize] += c;
+            }
+            return;
+        }
+        let l = q / self.leaf;
+        let leaf = self.leaf_counts((l, l + 1), into).pop().expect("one leaf");
+        let (lo, _) = self.leaf_range(l);
+        for e in &self.leaf_order(l, &leaf)[..(q - lo) as usize] {
+            into[leaf[*e as usize].0 as usize] += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sequence(il: &Interleave) -> Vec<u32> {
+        let mut before = vec![0; 8];
+        let leaves = il.leaf_counts((0, il.leaves()), &mut before);
+        let mut out = Vec::new();
+        for (l, counts) in leaves.iter().enumerate() {
+            out.extend(
+                il.leaf_order(l as u64, counts)
+                    .iter()
+                    .map(|&e| counts[e as usize].0),
+            );
+        }
+        out
+    }
+
+    #[test]
+    fn counts_are_exact_and_prefixes_agree() {
+        let counts = [70_000u64, 0, 3, 131_072, 1];
+        let il = Interleave::new(&counts, (1, 2), 0, 0);
+        assert_eq!(il.leaves(), 4);
+        let seq = sequence(&il);
+        for (d, &c) in counts.iter().enumerate() {
+            assert_eq!(seq.iter().filter(|&&x| x as usize == d).count() as u64, c);
+        }
+        for q in [0u64, 1, 65_535, 65_536, 100_000, 201_075, 201_076] {
+            let mut got = vec![0u64; 5];
+            il.prefix(q, &mut got);
+            let mut want = vec![0u64; 5];
+            for &x in &seq[..q as usize] {
+                want[x as usize] += 1;
+            }
+            assert_eq!(got, want, "prefix {q}");
+        }
+    }
+
+    #[test]
+    fn keys_separate_ranks_epochs_and_phases() {
+        let counts = [40_000u64, 40_000];
+        let s = sequence(&Interleave::new(&counts, (1, 2), 0, 0));
+        assert_ne!(s, sequence(&Interleave::new(&counts, (1, 2), 1, 0)));
+        assert_ne!(s, sequence(&Interleave::new(&counts, (1, 3), 0, 0)));
+        assert_ne!(s, sequence(&Interleave::new(&counts, (1, 2), 0, 5)));
+        assert_eq!(s, sequence(&Interleave::new(&counts, (1, 2), 0, 0)));
+    }
+}

@@ -1,0 +1,694 @@
+//! A rank's epoch of a weighted mixture: phases of exact per-dataset counts, interleaved,
+//! each choice filled with the next sample of that dataset's pass stream.
+//!
+//! # The order
+//!
+//! An epoch of `L` positions (per rank) is cut into phases at given starts. Phase `φ` has a
+//! nominal length `m_φ` and weights; its counts `c_{d,φ}` are the largest-remainder rounding
+//! of `p_{d,φ} m_φ` ([`crate::mix::counts`]) and its order is the interleave of
+//! [`crate::mix::interleave`] (with shuffling) or the datasets one after another in dataset
+//! order (without). A phase ends where the next one starts; when that is before its nominal
+//! end (a schedule changed mid-phase) it is the prefix of its nominal order.
+//!
+//! Position `t` drawn from dataset `d` yields `offset_d + s_d[j]`, where `j` counts `d`'s
+//! earlier positions in the epoch, across phases, and `s_d` is `d`'s stream on this rank: its
+//! share of pass 0, then of pass 1, … ([`crate::mix::passes`]). So a dataset's stream never
+//! restarts at a phase boundary, and no sample repeats before its pass is used up.
+//!
+//! # Computing a range
+//!
+//! A range of positions is computed leaf by leaf of the interleave: the root-to-leaf walks
+//! give each dataset's count before the range (where its stream stands) and in every leaf;
+//! the datasets' stream pieces for a chunk of leaves are read into one buffer, dataset by
+//! dataset, in parallel; then every leaf is shuffled and filled from it in parallel. Chunks
+//! hold at least [`CHUNK`] positions (more with many datasets, so that the at most one extra
+//! pass block each dataset reads per chunk stays below 1/16 of the chunk), which bounds the
+//! buffer beside the output. Nothing depends on the number of threads.
+
+use crate::error::{Error, Result};
+use crate::index::{index_bytes, try_with_capacity, Index, Indices, MAX_LEN, U32_MAX_LEN};
+use crate::mix::counts::{largest_remainder, probabilities};
+use crate::mix::interleave::{Counts, Interleave};
+use crate::mix::passes::{Passes, PASS_BLOCK};
+use rayon::prelude::*;
+
+/// Positions per chunk of a range, at least.
+const CHUNK: u64 = 1 << 23;
+/// A first call from any position reads this many positions: one leaf walk, a few blocks.
+pub const MIX_FIRST_STOP: u64 = 64;
+
+/// One phase as given: where it starts in the epoch, its nominal length, its weights (one
+/// per dataset) and temperature.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PhaseSpec {
+    /// First position of the phase (the first phase starts at 0).
+    pub start: u64,
+    /// Nominal length: the counts are rounded over this many positions. At least the distance
+    /// to the next phase's start (or to the end of the epoch for the last phase).
+    pub length: u64,
+    /// Weights, one per dataset.
+    pub weights: Vec<f64>,
+    /// Temperature: probabilities are `w ** (1 / temperature)`, normalised.
+    pub temperature: f64,
+}
+
+#[derive(Debug, Clone)]
+struct Phase {
+    start: u64,
+    end: u64,
+    counts: Vec<u64>,
+}
+
+/// A configured mixture on one rank. See the module documentation for the order.
+#[derive(Debug, Clone)]
+pub struct Mixture {
+    offsets: Vec<u64>,
+    total: u64,
+    passes: Vec<Option<Passes>>,
+    rank: u64,
+    shuffle: bool,
+    seed: u64,
+    length: u64,
+    phases: Vec<Phase>,
+}
+
+/// Per-rank positions of one pass of each dataset: `⌊n/W⌋` with `drop_last`, `⌈n/W⌉` without.
+pub fn pass_shares(sizes: &[u64], num_replicas: u64, drop_last: bool) -> Result<Vec<u64>> {
+    if num_replicas == 0 || num_replicas > MAX_LEN {
+        return Err(Error::out_of_range(
+            "num_replicas",
+            "in [1, 2**63 - 1]",
+            num_replicas,
+        ));
+    }
+    Ok(sizes
+        .iter()
+        .map(|&n| {
+            if drop_last {
+                n / num_replicas
+            } else {
+                n.div_ceil(num_replicas)
+            }
+        })
+        .collect())
+}
+
+impl Mixture {
+    /// A mixture of datasets of `sizes` on rank `rank` of `num_replicas`, with an epoch of
+    /// `length` positions per rank (`None`: the sum of the pass shares) and the given phases.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        sizes: &[u64],
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        shuffle: bool,
+        seed: u64,
+        length: Option<u64>,
+        phases: &[PhaseSpec],
+    ) -> Result<Self> {
+        if sizes.is_empty() {
+            return Err(Error::out_of_range(
+                "cumulative_sizes",
+                "at least 2 entries (one dataset)",
+                "1 entry",
+            ));
+        }
+        let shares = pass_shares(sizes, num_replicas, drop_last)?;
+        if rank >= num_replicas {
+            return Err(Error::out_of_range(
+                "rank",
+                format!("in [0, num_replicas) = [0, {num_replicas})"),
+                rank,
+            ));
+        }
+        let mut offsets = Vec::with_capacity(sizes.len());
+        let mut total: u64 = 0;
+        for &n in sizes {
+            offsets.push(total);
+            total = total
+                .checked_add(n)
+                .filter(|&t| t <= MAX_LEN)
+                .ok_or_else(|| {
+                    Error::out_of_range("cumulative_sizes", "at most 2**63 - 1 in total", "more")
+                })?;
+        }
+        let length = match length {
+            Some(l) => l,
+            None => shares
+                .iter()
+                .try_fold(0u64, |a, &s| a.checked_add(s))
+                .ok_or_else(|| Error::out_of_range("num_samples", "at most 2**64 - 1", "more"))?,
+        };
+        let phases = Self::phases(phases, sizes, &shares, length)?;
+        let passes = sizes
+            .iter()
+            .map(|&n| {
+                (n > 0)
+                    .then(|| Passes::new(n, num_replicas, rank, drop_last, shuffle))
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Mixture {
+            offsets,
+            total,
+            passes,
+            rank,
+            shuffle,
+            seed,
+            length,
+            phases,
+        })
+    }
+
+    fn phases(
+        specs: &[PhaseSpec],
+        sizes: &[u64],
+        shares: &[u64],
+        length: u64,
+    ) -> Result<Vec<Phase>> {
+        let Some(first) = specs.first() else {
+            return Err(Error::out_of_range(
+                "schedule",
+                "at least one phase",
+                "none",
+            ));
+        };
+        if first.start != 0 {
+            return Err(Error::out_of_range(
+                "schedule",
+                "a first phase that starts at 0",
+                first.start,
+            ));
+        }
+        let mut out: Vec<Phase> = Vec::with_capacity(specs.len());
+        for (i, spec) in specs.iter().enumerate() {
+            let end = specs.get(i + 1).map_or(length, |next| next.start);
+            if i > 0 && (spec.start <= specs[i - 1].start || spec.start >= length) {
+                return Err(Error::out_of_range(
+                    "schedule",
+                    format!("phase starts increasing and below the epoch length {length}"),
+                    format!("phase {i} starting at {}", spec.start),
+                ));
+            }
+            if spec.length < end - spec.start {
+                return Err(Error::out_of_range(
+                    "schedule",
+                    format!(
+                        "phase {i} of nominal length >= {} (to its end)",
+                        end - spec.start
+                    ),
+                    spec.length,
+                ));
+            }
+            if spec.weights.len() != sizes.len() {
+                return Err(Error::out_of_range(
+                    "weights",
+                    format!("one weight per dataset ({} datasets)", sizes.len()),
+                    format!("{} weights", spec.weights.len()),
+                ));
+            }
+            let probs = probabilities(&spec.weights, spec.temperature, "weights")?;
+            for (d, &p) in probs.iter().enumerate() {
+                if p > 0.0 && shares[d] == 0 {
+                    let why = if sizes[d] == 0 {
+                        "is empty"
+                    } else {
+                        "has fewer samples than num_replicas and drop_last=True, so a rank gets none of it"
+                    };
+                    return Err(Error::out_of_range(
+                        "weights",
+                        format!("0 for dataset {d}, which {why}"),
+                        spec.weights[d],
+                    ));
+                }
+            }
+            out.push(Phase {
+                start: spec.start,
+                end,
+                counts: largest_remainder(&probs, spec.length),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Positions per rank and epoch.
+    pub fn len(&self) -> u64 {
+        self.length
+    }
+
+    /// Whether the epoch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.length == 0
+    }
+
+    /// Number of datasets.
+    pub fn datasets(&self) -> usize {
+        self.offsets.len()
+    }
+
+    /// Samples in all datasets together.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Phase `i`'s nominal counts per dataset.
+    pub fn phase_counts(&self, i: usize) -> Option<&[u64]> {
+        self.phases.get(i).map(|p| p.counts.as_slice())
+    }
+
+    /// How many positions of phase `phase` (up to its end) each dataset takes in `epoch`: its
+    /// nominal counts unless a later phase cuts it short.
+    pub fn effective_counts(&self, epoch: u64, phase: usize) -> Vec<u64> {
+        let mut c = vec![0; self.datasets()];
+        self.add_effective(epoch, &self.phases[phase], &mut c);
+        c
+    }
+
+    fn add_effective(&self, epoch: u64, ph: &Phase, into: &mut [u64]) {
+        let nominal: u64 = ph.counts.iter().sum();
+        let q = ph.end - ph.start;
+        if q == nominal {
+            into.iter_mut().zip(&ph.counts).for_each(|(a, c)| *a += c);
+        } else if self.shuffle {
+            Interleave::new(&ph.counts, (self.seed, epoch), self.rank, ph.start).prefix(q, into);
+        } else {
+            let mut left = q;
+            for (a, &c) in into.iter_mut().zip(&ph.counts) {
+                let take = c.min(left);
+                *a += take;
+                left -= take;
+            }
+        }
+    }
+
+    /// Bytes a [`Mixture::range`] of `[start, stop)` holds at its peak: the output, one
+    /// chunk's stream buffer, the leaf orders of the threads. An estimate, to refuse what
+    /// cannot fit before any work.
+    pub fn range_bytes(&self, start: u64, stop: u64) -> u64 {
+        let n = stop.saturating_sub(start);
+        let chunk = CHUNK.max(16 * PASS_BLOCK * self.datasets() as u64);
+        let leaf = (16 * self.datasets() as u64)
+            .next_power_of_two()
+            .max(1 << 16);
+        let threads = rayon::current_num_threads() as u64;
+        (n + n.min(chunk + leaf)).saturating_mul(index_bytes(self.total)) + threads * leaf * 8
+    }
+
+    /// Positions `[start, stop)` of the rank's sequence in `epoch`.
+    pub fn range(&self, epoch: u64, start: u64, stop: u64) -> Result<Indices> {
+        if start > stop || stop > self.length {
+            return Err(Error::out_of_range(
+                "start, stop",
+                format!("0 <= start <= stop <= {}", self.length),
+                format!("{start}, {stop}"),
+            ));
+        }
+        Ok(if self.total <= U32_MAX_LEN {
+            Indices::U32(self.range_as(epoch, start, stop)?)
+        } else {
+            Indices::U64(self.range_as(epoch, start, stop)?)
+        })
+    }
+
+    fn range_as<T: Index>(&self, epoch: u64, start: u64, stop: u64) -> Result<Vec<T>> {
+        let mut out = try_with_capacity::<T>("a mixture's indices", stop - start)?;
+        out.resize((stop - start) as usize, T::from_u64(0));
+        if start == stop {
+            return Ok(out);
+        }
+        let mut stream_at = vec![0u64; self.datasets()];
+        for ph in &self.phases {
+            if ph.end <= start {
+                self.add_effective(epoch, ph, &mut stream_at);
+                continue;
+            }
+            if ph.start >= stop {
+                break;
+            }
+            let (s, e) = (start.max(ph.start) - ph.start, stop.min(ph.end) - ph.start);
+            let dst = &mut out[(ph.start + s - start) as usize..(ph.start + e - start) as usize];
+            if self.shuffle {
+                self.shuffled_range(epoch, ph, (s, e), &stream_at, dst)?;
+            } else {
+                self.grouped_range(epoch, ph, (s, e), &stream_at, dst)?;
+            }
+            if ph.end < stop {
+                self.add_effective(epoch, ph, &mut stream_at);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Without shuffling a phase is its datasets one after another.
+    fn grouped_range<T: Index>(
+        &self,
+        epoch: u64,
+        ph: &Phase,
+        (s, e): (u64, u64),
+        stream_at: &[u64],
+        out: &mut [T],
+    ) -> Result<()> {
+        let mut lo = 0u64;
+        for (d, &c) in ph.counts.iter().enumerate() {
+            let (a, b) = (s.max(lo), e.min(lo + c));
+            if a < b {
+                let dst = &mut out[(a - s) as usize..(b - s) as usize];
+                self.read_stream(epoch, d, stream_at[d] + (a - lo), dst)?;
+            }
+            lo += c;
+            if lo >= e {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Dataset `d`'s stream from position `from`, as many as `out` holds, as global indices.
+    fn read_stream<T: Index>(&self, epoch: u64, d: usize, from: u64, out: &mut [T]) -> Result<()> {
+        let passes = self.passes[d]
+            .as_ref()
+            .expect("a dataset that is drawn is not empty");
+        let per = passes.per_pass();
+        let (mut pos, mut done) = (from, 0usize);
+        while done < out.len() {
+            let (pass, within) = (pos / per, pos % per);
+            let m = (out.len() - done).min((per - within) as usize);
+            passes.read(
+                (self.seed, epoch, d as u64, pass),
+                (within, within + m as u64),
+                self.offsets[d],
+                &mut out[done..done + m],
+            )?;
+            pos += m as u64;
+            done += m;
+        }
+        Ok(())
+    }
+
+    fn shuffled_range<T: Index>(
+        &self,
+        epoch: u64,
+        ph: &Phase,
+        (s, e): (u64, u64),
+        stream_at: &[u64],
+        out: &mut [T],
+    ) -> Result<()> {
+        let il = Interleave::new(&ph.counts, (self.seed, epoch), self.rank, ph.start);
+        let b = il.leaf();
+        let (l0, l1) = (s / b, e.div_ceil(b));
+        let mut at = stream_at.to_vec();
+        let leaves = il.leaf_counts((l0, l1), &mut at);
+        // In-range counts per leaf: the first and last leaves may be partly outside.
+        let mut inside: Vec<Vec<u64>> = leaves
+            .iter()
+            .map(|c| c.iter().map(|x| x.1).collect())
+            .collect();
+        let mut ends = vec![(0usize, l0)];
+        if leaves.len() > 1 {
+            ends.push((leaves.len() - 1, l1 - 1));
+        }
+        for (i, l) in ends {
+            let (lo, hi) = il.leaf_range(l);
+            let (a, z) = (s.max(lo), e.min(hi));
+            if (a, z) == (lo, hi) {
+                continue;
+            }
+            let order = il.leaf_order(l, &leaves[i]);
+            let mut counts = vec![0u64; leaves[i].len()];
+            for &x in &order[(a - lo) as usize..(z - lo) as usize] {
+                counts[x as usize] += 1;
+            }
+            for &x in &order[..(a - lo) as usize] {
+                at[leaves[i][x as usize].0 as usize] += 1;
+            }
+            inside[i] = counts;
+        }
+        let active = ph.counts.iter().filter(|&&c| c > 0).count() as u64;
+        let chunk = CHUNK.max(16 * PASS_BLOCK * active);
+        let mut out_rest: &mut [T] = out;
+        let mut i = 0usize;
+        while i < leaves.len() {
+            // Leaves [i, j) make one chunk.
+            let mut j = i;
+            let mut size = 0u64;
+            while j < leaves.len() && (j == i || size < chunk) {
+                size += inside[j].iter().sum::<u64>();
+                j += 1;
+            }
+            let (dst, tail) = std::mem::take(&mut out_rest).split_at_mut(size as usize);
+            out_rest = tail;
+            self.fill_chunk(
+                epoch,
+                &il,
+                (l0 + i as u64, s, e),
+                &leaves[i..j],
+                &inside[i..j],
+                &mut at,
+                dst,
+            )?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Fills `out` with the chunk of leaves `first, first + 1, …` (`leaves`, with in-range
+    /// counts `inside`), reading each dataset's stream from `at` (advanced past the chunk).
+    #[allow(clippy::too_many_arguments)]
+    fn fill_chunk<T: Index>(
+        &self,
+        epoch: u64,
+        il: &Interleave,
+        (first, s, e): (u64, u64, u64),
+        leaves: &[Counts],
+        inside: &[Vec<u64>],
+        at: &mut [u64],
+        out: &mut [T],
+    ) -> Result<()> {
+        // Each dataset's piece of the stream, one after another in dataset order.
+        let mut need = vec![0u64; self.datasets()];
+        for (counts, ins) in leaves.iter().zip(inside) {
+            for (&(d, _), &k) in counts.iter().zip(ins) {
+                need[d as usize] += k;
+            }
+        }
+        let mut start_of = vec![0u64; self.datasets()];
+        let mut total = 0u64;
+        for (d, &k) in need.iter().enumerate() {
+            start_of[d] = total;
+            total += k;
+        }
+        let mut vals = try_with_capacity::<T>("a mixture's stream buffer", total)?;
+        vals.resize(total as usize, T::from_u64(0));
+        {
+            let mut pieces = Vec::new();
+            let mut rest: &mut [T] = &mut vals;
+            for (d, &k) in need.iter().enumerate() {
+                if k > 0 {
+                    let (piece, tail) = std::mem::take(&mut rest).split_at_mut(k as usize);
+                    pieces.push((d, at[d], piece));
+                    rest = tail;
+                }
+            }
+            pieces
+                .into_par_iter()
+                .try_for_each(|(d, from, piece)| self.read_stream(epoch, d, from, piece))?;
+        }
+        for (a, k) in at.iter_mut().zip(&need) {
+            *a += k;
+        }
+        // Each leaf's cursors into `vals`, then the leaves in parallel.
+        let mut run = start_of;
+        let mut jobs = Vec::with_capacity(leaves.len());
+        let mut rest: &mut [T] = out;
+        for (i, (counts, ins)) in leaves.iter().zip(inside).enumerate() {
+            let cursors: Vec<u64> = counts
+                .iter()
+                .zip(ins)
+                .map(|(&(d, _), &k)| {
+                    let c = run[d as usize];
+                    run[d as usize] += k;
+                    c
+                })
+                .collect();
+            let len: u64 = ins.iter().sum();
+            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(len as usize);
+            rest = tail;
+            jobs.push((first + i as u64, counts, cursors, dst));
+        }
+        let vals = &vals;
+        jobs.into_par_iter()
+            .for_each(|(l, counts, mut cursors, dst)| {
+                let (lo, hi) = il.leaf_range(l);
+                let a = s.max(lo) - lo;
+                let order = il.leaf_order(l, counts);
+                let part = &order[a as usize..(e.min(hi) - lo) as usize];
+                for (o, &x) in dst.iter_mut().zip(part) {
+                    let c = &mut cursors[x as usize];
+                    *o = vals[*c as usize];
+                    *c += 1;
+                }
+            });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::{HashMap, HashSet};
+
+    fn one_phase(weights: &[f64], length: u64) -> Vec<PhaseSpec> {
+        vec![PhaseSpec {
+            start: 0,
+            length,
+            weights: weights.to_vec(),
+            temperature: 1.0,
+        }]
+    }
+
+    fn mixture(sizes: &[u64], w: u64, r: u64, weights: &[f64], length: Option<u64>) -> Mixture {
+        let l = length.unwrap_or_else(|| pass_shares(sizes, w, true).unwrap().iter().sum());
+        Mixture::new(sizes, w, r, true, true, 9, Some(l), &one_phase(weights, l)).unwrap()
+    }
+
+    fn all(m: &Mixture, epoch: u64) -> Vec<u64> {
+        m.range(epoch, 0, m.len()).unwrap().to_u64_vec()
+    }
+
+    fn dataset_of(offsets: &[u64], v: u64) -> usize {
+        offsets.partition_point(|&o| o <= v) - 1
+    }
+
+    #[test]
+    fn counts_passes_and_disjoint_ranks() {
+        let sizes = [30_000u64, 5_000, 70_000, 1_000];
+        let weights = [1.0, 3.0, 1.0, 0.5];
+        let w = 3;
+        let ms: Vec<Mixture> = (0..w)
+            .map(|r| mixture(&sizes, w, r, &weights, None))
+            .collect();
+        let offsets = &ms[0].offsets;
+        let counts = ms[0].phase_counts(0).unwrap().to_vec();
+        let mut first_pass: Vec<HashSet<u64>> = vec![HashSet::new(); 4];
+        for m in &ms {
+            let seq = all(m, 4);
+            let mut got = vec![0u64; 4];
+            let mut seen: Vec<HashMap<u64, u64>> = vec![HashMap::new(); 4];
+            let mut per_ds: Vec<Vec<u64>> = vec![Vec::new(); 4];
+            for &v in &seq {
+                let d = dataset_of(offsets, v);
+                got[d] += 1;
+                *seen[d].entry(v).or_default() += 1;
+                per_ds[d].push(v);
+            }
+            assert_eq!(got, counts);
+            for d in 0..4 {
+                let per = sizes[d] / w;
+                // No repeat inside a pass, in output order; and pass k is a permutation of pass 0.
+                for (k, pass) in per_ds[d].chunks(per as usize).enumerate() {
+                    let set: HashSet<u64> = pass.iter().copied().collect();
+                    assert_eq!(set.len(), pass.len(), "dataset {d} pass {k} repeats");
+                    if k == 0 {
+                        for v in &set {
+                            assert!(first_pass[d].insert(*v), "ranks overlap in dataset {d}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ranges_and_phases_agree_with_the_whole() {
+        let sizes = [300_000u64, 50_000, 1];
+        let m = Mixture::new(
+            &sizes,
+            2,
+            1,
+            false,
+            true,
+            3,
+            None,
+            &[
+                PhaseSpec {
+                    start: 0,
+                    length: 200_000,
+                    weights: vec![1.0, 1.0, 0.0],
+                    temperature: 1.0,
+                },
+                PhaseSpec {
+                    start: 70_000,
+                    length: 105_001,
+                    weights: vec![0.0, 1.0, 1.0],
+                    temperature: 2.0,
+                },
+            ],
+        )
+        .unwrap();
+        let whole = all(&m, 2);
+        assert_eq!(whole.len() as u64, m.len());
+        for (a, b) in [
+            (0u64, 1u64),
+            (65_535, 65_537),
+            (69_990, 70_010),
+            (100_000, 175_001),
+            (5, 150_000),
+        ] {
+            let part = m.range(2, a, b).unwrap().to_u64_vec();
+            assert_eq!(part, whole[a as usize..b as usize], "range {a}..{b}");
+        }
+        // Phase 0 is cut at 70_000: its prefix, then phase 1's full counts.
+        let c0 = m.effective_counts(2, 0);
+        assert_eq!(c0.iter().sum::<u64>(), 70_000);
+        let mut got = vec![0u64; 3];
+        for &v in &whole[..70_000] {
+            got[dataset_of(&m.offsets, v)] += 1;
+        }
+        assert_eq!(got, c0);
+    }
+
+    #[test]
+    fn bad_schedules_are_refused() {
+        let sizes = [10u64, 20];
+        let new = |phases: &[PhaseSpec]| Mixture::new(&sizes, 1, 0, true, true, 0, None, phases);
+        let p = |start, length, weights: &[f64]| PhaseSpec {
+            start,
+            length,
+            weights: weights.to_vec(),
+            temperature: 1.0,
+        };
+        assert!(new(&[]).is_err());
+        assert!(new(&[p(1, 29, &[1.0, 1.0])]).is_err());
+        assert!(new(&[p(0, 30, &[1.0])]).is_err());
+        assert!(new(&[p(0, 30, &[1.0, 1.0]), p(0, 30, &[1.0, 1.0])]).is_err());
+        assert!(new(&[p(0, 30, &[1.0, 1.0]), p(30, 1, &[1.0, 1.0])]).is_err());
+        assert!(new(&[p(0, 10, &[1.0, 1.0]), p(20, 10, &[1.0, 1.0])]).is_err());
+        let err =
+            Mixture::new(&[10, 3], 4, 0, true, true, 0, None, &[p(0, 2, &[1.0, 1.0])]).unwrap_err();
+        assert!(err.to_string().contains("dataset 1"), "{err}");
+        let err = Mixture::new(
+            &[10, 0],
+            1,
+            0,
+            true,
+            true,
+            0,
+            None,
+            &[p(0, 10, &[1.0, 1.0])],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("empty"), "{err}");
+        assert!(Mixture::new(
+            &[10, 0],
+            1,
+            0,
+            true,
+            true,
+            0,
+            None,
+            &[p(0, 10, &[1.0, 0.0])]
+        )
+        .is_ok());
+    }
+}

@@ -1,0 +1,15 @@
+//! Weighted mixtures of many datasets: exact per-dataset counts, a seekable uniform
+//! interleave, and per-dataset pass streams dealt to the ranks.
+//!
+//! - [`counts`]: temperature-scaled probabilities and largest-remainder counts.
+//! - `passes`: one dataset's stream on one rank, pass after pass.
+//! - `interleave`: which dataset each position of a phase draws from.
+//! - [`mixture`]: a rank's epoch, phase by phase, computed over contiguous buffers.
+
+pub mod counts;
+pub(crate) mod interleave;
+pub mod mixture;
+pub(crate) mod passes;
+
+pub use counts::{largest_remainder, probabilities};
+pub use mixture::{pass_shares, Mixture, PhaseSpec, MIX_FIRST_STOP};
