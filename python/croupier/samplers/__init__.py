@@ -3,5 +3,6 @@ owns epoch, position, checkpoint state and pickling."""
 
 from croupier.samplers._state import StateError
 from croupier.samplers.distributed import DistributedSampler
+from croupier.samplers.mixture import MixtureSampler
 
-__all__ = ["DistributedSampler", "StateError"]
+__all__ = ["DistributedSampler", "MixtureSampler", "StateError"]

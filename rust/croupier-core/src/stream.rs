@@ -50,11 +50,9 @@ pub(crate) enum Purpose {
     ShareOrder = u64::from_le_bytes(*b"inshare\0"),
     /// The bucket shuffle inside one long block of a rank's share (`deal::fast_share`).
     ShareBuckets = u64::from_le_bytes(*b"shbucket"),
-    /// The partition of one pass of one dataset of a mixture into rank shares
-    /// (`mix::passes`); only its first word is used, as the base of the per-cell keys.
+    /// The seed of one pass of one dataset of a mixture (`mix::passes`); only its first word
+    /// is used.
     MixPass = u64::from_le_bytes(*b"mixpass\0"),
-    /// The order inside one block of a rank's share of a mixture pass (`mix::passes`).
-    MixPassOrder = u64::from_le_bytes(*b"mixorder"),
     /// The interleave of a mixture phase: the base of its node keys (`mix::interleave`).
     MixInterleave = u64::from_le_bytes(*b"mixleave"),
 }

@@ -351,6 +351,202 @@ impl Deal {
     }
 }
 
+/// One phase of a mixture as Python passes it: `(start, nominal_length, weights,
+/// temperature)`.
+type PhaseArgs = (u64, u64, Vec<f64>, f64);
+
+/// A weighted mixture of datasets on one rank (`croupier_core::Mixture`): phases of exact
+/// per-dataset counts, a uniform interleave, per-dataset pass streams.
+#[pyclass(module = "croupier._core", frozen)]
+struct Mixture {
+    mixture: croupier_core::Mixture,
+    args: (
+        Vec<u64>,
+        u64,
+        u64,
+        bool,
+        bool,
+        u64,
+        Option<u64>,
+        Vec<PhaseArgs>,
+    ),
+}
+
+#[pymethods]
+impl Mixture {
+    #[new]
+    #[pyo3(signature = (sizes, num_replicas, rank, drop_last, shuffle, seed, length, phases))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        sizes: Vec<u64>,
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        shuffle: bool,
+        seed: u64,
+        length: Option<u64>,
+        phases: Vec<PhaseArgs>,
+    ) -> PyResult<Self> {
+        let specs: Vec<croupier_core::PhaseSpec> = phases
+            .iter()
+            .map(
+                |(start, length, weights, temperature)| croupier_core::PhaseSpec {
+                    start: *start,
+                    length: *length,
+                    weights: weights.clone(),
+                    temperature: *temperature,
+                },
+            )
+            .collect();
+        let mixture = core(croupier_core::Mixture::new(
+            &sizes,
+            num_replicas,
+            rank,
+            drop_last,
+            shuffle,
+            seed,
+            length,
+            &specs,
+        ))?;
+        Ok(Mixture {
+            mixture,
+            args: (
+                sizes,
+                num_replicas,
+                rank,
+                drop_last,
+                shuffle,
+                seed,
+                length,
+                phases,
+            ),
+        })
+    }
+
+    /// Positions per rank and epoch.
+    fn __len__(&self) -> usize {
+        self.mixture.len() as usize
+    }
+
+    /// Positions per rank and epoch.
+    #[getter]
+    fn length(&self) -> u64 {
+        self.mixture.len()
+    }
+
+    /// Samples in all datasets together.
+    #[getter]
+    fn total(&self) -> u64 {
+        self.mixture.total()
+    }
+
+    /// Phase `phase`'s nominal counts per dataset.
+    fn phase_counts(&self, phase: usize) -> PyResult<Vec<u64>> {
+        self.mixture
+            .phase_counts(phase)
+            .map(<[u64]>::to_vec)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "phase must be in [0, {}), got {phase}",
+                    self.args.7.len()
+                ))
+            })
+    }
+
+    /// How many positions of phase `phase` each dataset takes in `epoch` (its nominal counts
+    /// unless the next phase starts before its nominal end).
+    fn effective_counts(&self, epoch: u64, phase: usize) -> PyResult<Vec<u64>> {
+        if phase >= self.args.7.len() {
+            return Err(PyValueError::new_err(format!(
+                "phase must be in [0, {}), got {phase}",
+                self.args.7.len()
+            )));
+        }
+        Ok(self.mixture.effective_counts(epoch, phase))
+    }
+
+    /// Positions `[start, stop)` (default: to the end) of this rank's sequence in `epoch`, as
+    /// global indices into the concatenated datasets.
+    #[pyo3(signature = (epoch, start=0, stop=None))]
+    fn indices<'py>(
+        &self,
+        py: Python<'py>,
+        epoch: u64,
+        start: u64,
+        stop: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let stop = stop.unwrap_or(self.mixture.len());
+        check_memory(
+            self.mixture.range_bytes(start, stop),
+            "this rank's mixture indices",
+        )?;
+        indices_to_numpy(py, || self.mixture.range(epoch, start, stop))
+    }
+
+    /// Where an `indices` call starting at `start` should stop to hand out its first index
+    /// soonest.
+    fn first_stop(&self, start: u64) -> u64 {
+        start
+            .saturating_add(croupier_core::mix::MIX_FIRST_STOP)
+            .min(self.mixture.len())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn __getnewargs__(
+        &self,
+    ) -> (
+        Vec<u64>,
+        u64,
+        u64,
+        bool,
+        bool,
+        u64,
+        Option<u64>,
+        Vec<PhaseArgs>,
+    ) {
+        self.args.clone()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Mixture(datasets={}, total={}, num_replicas={}, rank={}, length={}, phases={})",
+            self.mixture.datasets(),
+            self.mixture.total(),
+            self.args.1,
+            self.args.2,
+            self.mixture.len(),
+            self.args.7.len(),
+        )
+    }
+}
+
+/// Per-rank positions of one pass of each dataset (`size // W` with `drop_last`, else
+/// `ceil(size / W)`).
+#[pyfunction]
+fn pass_shares(sizes: Vec<u64>, num_replicas: u64, drop_last: bool) -> PyResult<Vec<u64>> {
+    core(croupier_core::mix::pass_shares(
+        &sizes,
+        num_replicas,
+        drop_last,
+    ))
+}
+
+/// The normalised probabilities `w ** (1 / temperature) / sum`, with the core's checks.
+#[pyfunction]
+fn mixture_probabilities(weights: Vec<f64>, temperature: f64) -> PyResult<Vec<f64>> {
+    core(croupier_core::mix::probabilities(
+        &weights,
+        temperature,
+        "weights",
+    ))
+}
+
+/// Largest-remainder counts of `probabilities * length`.
+#[pyfunction]
+fn largest_remainder(probabilities: Vec<f64>, length: u64) -> Vec<u64> {
+    croupier_core::mix::largest_remainder(&probabilities, length)
+}
+
 /// `(num_samples, total_size)` of torch's `DistributedSampler` for these arguments.
 #[pyfunction]
 fn layout(n: u64, num_replicas: u64, drop_last: bool) -> PyResult<(u64, u64)> {
@@ -439,6 +635,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     load_numpy_api(m.py())?;
     m.add_class::<Order>()?;
     m.add_class::<Deal>()?;
+    m.add_class::<Mixture>()?;
+    m.add_function(wrap_pyfunction!(pass_shares, m)?)?;
+    m.add_function(wrap_pyfunction!(mixture_probabilities, m)?)?;
+    m.add_function(wrap_pyfunction!(largest_remainder, m)?)?;
     m.add_function(wrap_pyfunction!(layout, m)?)?;
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
     m.add_function(wrap_pyfunction!(permutation_into, m)?)?;

@@ -250,13 +250,28 @@ fn blocks<T: Index>(
     seed: u64,
     epoch: u64,
 ) -> Result<Vec<T>> {
+    let c = classes.share(rank);
+    let total = block_start(c, j1) - block_start(c, j0);
+    let mut values = try_with_capacity::<T>("a rank's indices", total)?;
+    values.resize(total as usize, T::from_u64(0));
+    blocks_into(layout, classes, rank, (j0, j1), (seed, epoch), &mut values);
+    Ok(values)
+}
+
+/// [`blocks`] into `values`, which must be exactly as long as the blocks.
+fn blocks_into<T: Index>(
+    layout: &Layout,
+    classes: &RankClasses,
+    rank: u64,
+    (j0, j1): (u64, u64),
+    (seed, epoch): (u64, u64),
+    values: &mut [T],
+) {
     let key = layout_key(layout);
     let base = partition_base(seed, epoch, key);
     let (c0, c1) = (classes.class(rank, j0), classes.class(rank, j1));
     let offsets = class_offsets(classes, c0, c1);
-    let total = *offsets.last().expect("at least one class");
-    let mut values = try_with_capacity::<T>("a rank's indices", total)?;
-    values.resize(total as usize, T::from_u64(0));
+    debug_assert_eq!(Some(&(values.len() as u64)), offsets.last());
     let plans: Vec<Option<Plan<T>>> = offsets
         .windows(2)
         .enumerate()
@@ -267,7 +282,7 @@ fn blocks<T: Index>(
         })
         .collect();
     let mut sinks = Vec::with_capacity(plans.len());
-    let mut rest: &mut [T] = &mut values;
+    let mut rest: &mut [T] = &mut *values;
     for (w, plan) in offsets.windows(2).zip(&plans) {
         let (seg, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) as usize);
         sinks.push(match plan {
@@ -279,7 +294,7 @@ fn blocks<T: Index>(
     class_values_into(layout.n(), classes, c0, c1, base, sinks);
     let mut short = Vec::with_capacity(plans.len());
     let mut long = Vec::new();
-    let mut rest: &mut [T] = &mut values;
+    let mut rest: &mut [T] = &mut *values;
     for (i, (w, plan)) in offsets.windows(2).zip(plans).enumerate() {
         let (seg, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) as usize);
         match plan {
@@ -296,7 +311,6 @@ fn blocks<T: Index>(
     for (plan, seg) in long {
         plan.finish(seg);
     }
-    Ok(values)
 }
 
 /// Positions `[a, b)` of rank `rank`'s block `j`, a bucketed one, read by random access: the
@@ -386,6 +400,41 @@ pub(crate) fn fast_share<T: Index>(
     }
     out.shrink_to_fit();
     Ok(out)
+}
+
+/// Rank `rank`'s whole sequence for the epoch (`num_samples` positions, padding included)
+/// into `out`, without a buffer of its own: what [`fast_share`] gives for `[0, num_samples)`.
+pub(crate) fn fast_share_into<T: Index>(
+    layout: &Layout,
+    rank: u64,
+    seed: u64,
+    epoch: u64,
+    out: &mut [T],
+) -> Result<()> {
+    layout.check_rank(rank)?;
+    let ns = layout.num_samples();
+    layout.check_range(0, ns)?;
+    assert_eq!(out.len() as u64, ns, "out must hold the whole share");
+    let classes = RankClasses::new(layout)?;
+    let c = classes.share(rank);
+    if c > 0 {
+        let j1 = block_of(c - 1) + 1;
+        blocks_into(
+            layout,
+            &classes,
+            rank,
+            (0, j1),
+            (seed, epoch),
+            &mut out[..c as usize],
+        );
+    }
+    if ns > c {
+        let (n, w) = (layout.n(), layout.num_replicas());
+        let s = (rank + c * w - n) % n;
+        let head = blocks::<T>(layout, &classes, s % w, (0, 1), seed, epoch)?;
+        out[c as usize] = head[0];
+    }
+    Ok(())
 }
 
 /// Where the first call from `start` should stop: the end of the block holding `start`, or

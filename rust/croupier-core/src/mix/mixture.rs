@@ -19,23 +19,22 @@
 //!
 //! A range of positions is computed leaf by leaf of the interleave: the root-to-leaf walks
 //! give each dataset's count before the range (where its stream stands) and in every leaf;
-//! the datasets' stream pieces for a chunk of leaves are read into one buffer, dataset by
-//! dataset, in parallel; then every leaf is shuffled and filled from it in parallel. Chunks
-//! hold at least [`CHUNK`] positions (more with many datasets, so that the at most one extra
-//! pass block each dataset reads per chunk stays below 1/16 of the chunk), which bounds the
-//! buffer beside the output. Nothing depends on the number of threads.
+//! the datasets' stream pieces for the range are read into one buffer, dataset by dataset, in
+//! parallel (each pass share computed whole, as a `DistributedSampler` epoch is, or by random
+//! access for a few positions); then every leaf is shuffled and filled from it in parallel.
+//! The buffer is as long as the range: a whole epoch holds twice its output at its peak.
+//! Nothing depends on the number of threads.
 
 use crate::error::{Error, Result};
-use crate::index::{index_bytes, try_with_capacity, Index, Indices, MAX_LEN, U32_MAX_LEN};
+use crate::index::{index_bytes, try_with_capacity_huge, Index, Indices, MAX_LEN, U32_MAX_LEN};
 use crate::mix::counts::{largest_remainder, probabilities};
 use crate::mix::interleave::{Counts, Interleave};
-use crate::mix::passes::{Passes, PASS_BLOCK};
+use crate::mix::passes::Passes;
 use rayon::prelude::*;
 
-/// Positions per chunk of a range, at least.
-const CHUNK: u64 = 1 << 23;
-/// A first call from any position reads this many positions: one leaf walk, a few blocks.
-pub const MIX_FIRST_STOP: u64 = 64;
+/// A first call from any position reads this many positions: one leaf walk and at most this
+/// many datasets' first blocks (or random-access reads mid-pass).
+pub const MIX_FIRST_STOP: u64 = 16;
 
 /// One phase as given: where it starts in the epoch, its nominal length, its weights (one
 /// per dataset) and temperature.
@@ -282,17 +281,16 @@ impl Mixture {
         }
     }
 
-    /// Bytes a [`Mixture::range`] of `[start, stop)` holds at its peak: the output, one
-    /// chunk's stream buffer, the leaf orders of the threads. An estimate, to refuse what
-    /// cannot fit before any work.
+    /// Bytes a [`Mixture::range`] of `[start, stop)` holds at its peak: the output, the
+    /// streams' buffer, a pass share being read per thread (at most the range again), the leaf
+    /// orders. An estimate, to refuse what cannot fit before any work.
     pub fn range_bytes(&self, start: u64, stop: u64) -> u64 {
         let n = stop.saturating_sub(start);
-        let chunk = CHUNK.max(16 * PASS_BLOCK * self.datasets() as u64);
         let leaf = (16 * self.datasets() as u64)
             .next_power_of_two()
             .max(1 << 16);
         let threads = rayon::current_num_threads() as u64;
-        (n + n.min(chunk + leaf)).saturating_mul(index_bytes(self.total)) + threads * leaf * 8
+        (3 * n).saturating_mul(index_bytes(self.total)) + threads * leaf * 8
     }
 
     /// Positions `[start, stop)` of the rank's sequence in `epoch`.
@@ -312,7 +310,7 @@ impl Mixture {
     }
 
     fn range_as<T: Index>(&self, epoch: u64, start: u64, stop: u64) -> Result<Vec<T>> {
-        let mut out = try_with_capacity::<T>("a mixture's indices", stop - start)?;
+        let mut out = try_with_capacity_huge::<T>("a mixture's indices", stop - start)?;
         out.resize((stop - start) as usize, T::from_u64(0));
         if start == stop {
             return Ok(out);
@@ -424,45 +422,20 @@ impl Mixture {
             }
             inside[i] = counts;
         }
-        let active = ph.counts.iter().filter(|&&c| c > 0).count() as u64;
-        let chunk = CHUNK.max(16 * PASS_BLOCK * active);
-        let mut out_rest: &mut [T] = out;
-        let mut i = 0usize;
-        while i < leaves.len() {
-            // Leaves [i, j) make one chunk.
-            let mut j = i;
-            let mut size = 0u64;
-            while j < leaves.len() && (j == i || size < chunk) {
-                size += inside[j].iter().sum::<u64>();
-                j += 1;
-            }
-            let (dst, tail) = std::mem::take(&mut out_rest).split_at_mut(size as usize);
-            out_rest = tail;
-            self.fill_chunk(
-                epoch,
-                &il,
-                (l0 + i as u64, s, e),
-                &leaves[i..j],
-                &inside[i..j],
-                &mut at,
-                dst,
-            )?;
-            i = j;
-        }
-        Ok(())
+        self.fill_leaves(epoch, &il, (l0, s, e), &leaves, &inside, &at, out)
     }
 
-    /// Fills `out` with the chunk of leaves `first, first + 1, …` (`leaves`, with in-range
-    /// counts `inside`), reading each dataset's stream from `at` (advanced past the chunk).
+    /// Fills `out` with the leaves `first, first + 1, …` (`leaves`, with in-range counts
+    /// `inside`), reading each dataset's stream from `at`.
     #[allow(clippy::too_many_arguments)]
-    fn fill_chunk<T: Index>(
+    fn fill_leaves<T: Index>(
         &self,
         epoch: u64,
         il: &Interleave,
         (first, s, e): (u64, u64, u64),
         leaves: &[Counts],
         inside: &[Vec<u64>],
-        at: &mut [u64],
+        at: &[u64],
         out: &mut [T],
     ) -> Result<()> {
         // Each dataset's piece of the stream, one after another in dataset order.
@@ -478,7 +451,7 @@ impl Mixture {
             start_of[d] = total;
             total += k;
         }
-        let mut vals = try_with_capacity::<T>("a mixture's stream buffer", total)?;
+        let mut vals = try_with_capacity_huge::<T>("a mixture's stream buffer", total)?;
         vals.resize(total as usize, T::from_u64(0));
         {
             let mut pieces = Vec::new();
@@ -493,9 +466,6 @@ impl Mixture {
             pieces
                 .into_par_iter()
                 .try_for_each(|(d, from, piece)| self.read_stream(epoch, d, from, piece))?;
-        }
-        for (a, k) in at.iter_mut().zip(&need) {
-            *a += k;
         }
         // Each leaf's cursors into `vals`, then the leaves in parallel.
         let mut run = start_of;

@@ -3,126 +3,26 @@
 //!
 //! Pass `k` of dataset `d` in epoch `e` is laid out like a `DistributedSampler` epoch over the
 //! dataset's `n` samples ([`Layout`]: `drop_last` cuts to `⌊n/W⌋` per rank, otherwise the
-//! head pads to `⌈n/W⌉`), so the ranks never overlap inside a pass. As in
-//! [`crate::deal::fast_share`], the uniform permutation is drawn as a uniform partition of
-//! `[0, n)` into the ranks' value sets ([`crate::deal::class_split`], keyed by
-//! `(seed, epoch, MixPass, id)` with `id = fold(fold(0, d), k)`) and a uniform order inside each.
-//! Here a rank's share is cut into blocks of a fixed [`PASS_BLOCK`] positions, each ordered by
-//! Fisher–Yates with the stream `(seed, epoch, MixPassOrder, fold(id, class))`: a mixture
-//! reads every dataset a little at a time, and fixed blocks make any position range cost at
-//! most one block more than its length, wherever it lies.
+//! head pads to `⌈n/W⌉`), so the ranks never overlap inside a pass, and shuffled exactly as
+//! `order="fast"` shuffles an epoch ([`crate::deal::fast_share`]: a rank's share computed
+//! alone, readable from any position), under the seed
+//! `Stream(seed, e, MixPass, fold(fold(0, d), k)).next_u64()` and epoch 0. Reading a whole
+//! pass costs what a `DistributedSampler` epoch of `n` costs; a short read at any position
+//! costs what its resume costs.
 //!
-//! The padding position of `drop_last=False` repeats the first index of another rank's share
-//! of the same pass (torch's head padding), so a rank never sees a value twice in one pass.
+//! Without shuffling every pass is the rank's strided `rank, rank + W, …` (mod `n`).
 
-use crate::deal::class_split::{class_offsets, class_values_into, Classes, Run};
+use crate::deal::fast_share::{fast_share, fast_share_into};
 use crate::deal::layout::Layout;
-use crate::error::{Error, Result};
-use crate::index::{try_with_capacity, Index};
-use crate::shuffle::fisher_yates::fisher_yates;
+use crate::error::Result;
+use crate::index::Index;
 use crate::stream::{fold, Purpose, Stream};
 use rayon::prelude::*;
-
-/// Positions per block of a rank's pass share.
-pub(crate) const PASS_BLOCK: u64 = 1 << 12;
-
-/// The classes of one pass: every rank's blocks, rank-major, then the values `drop_last`
-/// cuts (if any).
-#[derive(Debug, Clone)]
-struct PassClasses {
-    w: u64,
-    q: u64,
-    rem: u64,
-    kept: u64,
-    cut: u64,
-    blocks: u64,
-}
-
-impl PassClasses {
-    fn new(layout: &Layout) -> Result<Self> {
-        let (n, w) = (layout.n(), layout.num_replicas());
-        let kept = n.min(layout.total_size());
-        let (q, rem) = (kept / w, kept % w);
-        let largest = q + u64::from(rem > 0);
-        let blocks = largest.div_ceil(PASS_BLOCK).max(1);
-        if w.checked_mul(blocks)
-            .and_then(|x| x.checked_add(1))
-            .is_none()
-        {
-            return Err(Error::out_of_range(
-                "num_replicas",
-                format!(
-                    "at most {} for a dataset of this length",
-                    u64::MAX / blocks - 1
-                ),
-                w,
-            ));
-        }
-        Ok(PassClasses {
-            w,
-            q,
-            rem,
-            kept,
-            cut: n - kept,
-            blocks,
-        })
-    }
-
-    fn share(&self, r: u64) -> u64 {
-        self.q + u64::from(r < self.rem)
-    }
-
-    fn class(&self, r: u64, j: u64) -> u64 {
-        r * self.blocks + j
-    }
-}
-
-impl Classes for PassClasses {
-    fn count(&self) -> u64 {
-        self.w * self.blocks + u64::from(self.cut > 0)
-    }
-
-    fn prefix(&self, x: u64) -> u64 {
-        let ranks = self.w * self.blocks;
-        if x > ranks {
-            return self.kept + self.cut;
-        }
-        if x == ranks {
-            return self.kept;
-        }
-        let (r, j) = (x / self.blocks, x % self.blocks);
-        r * self.q + r.min(self.rem) + self.share(r).min(j * PASS_BLOCK)
-    }
-
-    /// Ranks in halves (a rank is one subtree), the cut values apart from the ranks.
-    fn split(&self, a: u64, b: u64) -> u64 {
-        let ranks = self.w * self.blocks;
-        if b > ranks {
-            return ranks;
-        }
-        let (first, last) = (a / self.blocks, (b - 1) / self.blocks);
-        if first != last {
-            return (first + (last + 1 - first) / 2) * self.blocks;
-        }
-        a + (b - a) / 2
-    }
-
-    fn leaf(&self) -> u64 {
-        // As for a rank's share (`deal::fast_share`): big value leaves while each rank holds a
-        // large fraction of every range.
-        if self.w < 64 {
-            1024
-        } else {
-            64
-        }
-    }
-}
 
 /// The passes of one dataset, as rank `rank` sees them.
 #[derive(Debug, Clone)]
 pub(crate) struct Passes {
     layout: Layout,
-    classes: PassClasses,
     rank: u64,
     shuffle: bool,
 }
@@ -132,10 +32,8 @@ impl Passes {
     pub(crate) fn new(n: u64, w: u64, rank: u64, drop_last: bool, shuffle: bool) -> Result<Self> {
         let layout = Layout::new(n, w, drop_last)?;
         layout.check_rank(rank)?;
-        let classes = PassClasses::new(&layout)?;
         Ok(Passes {
             layout,
-            classes,
             rank,
             shuffle,
         })
@@ -164,71 +62,35 @@ impl Passes {
             }
             return Ok(());
         }
-        let id = fold(fold(0, dataset), pass);
-        let c = self.classes.share(rank);
-        let own_stop = stop.min(c);
-        if start < own_stop {
-            let j0 = start / PASS_BLOCK;
-            let j1 = own_stop.div_ceil(PASS_BLOCK);
-            let blocks = self.blocks::<T>((seed, epoch, id), rank, (j0, j1))?;
-            let from = (start - j0 * PASS_BLOCK) as usize;
-            let len = (own_stop - start) as usize;
-            out[..len]
-                .par_iter_mut()
-                .with_min_len(1 << 14)
-                .zip(&blocks[from..from + len])
-                .for_each(|(o, v)| *o = T::from_u64(offset + v.to_u64()));
+        let pass_seed =
+            Stream::new(seed, epoch, Purpose::MixPass, fold(fold(0, dataset), pass)).next_u64();
+        if (start, stop) == (0, self.per_pass()) {
+            // A whole pass: dealt straight into place, then shifted by the offset.
+            fast_share_into(&self.layout, rank, pass_seed, 0, out)?;
+            if offset > 0 {
+                out.par_iter_mut()
+                    .with_min_len(1 << 15)
+                    .for_each(|o| *o = T::from_u64(offset + o.to_u64()));
+            }
+            return Ok(());
         }
-        if stop > c && start <= c {
-            // torch's head padding: global position rank + c*W repeats π[s], s < W, which is
-            // position 0 of rank s's share.
-            let s = (rank + c * w - n) % n;
-            let head = self.blocks::<T>((seed, epoch, id), s % w, (0, 1))?;
-            out[(c - start) as usize] = T::from_u64(offset + head[0].to_u64());
+        // The dataset's own values fit its own element type; widen while adding the offset.
+        if n <= crate::index::U32_MAX_LEN {
+            let vals = fast_share::<u32>(&self.layout, rank, pass_seed, 0, start, stop)?;
+            add_offset(&vals, offset, out);
+        } else {
+            let vals = fast_share::<u64>(&self.layout, rank, pass_seed, 0, start, stop)?;
+            add_offset(&vals, offset, out);
         }
         Ok(())
     }
+}
 
-    /// Rank `r`'s blocks `[j0, j1)` of the pass keyed `id`, each shuffled.
-    fn blocks<T: Index>(
-        &self,
-        (seed, epoch, id): (u64, u64, u64),
-        r: u64,
-        (j0, j1): (u64, u64),
-    ) -> Result<Vec<T>> {
-        let classes = &self.classes;
-        let (c0, c1) = (classes.class(r, j0), classes.class(r, j1));
-        let offsets = class_offsets(classes, c0, c1);
-        let total = *offsets.last().expect("at least one class");
-        let mut values = try_with_capacity::<T>("a mixture pass's indices", total)?;
-        values.resize(total as usize, T::from_u64(0));
-        let mut runs = Vec::with_capacity(offsets.len() - 1);
-        let mut rest: &mut [T] = &mut values;
-        for o in offsets.windows(2) {
-            let (seg, tail) = std::mem::take(&mut rest).split_at_mut((o[1] - o[0]) as usize);
-            runs.push(Run::new(seg));
-            rest = tail;
-        }
-        let base = fold(
-            Stream::new(seed, epoch, Purpose::MixPass, id).next_u64(),
-            fold(
-                fold(self.layout.n(), self.layout.num_replicas()),
-                u64::from(self.layout.drop_last()),
-            ),
-        );
-        class_values_into(self.layout.n(), classes, c0, c1, base, runs);
-        values
-            .par_chunks_mut(PASS_BLOCK as usize)
-            .enumerate()
-            .for_each(|(i, block)| {
-                let class = c0 + i as u64;
-                fisher_yates(
-                    block,
-                    &mut Stream::new(seed, epoch, Purpose::MixPassOrder, fold(id, class)),
-                );
-            });
-        Ok(values)
-    }
+fn add_offset<S: Index, T: Index>(vals: &[S], offset: u64, out: &mut [T]) {
+    out.par_iter_mut()
+        .with_min_len(1 << 15)
+        .zip(vals)
+        .for_each(|(o, v)| *o = T::from_u64(offset + v.to_u64()));
 }
 
 #[cfg(test)]
