@@ -14,9 +14,13 @@ __all__ = [
     "TORCH_LARGE_N",
     "U32_MAX_LEN",
     "Deal",
+    "Mixture",
     "Order",
     "__version__",
+    "largest_remainder",
     "layout",
+    "mixture_probabilities",
+    "pass_shares",
     "permutation",
     "permutation_into",
     "torch_randperm",
@@ -74,6 +78,51 @@ class Deal:
         first index soonest: in the fast shuffled order, the end of the block holding
         ``start``, or ``start + 64`` inside a long block (read by random access); else
         ``num_samples``."""
+
+@final
+class Mixture:
+    """A weighted mixture of datasets on one rank (immutable; the epoch is given per call):
+    phases ``(start, nominal_length, weights, temperature)`` of exact per-dataset counts, a
+    uniform interleave, and per-dataset pass streams."""
+
+    def __new__(
+        cls,
+        sizes: list[int],
+        num_replicas: int,
+        rank: int,
+        drop_last: bool,
+        shuffle: bool,
+        seed: int,
+        length: int | None,
+        phases: list[tuple[int, int, list[float], float]],
+    ) -> Mixture: ...
+    def __len__(self) -> int: ...
+    @property
+    def length(self) -> int:
+        """Positions per rank and epoch."""
+    @property
+    def total(self) -> int:
+        """Samples in all datasets together."""
+    def phase_counts(self, phase: int) -> list[int]:
+        """Phase ``phase``'s nominal counts per dataset."""
+    def effective_counts(self, epoch: int, phase: int) -> list[int]:
+        """How many positions of phase ``phase`` each dataset takes in ``epoch``."""
+    def indices(self, epoch: int, start: int = 0, stop: int | None = None) -> _Indices:
+        """Positions ``[start, stop)`` (default: to the end) of this rank's sequence in
+        ``epoch``, as global indices: ``uint32`` while the datasets total at most ``2**32``
+        samples, else ``int64``."""
+    def first_stop(self, start: int) -> int:
+        """Where an :meth:`indices` call starting at ``start`` should stop to hand out its
+        first index soonest."""
+
+def pass_shares(sizes: list[int], num_replicas: int, drop_last: bool) -> list[int]:
+    """Per-rank positions of one pass of each dataset."""
+
+def mixture_probabilities(weights: list[float], temperature: float) -> list[float]:
+    """The normalised probabilities ``w ** (1 / temperature) / sum``."""
+
+def largest_remainder(probabilities: list[float], length: int) -> list[int]:
+    """Largest-remainder counts of ``probabilities * length``."""
 
 def layout(n: int, num_replicas: int, drop_last: bool) -> tuple[int, int]:
     """``(num_samples, total_size)`` of torch's ``DistributedSampler`` for these arguments."""

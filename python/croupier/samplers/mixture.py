@@ -7,6 +7,7 @@ keeps the schedule (the weights in force, from which position) and its checkpoin
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import numbers
 from collections.abc import Iterator, Mapping, Sequence
@@ -38,19 +39,23 @@ def _sizes(cumulative_sizes: object) -> list[int]:
             "cumulative_sizes must be a list or 1-D numpy array of ints [0, n0, n0+n1, ...], "
             f"got {type(cumulative_sizes).__name__}"
         )
-    arr = np.asarray(cumulative_sizes, dtype=object if isinstance(cumulative_sizes, Sequence) else None)
+    arr = np.asarray(
+        cumulative_sizes, dtype=object if isinstance(cumulative_sizes, Sequence) else None
+    )
     if arr.ndim != 1:
         raise ValueError(f"cumulative_sizes must be 1-D, got shape {arr.shape}")
     if arr.dtype != object and arr.dtype.kind not in "iu":
         raise TypeError(f"cumulative_sizes must hold ints, got dtype {arr.dtype}")
-    values = [check_int(f"cumulative_sizes[{i}]", v, 0, MAX_LEN) for i, v in enumerate(arr.tolist())]
+    values = [
+        check_int(f"cumulative_sizes[{i}]", v, 0, MAX_LEN) for i, v in enumerate(arr.tolist())
+    ]
     if len(values) < 2:
         raise ValueError(
             f"cumulative_sizes must have at least 2 entries [0, n0, ...], got {len(values)}"
         )
     if values[0] != 0:
         raise ValueError(f"cumulative_sizes must start at 0, got {values[0]}")
-    sizes = [b - a for a, b in zip(values, values[1:])]
+    sizes = [b - a for a, b in itertools.pairwise(values)]
     for i, size in enumerate(sizes):
         if size < 0:
             raise ValueError(
@@ -64,7 +69,9 @@ def _weights(weights: object, count: int, name: str = "weights") -> tuple[float,
     """``weights`` as floats, one per dataset (values are checked by the core)."""
     if isinstance(weights, np.ndarray):
         if weights.ndim != 1 or weights.dtype.kind not in "fiu":
-            raise TypeError(f"{name} must be a 1-D array of numbers, got {weights.dtype} {weights.shape}")
+            raise TypeError(
+                f"{name} must be a 1-D array of numbers, got {weights.dtype} {weights.shape}"
+            )
         values = tuple(float(w) for w in weights.tolist())
     elif isinstance(weights, Sequence) and not isinstance(weights, (str, bytes)):
         for i, w in enumerate(weights):
@@ -72,11 +79,15 @@ def _weights(weights: object, count: int, name: str = "weights") -> tuple[float,
                 raise TypeError(f"{name}[{i}] must be a number, got {type(w).__name__}")
         values = tuple(float(w) for w in weights)
     else:
-        raise TypeError(f"{name} must be a list or 1-D array of numbers, got {type(weights).__name__}")
+        raise TypeError(
+            f"{name} must be a list or 1-D array of numbers, got {type(weights).__name__}"
+        )
     if not values:
         raise ValueError(f"{name} must not be empty: one weight per dataset ({count} datasets)")
     if len(values) != count:
-        raise ValueError(f"Expected {count} weights, got {len(values)} ({name} needs one per dataset)")
+        raise ValueError(
+            f"Expected {count} weights, got {len(values)} ({name} needs one per dataset)"
+        )
     for i, w in enumerate(values):
         if not (math.isfinite(w) and w >= 0):
             raise ValueError(f"{name}[{i}] must be finite and >= 0, got {w}")
@@ -190,7 +201,11 @@ class MixtureSampler(IndexSampler):
             length = sum(_core.pass_shares(sizes, num_replicas, self.drop_last))
         self.num_samples = length
         digest = hashlib.sha256(np.asarray(sizes, dtype="<u8").tobytes()).hexdigest()[:16]
-        self._sizes_config = {"datasets": len(sizes), "total_size": sum(sizes), "sizes_digest": digest}
+        self._sizes_config = {
+            "datasets": len(sizes),
+            "total_size": sum(sizes),
+            "sizes_digest": digest,
+        }
         self._mixtures: dict[tuple[_Phase, ...], Any] = {}
         self._schedule: tuple[_Entry, ...] = ((0, weights_t, temperature_f),)
         # Changes wait for the next iteration; the phases of the epoch being iterated.
@@ -201,7 +216,9 @@ class MixtureSampler(IndexSampler):
 
     # -- schedule ------------------------------------------------------------------------------
 
-    def _mixture(self, phases: tuple[_Phase, ...], num_replicas: int | None = None, rank: int | None = None) -> Any:
+    def _mixture(
+        self, phases: tuple[_Phase, ...], num_replicas: int | None = None, rank: int | None = None
+    ) -> Any:
         mix = self._mixtures.get(phases)
         if mix is None:
             w = self.num_replicas if num_replicas is None else num_replicas
@@ -218,7 +235,7 @@ class MixtureSampler(IndexSampler):
     def _fresh(self, schedule: tuple[_Entry, ...]) -> tuple[_Phase, ...]:
         """The phases of an epoch that starts under ``schedule``."""
         ends = [s for s, _, _ in schedule[1:]] + [self.num_samples]
-        return tuple((s, end - s, w, t) for (s, w, t), end in zip(schedule, ends))
+        return tuple((s, end - s, w, t) for (s, w, t), end in zip(schedule, ends, strict=True))
 
     def _spliced(self, at: int) -> tuple[_Phase, ...]:
         """The current epoch's phases before ``at``, then the pending schedule from ``at``."""
@@ -229,7 +246,7 @@ class MixtureSampler(IndexSampler):
         current = max(i for i, e in enumerate(entries) if e[0] <= at)
         new = [(at, entries[current][1], entries[current][2])] + [e for e in entries if e[0] > at]
         ends = [s for s, _, _ in new[1:]] + [self.num_samples]
-        return kept + tuple((s, end - s, w, t) for (s, w, t), end in zip(new, ends))
+        return kept + tuple((s, end - s, w, t) for (s, w, t), end in zip(new, ends, strict=True))
 
     def _phases_for(self, start: int) -> tuple[_Phase, ...]:
         """The phases the next iteration, starting at ``start``, uses."""
@@ -249,7 +266,11 @@ class MixtureSampler(IndexSampler):
             raise ValueError("schedule must have at least one phase, the first starting at 0")
         out: list[_Entry] = []
         for i, entry in enumerate(entries):
-            if not isinstance(entry, Sequence) or isinstance(entry, (str, bytes)) or len(entry) not in (2, 3):
+            if (
+                not isinstance(entry, Sequence)
+                or isinstance(entry, (str, bytes))
+                or len(entry) not in (2, 3)
+            ):
                 raise TypeError(
                     f"schedule[{i}] must be (start, weights) or (start, weights, temperature), "
                     f"got {entry!r:.80}"
@@ -289,7 +310,9 @@ class MixtureSampler(IndexSampler):
         self._schedule = self._checked_schedule(schedule)
         self._pending = True
 
-    def update_weights(self, weights: Sequence[float] | npt.NDArray[Any], temperature: float = 1.0) -> None:
+    def update_weights(
+        self, weights: Sequence[float] | npt.NDArray[Any], temperature: float = 1.0
+    ) -> None:
         """Replaces the weights (and temperature) from the next iteration on, as kempnerforge's
         ``update_weights`` does: the same as ``set_schedule([(0, weights, temperature)])``,
         including its mid-epoch rule. Bad weights raise ``ValueError``/``TypeError`` and leave
@@ -321,7 +344,7 @@ class MixtureSampler(IndexSampler):
         self._active = self._mixture(phases)
 
     def __iter__(self) -> Iterator[int]:
-        epoch, at = self._now
+        _, at = self._now
         self._activate(self._next_start(at))
         return super().__iter__()
 
@@ -338,13 +361,17 @@ class MixtureSampler(IndexSampler):
         return arr  # type: ignore[no-any-return]
 
     def _config(self) -> dict[str, Any]:
-        return {
+        config = {
             **self._sizes_config,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
             "seed": self.seed,
-            "num_samples": self.num_samples,
         }
+        # The default length follows num_replicas (a resume on another world size is allowed
+        # at epoch boundaries); a fixed one must match.
+        if self._fixed_length is None:
+            return {**config, "length": "sum of pass shares"}
+        return {**config, "length": "num_samples", "num_samples": self._fixed_length}
 
     def _epoch_length(self, num_replicas: int) -> int:
         if self._fixed_length is not None:
@@ -391,26 +418,34 @@ class MixtureSampler(IndexSampler):
             self._now, self._cache = saved
             raise
         self._schedule, self._pending = schedule, pending
-        epoch, at = self._now
+        _, at = self._now
         if isinstance(at, _Pending) and at.position == 0:
             phases = self._fresh(schedule)
         self._phases = phases
         self._active = self._mixture(phases)
         self._cache = None
 
-    def _checked_extras(self, state: Mapping[str, Any]) -> tuple[tuple[_Entry, ...], bool, tuple[_Phase, ...]]:
+    def _checked_extras(
+        self, state: Mapping[str, Any]
+    ) -> tuple[tuple[_Entry, ...], bool, tuple[_Phase, ...]]:
         for key in ("schedule", "schedule_pending", "phases"):
             if key not in state:
-                raise StateError(f"state is missing key {key!r}; is it a MixtureSampler state_dict()?")
+                raise StateError(
+                    f"state is missing key {key!r}; is it a MixtureSampler state_dict()?"
+                )
         schedule = self._checked_schedule(state["schedule"])
         pending = check_bool("state['schedule_pending']", state["schedule_pending"])
         raw = state["phases"]
         if not isinstance(raw, Sequence) or not raw:
-            raise StateError("state['phases'] must be a non-empty list of [start, length, weights, temperature]")
+            raise StateError(
+                "state['phases'] must be a non-empty list of [start, length, weights, temperature]"
+            )
         phases: list[_Phase] = []
         for i, p in enumerate(raw):
             if not isinstance(p, Sequence) or len(p) != 4:
-                raise StateError(f"state['phases'][{i}] must be [start, length, weights, temperature]")
+                raise StateError(
+                    f"state['phases'][{i}] must be [start, length, weights, temperature]"
+                )
             phases.append(
                 (
                     check_int(f"state['phases'][{i}] start", p[0], 0, MAX_LEN),
@@ -422,5 +457,7 @@ class MixtureSampler(IndexSampler):
         try:
             self._mixture(tuple(phases))
         except ValueError as e:
-            raise StateError(f"state['phases'] is not a valid schedule for this sampler: {e}") from None
+            raise StateError(
+                f"state['phases'] is not a valid schedule for this sampler: {e}"
+            ) from None
         return schedule, pending, tuple(phases)

@@ -1,0 +1,496 @@
+"""MixtureSampler: exact counts, passes, interleave, schedules, resume, state and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from croupier import MixtureSampler, StateError
+from test_robustness import _in_child
+
+
+def _cum(sizes):
+    return [0, *np.cumsum(sizes).tolist()]
+
+
+def _which(cum, idx):
+    """Dataset of each global index."""
+    return np.searchsorted(np.asarray(cum[1:]), np.asarray(idx, dtype=np.int64), side="right")
+
+
+def _largest_remainder(weights, length):
+    """Hamilton's method on exact rationals: the independent reference for temperature 1."""
+    total = sum(Fraction(w) for w in weights)
+    quotas = [Fraction(w) / total * length for w in weights]
+    counts = [math.floor(q) for q in quotas]
+    left = length - sum(counts)
+    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in order[:left]:
+        counts[i] += 1
+    return counts
+
+
+def _shares(sizes, w, drop_last):
+    return [s // w if drop_last else -(-s // w) for s in sizes]
+
+
+# -- counts --------------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 400), min_size=1, max_size=6),
+    raw=st.lists(st.integers(0, 9), min_size=6, max_size=6),
+    w=st.integers(1, 5),
+    drop_last=st.booleans(),
+    num_samples=st.one_of(st.none(), st.integers(0, 700)),
+    seed=st.integers(0, 2**64 - 1),
+)
+def test_exact_counts_on_every_rank(sizes, raw, w, drop_last, num_samples, seed):
+    shares = _shares(sizes, w, drop_last)
+    weights = [float(x) if shares[i] > 0 else 0.0 for i, x in enumerate(raw[: len(sizes)])]
+    if not any(weights):
+        return
+    cum = _cum(sizes)
+    length = sum(shares) if num_samples is None else num_samples
+    want = _largest_remainder([int(x) for x in weights], length)
+    for r in range(w):
+        s = MixtureSampler(
+            cum, weights, w, r, seed=seed, drop_last=drop_last, num_samples=num_samples
+        )
+        assert len(s) == length
+        idx = s.indices()
+        assert len(idx) == length
+        got = np.bincount(_which(cum, idx), minlength=len(sizes)).tolist()
+        assert got == want
+        assert s.counts() == want
+
+
+@pytest.mark.parametrize("temperature", [0.3, 0.5, 2.0, 7.5])
+def test_counts_within_one_of_the_tempered_quota(temperature):
+    sizes = [1000, 3000, 50, 7000, 1]
+    weights = [0.1, 2.0, 5.0, 0.7, 0.0]
+    s = MixtureSampler(_cum(sizes), weights, 1, 0, temperature=temperature, num_samples=9_999)
+    p = np.asarray(weights) ** (1 / temperature)
+    quota = p / p.sum() * len(s)
+    counts = np.bincount(_which(_cum(sizes), s.indices()), minlength=5)
+    assert counts.sum() == len(s)
+    assert np.all(np.abs(counts - quota) < 1)
+    assert counts[4] == 0
+
+
+def test_higher_temperature_flattens():
+    cum = _cum([10_000, 10_000, 10_000])
+    heavy = [
+        MixtureSampler(cum, [1, 3, 9], 1, 0, temperature=t).counts()[2] for t in (0.5, 1, 2, 4, 100)
+    ]
+    assert heavy == sorted(heavy, reverse=True) and heavy[0] > heavy[-1]
+    assert abs(heavy[-1] - 10_000) < 200  # nearly uniform
+
+
+def test_default_length_is_kempnerforges():
+    sizes = [10, 7, 3, 100]
+    for drop_last in (True, False):
+        s = MixtureSampler(_cum(sizes), [0, 1, 0, 1], 4, 1, drop_last=drop_last)
+        assert len(s) == sum(_shares(sizes, 4, drop_last))
+
+
+# -- passes and ranks ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_passes_disjoint_across_ranks_and_never_repeat(drop_last, shuffle):
+    sizes = [997, 60, 4000, 13]
+    weights = [1.0, 6.0, 1.0, 0.5]  # dataset 1 heavily oversampled, 2 undersampled
+    cum, w = _cum(sizes), 3
+    shares = _shares(sizes, w, drop_last)
+    first_pass = [[] for _ in sizes]
+    for r in range(w):
+        s = MixtureSampler(cum, weights, w, r, shuffle=shuffle, drop_last=drop_last, seed=5)
+        idx = s.indices().astype(np.int64)
+        ds = _which(cum, idx)
+        for d in range(len(sizes)):
+            mine = idx[ds == d]
+            assert np.all((mine >= cum[d]) & (mine < cum[d + 1]))
+            passes = [mine[i : i + shares[d]] for i in range(0, len(mine), shares[d])]
+            for k, p in enumerate(passes):
+                assert len(set(p.tolist())) == len(p), f"rank {r} dataset {d} pass {k} repeats"
+            if len(passes) > 1:  # a new pass starts only when the previous is used up
+                assert all(len(p) == shares[d] for p in passes[:-1])
+            first_pass[d].extend(passes[0].tolist())
+    for d in range(len(sizes)):
+        if drop_last:
+            assert len(set(first_pass[d])) == len(first_pass[d]), f"ranks overlap in {d}"
+        else:  # torch's head padding: at most W - 1 repeats, of the pass's head
+            assert len(first_pass[d]) - len(set(first_pass[d])) < w
+
+
+def test_undersampled_dataset_never_repeats_in_the_epoch():
+    cum = _cum([50_000, 50_000])
+    s = MixtureSampler(cum, [1, 9], 2, 0, seed=1)
+    idx = s.indices().astype(np.int64)
+    light = idx[idx < 50_000]
+    assert len(np.unique(light)) == len(light) == s.counts()[0]
+
+
+def test_unshuffled_order_is_kempnerforges():
+    # kempnerforge without shuffle: each dataset's strided share, wrapped, datasets in order.
+    sizes, weights, w, r = [10, 25, 7], [1, 1, 2], 2, 1
+    s = MixtureSampler(_cum(sizes), weights, w, r, shuffle=False)
+    counts = s.counts()
+    want = []
+    for d, n in enumerate(sizes):
+        share = list(range(n))[: n - n % w][r::w]
+        want += [_cum(sizes)[d] + share[i % len(share)] for i in range(counts[d])]
+    assert list(s) == want
+
+
+# -- interleave and determinism ------------------------------------------------------------------
+
+
+def test_interleave_is_uniform_over_arrangements():
+    # Two datasets, 3 + 3 positions: 20 arrangements, equally likely under a uniform
+    # multiset permutation; chi-square over 4000 seeds.
+    cum = _cum([3, 3])
+    freq: dict[tuple[int, ...], int] = {}
+    for seed in range(4000):
+        idx = MixtureSampler(cum, [1, 1], 1, 0, seed=seed).indices()
+        key = tuple(_which(cum, idx).tolist())
+        freq[key] = freq.get(key, 0) + 1
+    assert len(freq) == 20
+    expected = 4000 / 20
+    chi2 = sum((f - expected) ** 2 / expected for f in freq.values())
+    assert chi2 < 50.0  # df 19: p < 1e-4 above this
+
+
+def test_interleave_is_uniform_across_leaves():
+    # Beyond one leaf (2**16 positions) the counts per leaf come from hypergeometric splits:
+    # a rare dataset's positions fall in each leaf in proportion to its size.
+    sizes = [2_000, 400_000]
+    cum = _cum(sizes)
+    length = 3 * 65_536 + 5_000
+    bins = np.zeros(4)
+    for seed in range(60):
+        idx = MixtureSampler(cum, [1, 99], 1, 0, seed=seed, num_samples=length).indices()
+        where = np.flatnonzero(idx < 2_000)
+        bins += np.bincount(where // 65_536, minlength=4)
+    leaf_len = np.array([65_536, 65_536, 65_536, 5_000])
+    expected = bins.sum() * leaf_len / length
+    chi2 = float(((bins - expected) ** 2 / expected).sum())
+    assert chi2 < 21.0  # df 3: p < 1e-4 above this
+
+
+def test_determinism_per_seed_and_epoch():
+    cum = _cum([5_000, 3_000, 2_000])
+    a = MixtureSampler(cum, [1, 2, 3], 2, 1, seed=3)
+    b = MixtureSampler(cum, [1, 2, 3], 2, 1, seed=3)
+    assert np.array_equal(a.indices(), b.indices())
+    b.set_epoch(1)
+    assert not np.array_equal(a.indices(), b.indices())
+    c = MixtureSampler(cum, [1, 2, 3], 2, 1, seed=4)
+    assert not np.array_equal(a.indices(), c.indices())
+    other_rank = MixtureSampler(cum, [1, 2, 3], 2, 0, seed=3).indices()
+    assert not np.array_equal(_which(cum, a.indices()), _which(cum, other_rank))
+
+
+def test_same_indices_for_any_thread_count():
+    code = textwrap.dedent(
+        """
+        import hashlib, croupier
+        s = croupier.MixtureSampler([0, 300_000, 700_000, 700_100], [1, 2, 1], 3, 2, seed=9,
+                                    num_samples=900_000)
+        print(hashlib.sha256(s.indices().tobytes()).hexdigest())
+        """
+    )
+    digests = set()
+    for threads in ("1", "2", "3"):
+        env = {**os.environ, "RAYON_NUM_THREADS": threads}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1
+
+
+def test_value_stability_pins():
+    # Deliberate pins: a change of these is a change of order (a breaking change).
+    s = MixtureSampler([0, 1000, 3000, 3500], [1.0, 2.0, 0.5], 2, 1, seed=7)
+    assert s.indices()[:8].tolist() == PIN_SHUFFLED
+    big = MixtureSampler([0, 10**6, 3 * 10**6], [1, 1], 4, 3, seed=2, num_samples=200_000)
+    assert big.indices()[150_000:150_006].tolist() == PIN_SECOND_LEAVES
+
+
+PIN_SHUFFLED = [1350, 1637, 686, 995, 940, 2163, 2204, 3279]
+PIN_SECOND_LEAVES = [923312, 348058, 251625, 2769827, 699530, 1552227]
+
+
+# -- resume ---------------------------------------------------------------------------------------
+
+
+def test_resume_at_every_position_of_a_small_epoch():
+    cum = _cum([40, 17, 90])
+    s = MixtureSampler(cum, [1, 2, 1], 2, 1, seed=11)
+    whole = list(s)
+    assert len(whole) == len(s)
+    for p in range(len(s) + 1):
+        t = MixtureSampler(cum, [1, 2, 1], 2, 1, seed=11)
+        t.set_skip(p)
+        assert list(t) == whole[p:]
+        u = MixtureSampler(cum, [1, 2, 1], 2, 1, seed=11)
+        u.load_state_dict({**s.state_dict(), "position": p})
+        assert u.indices().tolist() == whole[p:]
+
+
+def test_resume_at_random_positions_of_a_large_epoch():
+    cum = _cum([2_000_000, 500_000, 3, 1_000_000])
+    s = MixtureSampler(cum, [3, 1, 0, 2], 4, 2, seed=5, drop_last=False)
+    whole = s.indices()
+    rng = np.random.default_rng(0)
+    for p in [0, 1, 65_535, 65_536, len(s) - 1, *rng.integers(0, len(s), 12).tolist()]:
+        t = MixtureSampler(cum, [3, 1, 0, 2], 4, 2, seed=5, drop_last=False)
+        t.set_skip(p)
+        it = iter(t)
+        got = [next(it) for _ in range(min(100, len(s) - p))]
+        assert got == whole[p : p + 100].tolist()
+
+
+def test_state_mid_iteration_and_json_roundtrip():
+    cum = _cum([3000, 2000])
+    s = MixtureSampler(cum, [1, 1], 2, 0, seed=1)
+    it = iter(s)
+    head = [next(it) for _ in range(777)]
+    state = json.loads(json.dumps(s.state_dict()))
+    assert state["position"] == 777
+    t = MixtureSampler(cum, [5, 1], 2, 0, seed=1)  # the state's weights win
+    t.load_state_dict(state)
+    assert t.state_dict() == state
+    assert head + list(t) == MixtureSampler(cum, [1, 1], 2, 0, seed=1).indices().tolist()
+
+
+def test_pickling_is_a_checkpoint():
+    cum = _cum([3000, 2000])
+    s = MixtureSampler(cum, [1, 2], 2, 1, seed=1)
+    it = iter(s)
+    [next(it) for _ in range(100)]
+    c = pickle.loads(pickle.dumps(s))
+    assert c.state_dict() == s.state_dict()
+    assert list(c) == list(it)
+
+
+def test_state_of_another_configuration_is_refused_naming_each_difference():
+    cum = _cum([3000, 2000])
+    state = MixtureSampler(cum, [1, 2], 2, 1, seed=1).state_dict()
+    with pytest.raises(StateError, match="seed") as e:
+        MixtureSampler(_cum([3000, 2001]), [1, 2], 2, 1, seed=2).load_state_dict(state)
+    assert "total_size" in str(e.value) and "sizes_digest" in str(e.value)
+    mid = {**state, "position": 5}
+    with pytest.raises(StateError, match="num_replicas"):
+        MixtureSampler(cum, [1, 2], 4, 1, seed=1).load_state_dict(mid)
+    target = MixtureSampler(cum, [1, 2], 2, 1, seed=1)
+    before = target.state_dict()
+    with pytest.raises((StateError, ValueError)):
+        target.load_state_dict({**state, "phases": [[0, 10, [1.0], 1.0]]})
+    assert target.state_dict() == before
+
+
+def test_kempnerforge_state_loads_as_the_start_of_its_epoch():
+    cum = _cum([3000, 2000])
+    s = MixtureSampler(cum, [1, 2], 2, 1, seed=1)
+    s.load_state_dict({"epoch": 3, "seed": 1, "num_replicas": 2, "rank": 1})
+    assert s.epoch == 3 and s.state_dict()["position"] == 0
+    with pytest.raises(StateError, match="seed"):
+        s.load_state_dict({"epoch": 3, "seed": 2, "num_replicas": 2, "rank": 1})
+
+
+# -- schedules ------------------------------------------------------------------------------------
+
+
+def test_update_weights_takes_effect_at_the_next_iteration():
+    cum = _cum([6000, 6000])
+    s = MixtureSampler(cum, [1, 1], 1, 0, seed=2)
+    it = iter(s)
+    first = [next(it) for _ in range(10)]
+    s.update_weights([1, 3])
+    rest = list(it)  # the running iteration keeps its weights
+    counts = np.bincount(_which(cum, first + rest), minlength=2).tolist()
+    assert counts == [6000, 6000]
+    assert np.bincount(_which(cum, list(s)), minlength=2).tolist() == [3000, 9000]
+    assert s.state_dict()["schedule"] == [[0, [1.0, 3.0], 1.0]]
+
+
+def test_refused_update_leaves_the_weights_in_force():
+    cum = _cum([600, 600])
+    s = MixtureSampler(cum, [1, 3], 1, 0, seed=2)
+    before = s.indices().tolist()
+    for bad in ([1], [], [-1, 1], [0, 0], [float("nan"), 1], [float("inf"), 1]):
+        with pytest.raises(ValueError, match="weights"):
+            s.update_weights(bad)
+    with pytest.raises(ValueError, match="temperature"):
+        s.update_weights([1, 1], temperature=0)
+    with pytest.raises(TypeError):
+        s.update_weights(["a", 1])
+    assert s.indices().tolist() == before
+    assert s.schedule == [(0, [1.0, 3.0], 1.0)]
+
+
+def test_schedule_phases_have_exact_counts_and_streams_continue():
+    sizes = [9000, 9000, 9000]
+    cum = _cum(sizes)
+    s = MixtureSampler(cum, [1, 1, 1], 1, 0, seed=3)
+    s.set_schedule([(0, [1, 0, 1]), (4000, [0, 1, 1]), (15_000, [5, 1, 0], 2.0)])
+    idx = np.asarray(list(s), dtype=np.int64)
+    ds = _which(cum, idx)
+    assert np.bincount(ds[:4000], minlength=3).tolist() == _largest_remainder([1, 0, 1], 4000)
+    assert np.bincount(ds[4000:15000], minlength=3).tolist() == _largest_remainder([0, 1, 1], 11000)
+    p = np.array([5, 1, 0]) ** 0.5
+    tail = np.bincount(ds[15000:], minlength=3)
+    assert np.all(np.abs(tail - p / p.sum() * 12000) < 1)
+    for d in range(3):  # each dataset's stream runs on: no repeat before a pass ends
+        mine = idx[ds == d]
+        for i in range(0, len(mine), 9000):
+            assert len(np.unique(mine[i : i + 9000])) == len(mine[i : i + 9000])
+
+
+def test_mid_epoch_change_keeps_the_past_and_loses_nothing():
+    cum = _cum([20_000, 20_000])
+    s = MixtureSampler(cum, [1, 1], 1, 0, seed=4, num_samples=30_000)
+    it = iter(s)
+    head = [next(it) for _ in range(10_000)]
+    state = s.state_dict()
+    r = MixtureSampler(cum, [1, 1], 1, 0, seed=4, num_samples=30_000)
+    r.load_state_dict(state)
+    r.update_weights([0, 1])  # from position 10_000 on, dataset 1 only
+    rest = list(r)
+    assert len(rest) == 20_000
+    assert np.all(_which(cum, rest) == 1)
+    light = [i for i in head + rest if i >= 20_000]
+    first_pass = light[:20_000]
+    assert len(set(first_pass)) == len(first_pass)  # one pass of dataset 1, nothing repeated
+    # and the spliced schedule is in the state: a resume from inside it continues exactly
+    r2 = MixtureSampler(cum, [1, 1], 1, 0, seed=4, num_samples=30_000)
+    r2.load_state_dict(state)
+    r2.update_weights([0, 1])
+    it2 = iter(r2)
+    [next(it2) for _ in range(5_000)]
+    r3 = MixtureSampler(cum, [1, 1], 1, 0, seed=4, num_samples=30_000)
+    r3.load_state_dict(json.loads(json.dumps(r2.state_dict())))
+    assert list(r3) == rest[5_000:]
+    # the next epoch starts under the new weights
+    r3.set_epoch(1)
+    assert np.all(_which(cum, r3.indices()) == 1)
+
+
+def test_bad_schedules_are_refused():
+    s = MixtureSampler(_cum([100, 100]), [1, 1], 1, 0)
+    for bad, err in [
+        ([], ValueError),
+        ([(5, [1, 1])], ValueError),
+        ([(0, [1, 1]), (0, [1, 1])], ValueError),
+        ([(0, [1, 1]), (200, [1, 1])], ValueError),
+        ([(0, [1, 1, 1])], ValueError),
+        ([(0, [1, 1], -1.0)], ValueError),
+        ("0", TypeError),
+        ([(0,)], TypeError),
+        ([(0.5, [1, 1])], TypeError),
+    ]:
+        with pytest.raises(err):
+            s.set_schedule(bad)
+    assert s.schedule == [(0, [1.0, 1.0], 1.0)]
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"weights": []}, ValueError, "weights"),
+        ({"weights": [1.0]}, ValueError, "weights"),
+        ({"weights": [1.0, -1.0]}, ValueError, r"weights\[1\]"),
+        ({"weights": [1.0, float("nan")]}, ValueError, r"weights\[1\]"),
+        ({"weights": [float("inf"), 1.0]}, ValueError, r"weights\[0\]"),
+        ({"weights": [0, 0]}, ValueError, "zero"),
+        ({"weights": "ab"}, TypeError, "weights"),
+        ({"weights": [1, None]}, TypeError, r"weights\[1\]"),
+        ({"temperature": 0.0}, ValueError, "temperature"),
+        ({"temperature": -1.0}, ValueError, "temperature"),
+        ({"temperature": float("inf")}, ValueError, "temperature"),
+        ({"temperature": "1"}, TypeError, "temperature"),
+        ({"cumulative_sizes": [1, 10, 20]}, ValueError, "start at 0"),
+        ({"cumulative_sizes": [0, 10, 5]}, ValueError, "non-decreasing"),
+        ({"cumulative_sizes": [0]}, ValueError, "at least 2"),
+        ({"cumulative_sizes": [0, 1.5, 3]}, TypeError, "cumulative_sizes"),
+        ({"cumulative_sizes": np.array([0.0, 1.0, 2.0])}, TypeError, "cumulative_sizes"),
+        ({"cumulative_sizes": [0, 10, 10]}, ValueError, "dataset 1"),
+        ({"num_samples": -1}, ValueError, "num_samples"),
+        ({"num_samples": 1.0}, TypeError, "num_samples"),
+        ({"num_replicas": 4, "rank": 4}, ValueError, "rank"),
+        ({"seed": -1}, ValueError, "seed"),
+        ({"shuffle": "yes"}, TypeError, "shuffle"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_argument(kwargs, exc, match):
+    args = {"cumulative_sizes": [0, 10, 20], "weights": [1.0, 1.0], **kwargs}
+    with pytest.raises(exc, match=match):
+        MixtureSampler(**args)
+
+
+def test_dataset_smaller_than_the_world_needs_weight_zero_with_drop_last():
+    cum = _cum([100, 3])
+    with pytest.raises(ValueError, match="dataset 1"):
+        MixtureSampler(cum, [1, 1], 4, 0, drop_last=True)
+    assert len(MixtureSampler(cum, [1, 0], 4, 0, drop_last=True)) == 25
+    s = MixtureSampler(cum, [1, 1], 4, 3, drop_last=False)  # padded: one per pass per rank
+    assert np.bincount(_which(cum, s.indices()), minlength=2).tolist() == s.counts()
+
+
+def test_configuration_is_read_only():
+    s = MixtureSampler(_cum([10, 10]), [1, 1], 1, 0)
+    with pytest.raises(AttributeError):
+        s.seed = 3
+
+
+# -- scale and element types ---------------------------------------------------------------------
+
+
+def test_many_datasets():
+    sizes = np.random.default_rng(0).integers(1, 50, 100_000)
+    cum = np.concatenate([[0], np.cumsum(sizes)])
+    weights = np.ones(len(sizes))
+    s = MixtureSampler(cum, weights, 2, 1, drop_last=False, num_samples=300_000)
+    idx = s.indices()
+    counts = np.bincount(_which(cum.tolist(), idx), minlength=len(sizes))
+    assert counts.sum() == 300_000 and counts.max() - counts.min() <= 1
+
+
+def test_uint32_while_the_total_fits_then_int64():
+    small = MixtureSampler([0, 2**31, 2**32], [1, 1], 8, 0, num_samples=1000)
+    assert small.indices().dtype == np.uint32
+    big = MixtureSampler([0, 2**32, 2**32 + 100], [1, 1], 8, 7, num_samples=1000)
+    idx = big.indices()
+    assert idx.dtype == np.int64
+    ds = _which([0, 2**32, 2**32 + 100], idx)
+    assert np.bincount(ds).tolist() == [500, 500]
+    assert idx[ds == 1].min() >= 2**32
+
+
+def test_forked_child_gives_the_same_indices():
+    if not hasattr(os, "fork"):
+        pytest.skip("needs os.fork")
+    cum = _cum([300_000, 200_000])
+    s = MixtureSampler(cum, [1, 2], 2, 1, seed=1)
+    want = s.indices().astype(np.int64)
+    got = _in_child(lambda: MixtureSampler(cum, [1, 2], 2, 1, seed=1).indices())
+    assert np.array_equal(got, want)
