@@ -355,21 +355,24 @@ impl Deal {
 /// temperature)`.
 type PhaseArgs = (u64, u64, Vec<f64>, f64);
 
+/// A mixture's constructor arguments, kept for pickling.
+type MixtureArgs = (
+    Vec<u64>,
+    u64,
+    u64,
+    bool,
+    bool,
+    u64,
+    Option<u64>,
+    Vec<PhaseArgs>,
+);
+
 /// A weighted mixture of datasets on one rank (`croupier_core::Mixture`): phases of exact
 /// per-dataset counts, a uniform interleave, per-dataset pass streams.
 #[pyclass(module = "croupier._core", frozen)]
 struct Mixture {
     mixture: croupier_core::Mixture,
-    args: (
-        Vec<u64>,
-        u64,
-        u64,
-        bool,
-        bool,
-        u64,
-        Option<u64>,
-        Vec<PhaseArgs>,
-    ),
+    args: MixtureArgs,
 }
 
 #[pymethods]
@@ -491,19 +494,7 @@ impl Mixture {
             .min(self.mixture.len())
     }
 
-    #[allow(clippy::type_complexity)]
-    fn __getnewargs__(
-        &self,
-    ) -> (
-        Vec<u64>,
-        u64,
-        u64,
-        bool,
-        bool,
-        u64,
-        Option<u64>,
-        Vec<PhaseArgs>,
-    ) {
+    fn __getnewargs__(&self) -> MixtureArgs {
         self.args.clone()
     }
 
