@@ -6,13 +6,13 @@
 //! An epoch of `L` positions (per rank) is cut into phases at given starts. Phase `φ` has a
 //! nominal length `m_φ` and weights; its counts `c_{d,φ}` are the largest-remainder rounding
 //! of `p_{d,φ} m_φ` ([`crate::mix::counts`]) and its order is the interleave of
-//! [`crate::mix::interleave`] (with shuffling) or the datasets one after another in dataset
+//! `mix::interleave` (with shuffling) or the datasets one after another in dataset
 //! order (without). A phase ends where the next one starts; when that is before its nominal
 //! end (a schedule changed mid-phase) it is the prefix of its nominal order.
 //!
 //! Position `t` drawn from dataset `d` yields `offset_d + s_d[j]`, where `j` counts `d`'s
 //! earlier positions in the epoch, across phases, and `s_d` is `d`'s stream on this rank: its
-//! share of pass 0, then of pass 1, … ([`crate::mix::passes`]). So a dataset's stream never
+//! share of pass 0, then of pass 1, … (`mix::passes`). So a dataset's stream never
 //! restarts at a phase boundary, and no sample repeats before its pass is used up.
 //!
 //! # Computing a range
