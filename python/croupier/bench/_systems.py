@@ -1,7 +1,8 @@
 """What ``croupier bench`` compares: each system, what it measures and how much memory it needs.
 
-Two families. *Sampler* systems produce one rank's epoch of a ``DistributedSampler`` (time to
-the first index, to the whole epoch, to the first index after resuming at mid-epoch).
+Two families. *Sampler* systems produce one rank's epoch of a ``DistributedSampler`` or, for the
+mixture systems, of a 100-dataset ``MixtureSampler`` over the same N (time to the first index,
+to the whole epoch, to the first index after resuming at mid-epoch).
 *Permutation* systems produce a full permutation of ``[0, N)`` (time to the whole of it).
 """
 
@@ -75,6 +76,23 @@ SYSTEMS: tuple[System, ...] = (
         bytes_per_index=4.5,
         baseline_for="torch-sampler",
         same_output=True,
+    ),
+    System(
+        "croupier-mixture",
+        "sampler",
+        "croupier.MixtureSampler (100 datasets)",
+        ("croupier",),
+        bytes_per_index=12,
+        per_rank=True,
+    ),
+    System(
+        "kempnerforge-mixture",
+        "sampler",
+        "kempnerforge-style MixtureSampler (100 datasets)",
+        ("torch",),
+        # every dataset's randperm as a list, the rank's lists, the reshuffled list
+        bytes_per_index=64,
+        baseline_for="croupier-mixture",
     ),
     System(
         "croupier-permutation",

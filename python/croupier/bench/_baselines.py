@@ -1,0 +1,86 @@
+"""Baselines that are not installable packages: the algorithms other systems document,
+implemented here from their documentation (no code copied), so that ``croupier bench`` measures
+what users run today against croupier in one process run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+__all__ = ["MIXTURE_DATASETS", "KempnerforgeStyleMixture", "mixture_args"]
+
+#: Datasets of the benchmark mixture: N split into this many equal datasets.
+MIXTURE_DATASETS = 100
+
+
+def mixture_args(n: int) -> tuple[list[int], list[float]]:
+    """The benchmark mixture over ``n`` samples: cumulative sizes of 100 near-equal datasets and
+    fixed unequal weights (1 to 100), so some datasets are oversampled and most undersampled."""
+    base, extra = divmod(n, MIXTURE_DATASETS)
+    sizes = [base + (i < extra) for i in range(MIXTURE_DATASETS)]
+    cum = [0]
+    for s in sizes:
+        cum.append(cum[-1] + s)
+    return cum, [float(1 + i) for i in range(MIXTURE_DATASETS)]
+
+
+class KempnerforgeStyleMixture:
+    """kempnerforge's ``MixtureSampler`` algorithm as its documentation and docstrings describe
+    it: every epoch, each rank shuffles every dataset with ``torch.randperm`` (one generator
+    seeded with ``seed + epoch``), takes its strided share as a Python list, draws its target
+    count from it (wrapping around to oversample), concatenates all datasets and reshuffles the
+    whole list with one more ``randperm``; targets are ``round(p_i * total)`` fixed up to the
+    total; resuming skips positions of the rebuilt list (``set_skip``)."""
+
+    def __init__(
+        self,
+        cumulative_sizes: list[int],
+        weights: list[float],
+        num_replicas: int,
+        rank: int,
+        seed: int,
+    ) -> None:
+        n = len(cumulative_sizes) - 1
+        self.sizes = [cumulative_sizes[i + 1] - cumulative_sizes[i] for i in range(n)]
+        self.offsets = list(cumulative_sizes[:n])
+        total_w = sum(weights)
+        self.probs = [w / total_w for w in weights]
+        self.num_replicas, self.rank, self.seed = num_replicas, rank, seed
+        per_rank = sum(s // num_replicas for s in self.sizes)
+        self.targets = [round(p * per_rank) for p in self.probs]
+        diff = per_rank - sum(self.targets)
+        order = sorted(range(n), key=lambda i: -self.probs[i])
+        for i in range(abs(diff)):
+            self.targets[order[i % n]] += 1 if diff > 0 else -1
+        self.epoch = 0
+        self.skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def set_skip(self, skip: int) -> None:
+        self.skip = skip
+
+    def __len__(self) -> int:
+        return sum(self.targets)
+
+    def __iter__(self) -> Iterator[int]:
+        import torch
+
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        result: list[int] = []
+        w, r = self.num_replicas, self.rank
+        for size, offset, target in zip(self.sizes, self.offsets, self.targets, strict=True):
+            if target <= 0 or size == 0:
+                continue
+            order = torch.randperm(size, generator=g).tolist()
+            share = order[: size - size % w][r::w]
+            if not share:
+                continue
+            reps = math.ceil(target / len(share))
+            drawn = (share * reps)[:target]
+            result.extend(i + offset for i in drawn)
+        perm = torch.randperm(len(result), generator=g).tolist()
+        result = [result[p] for p in perm]
+        skip, self.skip = self.skip, 0
+        return iter(result[skip:])
