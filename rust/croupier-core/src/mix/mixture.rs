@@ -34,7 +34,7 @@ use rayon::prelude::*;
 
 /// A first call from any position reads this many positions: one leaf walk and at most this
 /// many datasets' first blocks (or random-access reads mid-pass).
-pub const MIX_FIRST_STOP: u64 = 16;
+pub const MIX_FIRST_STOP: u64 = 4;
 
 /// One phase as given: where it starts in the epoch, its nominal length, its weights (one
 /// per dataset) and temperature.
