@@ -6,7 +6,8 @@
 //! for the `L - Σ⌊p_j L⌋` datasets with the largest remainders `p_i L - ⌊p_i L⌋` (ties to the
 //! lower index): Hamilton's method, so `|c_i - p_i L| < 1` and `Σ c_i = L`.
 //!
-//! Everything is IEEE-754 `f64` arithmetic in a fixed order, and the power is the `libm`
+//! Whole-number weights at temperature 1 are rounded on exact integers ([`phase_counts`]);
+//! otherwise everything is IEEE-754 `f64` arithmetic in a fixed order, and the power is the `libm`
 //! crate's (a port of musl's, the same bits on every platform), so the counts, which decide
 //! the order, never depend on the platform's maths library.
 
@@ -113,6 +114,43 @@ pub fn largest_remainder(probs: &[f64], length: u64) -> Vec<u64> {
     counts
 }
 
+/// The counts of a phase of `length` positions: [`largest_remainder`] of the
+/// [`probabilities`], computed on exact integers when every weight is a whole number below
+/// `2**53` and `temperature == 1` (so ties between equal remainders, common with small integer
+/// weights, go to the lower index as in exact arithmetic, not to rounding noise).
+pub fn phase_counts(
+    weights: &[f64],
+    temperature: f64,
+    length: u64,
+    what: &'static str,
+) -> Result<Vec<u64>> {
+    let probs = probabilities(weights, temperature, what)?;
+    let integral = weights
+        .iter()
+        .all(|&w| w.fract() == 0.0 && w < (1u64 << 53) as f64);
+    if temperature != 1.0 || !integral {
+        return Ok(largest_remainder(&probs, length));
+    }
+    let w: Vec<u128> = weights.iter().map(|&x| x as u128).collect();
+    let total: u128 = w.iter().sum();
+    let mut counts: Vec<u64> = Vec::with_capacity(w.len());
+    let mut rems: Vec<u128> = Vec::with_capacity(w.len());
+    for &wi in &w {
+        // wi < 2**53 and length < 2**64: the product fits in 128 bits.
+        let q = wi * u128::from(length);
+        counts.push((q / total) as u64);
+        rems.push(q % total);
+    }
+    let deficit = length - counts.iter().sum::<u64>();
+    let mut order: Vec<usize> = (0..w.len()).filter(|&i| w[i] > 0).collect();
+    order.sort_by(|&a, &b| rems[b].cmp(&rems[a]).then(a.cmp(&b)));
+    // The deficit is below the number of positive weights (each remainder is below 1).
+    for &i in order.iter().take(deficit as usize) {
+        counts[i] += 1;
+    }
+    Ok(counts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,6 +174,22 @@ mod tests {
         // goes to the lower index.
         let c = largest_remainder(&[0.25, 0.35, 0.4], 10);
         assert_eq!(c, vec![3, 3, 4]);
+    }
+
+    #[test]
+    fn integer_weights_round_exactly() {
+        // 3 * (2, 2, 5) / 9 = (0.667, 0.667, 1.667): in f64 the last remainder comes out a hair
+        // larger; exactly, the three tie and the lower indices win.
+        assert_eq!(
+            phase_counts(&[0.0, 2.0, 2.0, 5.0], 1.0, 3, "weights").unwrap(),
+            vec![0, 1, 1, 1]
+        );
+        assert_eq!(
+            largest_remainder(&probabilities(&[0.0, 2.0, 2.0, 5.0], 1.0, "w").unwrap(), 3),
+            vec![0, 1, 0, 2]
+        );
+        let c = phase_counts(&[1.0, 3.0, 7.0], 1.0, 1 << 40, "weights").unwrap();
+        assert_eq!(c.iter().sum::<u64>(), 1 << 40);
     }
 
     #[test]

@@ -27,7 +27,7 @@
 
 use crate::error::{Error, Result};
 use crate::index::{index_bytes, try_with_capacity_huge, Index, Indices, MAX_LEN, U32_MAX_LEN};
-use crate::mix::counts::{largest_remainder, probabilities};
+use crate::mix::counts::{phase_counts, probabilities};
 use crate::mix::interleave::{Counts, Interleave};
 use crate::mix::passes::Passes;
 use rayon::prelude::*;
@@ -225,7 +225,7 @@ impl Mixture {
             out.push(Phase {
                 start: spec.start,
                 end,
-                counts: largest_remainder(&probs, spec.length),
+                counts: phase_counts(&spec.weights, spec.temperature, spec.length, "weights")?,
             });
         }
         Ok(out)

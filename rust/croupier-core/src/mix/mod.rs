@@ -11,5 +11,5 @@ pub(crate) mod interleave;
 pub mod mixture;
 pub(crate) mod passes;
 
-pub use counts::{largest_remainder, probabilities};
+pub use counts::{largest_remainder, phase_counts, probabilities};
 pub use mixture::{pass_shares, Mixture, PhaseSpec, MIX_FIRST_STOP};
