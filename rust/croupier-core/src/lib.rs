@@ -39,6 +39,7 @@
 //! Folders depend on the root; `deal` also uses `shuffle` (Fisher–Yates, torch's `randperm`,
 //! the keyed generators of the parallel permutation); `shuffle` uses nothing in `deal`.
 
+pub mod bucket;
 pub mod deal;
 mod error;
 mod index;

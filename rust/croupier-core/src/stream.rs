@@ -55,6 +55,11 @@ pub(crate) enum Purpose {
     MixPass = u64::from_le_bytes(*b"mixpass\0"),
     /// The interleave of a mixture phase: the base of its node keys (`mix::interleave`).
     MixInterleave = u64::from_le_bytes(*b"mixleave"),
+    /// The seed of the order of an epoch's batches across buckets (`bucket`); only its first
+    /// word is used.
+    BucketOrder = u64::from_le_bytes(*b"bkorder\0"),
+    /// The seed of one bucket's shuffle in an epoch (`bucket`); only its first word is used.
+    BucketShuffle = u64::from_le_bytes(*b"bkshuffl"),
 }
 
 /// A deterministic random stream; see the module documentation for its derivation.

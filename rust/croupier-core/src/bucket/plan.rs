@@ -1,0 +1,466 @@
+//! A rank's batches of an epoch: samples grouped into length buckets, shuffled inside their
+//! bucket, cut into batches, the batches ordered and dealt to the ranks.
+//!
+//! # The order
+//!
+//! - **Buckets** (fixed at construction): sample `i` is in bucket `j` when
+//!   `b_j <= lengths[i] < b_{j+1}` for the boundaries `b` (`b_0 = 0`, the last bucket open);
+//!   with a token budget, samples longer than the budget form one more bucket of their own
+//!   (each served alone). A bucket's members are kept in index order.
+//! - **Batch sizes** (fixed at construction): without a budget every batch of a bucket holds
+//!   `batch_size`; with `max_tokens` bucket `j` holds `max_tokens / L_j` (rounded down, `L_j`
+//!   its longest sample), at most `batch_size`, rounded down to a multiple of `multiple` when
+//!   that leaves at least one multiple. So `len(batch) * max(lengths) <= max_tokens` for every
+//!   batch, whatever the shuffle. A bucket of `n_j` members has `⌈n_j / s_j⌉` batches, its last
+//!   one possibly short.
+//! - **Shuffle** (per epoch): bucket `j`'s members are permuted by the `order="fast"`
+//!   permutation of `n_j` (one rank) under the seed `Stream(seed, epoch, BucketShuffle, j)`;
+//!   batch `i` of the bucket is positions `[i s_j, (i + 1) s_j)` of it. Without shuffling the
+//!   members stay in index order.
+//! - **Batch order**: the `B` batches are numbered bucket by bucket; the epoch's order of them
+//!   is a `DistributedSampler` epoch over `B` "samples" (`order="fast"`, seed
+//!   `Stream(seed, epoch, BucketOrder, 0)`), or `0..B` in bucket order: rank `r` takes
+//!   positions `r, r + W, …`, `drop_last` cuts `B` to a multiple of `W` and otherwise the
+//!   first batches are repeated, so every rank has the same number of batches.
+//!
+//! Batch sizes and counts are arithmetic, so any batch is found in `O(log K)` and read by
+//! random access into its bucket's permutation: a resume costs a few milliseconds at any
+//! position. A whole epoch computes the permutation of every bucket holding one of its
+//! batches, one bucket at a time.
+
+use crate::deal::layout::Layout;
+use crate::deal::rank::{rank_range, Order};
+use crate::error::{Error, Result};
+use crate::index::{try_with_capacity, Index, Indices, U32_MAX_LEN};
+use crate::stream::{Purpose, Stream};
+
+/// Batches read one at a time by random access (a resume's first batches) up to this many.
+const RANDOM_ACCESS_BATCHES: u64 = 4;
+/// Positions per random-access read of a bucket's permutation.
+const READ: u64 = 64;
+
+/// How batches are filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// At most this many samples per batch.
+    pub batch_size: Option<u64>,
+    /// At most this many padded tokens (`len(batch) * max(lengths)`) per batch.
+    pub max_tokens: Option<u64>,
+    /// Batch sizes are rounded down to a multiple of this (when at least one multiple fits).
+    pub multiple: u64,
+    /// Samples longer than `max_tokens`: served alone (`true`) or refused (`false`).
+    pub oversized_alone: bool,
+}
+
+/// The grouping of a dataset's samples into buckets and batch sizes.
+#[derive(Debug, Clone)]
+pub struct BucketPlan {
+    n: u64,
+    /// Members of every bucket, bucket after bucket, each in index order.
+    members: Vec<u64>,
+    /// Where each bucket's members start in `members` (`buckets + 1` entries).
+    starts: Vec<u64>,
+    /// Batch size of each bucket.
+    sizes: Vec<u64>,
+    /// Batches before each bucket (`buckets + 1` entries).
+    batch_starts: Vec<u64>,
+    /// Longest sample of each bucket.
+    longest: Vec<u64>,
+}
+
+impl BucketPlan {
+    /// Buckets `lengths` by `boundaries` (strictly increasing) and sizes their batches.
+    pub fn new(lengths: &[u64], boundaries: &[u64], limits: Limits) -> Result<Self> {
+        if lengths.is_empty() {
+            return Err(Error::out_of_range(
+                "lengths",
+                "a non-empty array",
+                "an empty one",
+            ));
+        }
+        if boundaries.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(Error::out_of_range(
+                "buckets",
+                "strictly increasing boundaries",
+                format!("{boundaries:?}"),
+            ));
+        }
+        if limits.batch_size.is_none() && limits.max_tokens.is_none() {
+            return Err(Error::out_of_range(
+                "batch_size, max_tokens",
+                "at least one of them given",
+                "neither",
+            ));
+        }
+        if limits.batch_size == Some(0) || limits.max_tokens == Some(0) || limits.multiple == 0 {
+            return Err(Error::out_of_range(
+                "batch_size, max_tokens, batch_size_multiple",
+                ">= 1",
+                0,
+            ));
+        }
+        let regular = boundaries.len() + 1;
+        let bucket_of = |len: u64| -> usize {
+            match limits.max_tokens {
+                Some(t) if len > t => regular,
+                _ => boundaries.partition_point(|&b| b <= len),
+            }
+        };
+        // Counting sort by bucket, stable: members in index order.
+        let mut counts = vec![0u64; regular + 1];
+        let mut longest = vec![0u64; regular + 1];
+        for &len in lengths {
+            let j = bucket_of(len);
+            counts[j] += 1;
+            longest[j] = longest[j].max(len);
+        }
+        if counts[regular] > 0 && !limits.oversized_alone {
+            let first = lengths
+                .iter()
+                .position(|&l| Some(l) > limits.max_tokens)
+                .unwrap_or(0);
+            return Err(Error::out_of_range(
+                "lengths",
+                format!(
+                    "at most max_tokens = {} with oversized='error'",
+                    limits.max_tokens.unwrap_or(0)
+                ),
+                format!(
+                    "{} longer samples, the first at index {first} ({})",
+                    counts[regular], lengths[first]
+                ),
+            ));
+        }
+        let mut starts = Vec::with_capacity(regular + 2);
+        let mut acc = 0u64;
+        for &c in &counts {
+            starts.push(acc);
+            acc += c;
+        }
+        starts.push(acc);
+        let mut members = try_with_capacity::<u64>("the buckets' members", acc)?;
+        members.resize(acc as usize, 0);
+        let mut at: Vec<u64> = starts[..regular + 1].to_vec();
+        for (i, &len) in lengths.iter().enumerate() {
+            let j = bucket_of(len);
+            members[at[j] as usize] = i as u64;
+            at[j] += 1;
+        }
+        let sizes: Vec<u64> = (0..=regular)
+            .map(|j| {
+                if j == regular {
+                    return 1;
+                }
+                let mut s = limits.batch_size.unwrap_or(u64::MAX);
+                if let Some(t) = limits.max_tokens {
+                    s = s.min(t / longest[j].max(1));
+                }
+                if s >= limits.multiple {
+                    s -= s % limits.multiple;
+                }
+                s.max(1)
+            })
+            .collect();
+        let mut batch_starts = Vec::with_capacity(regular + 2);
+        let mut b = 0u64;
+        for j in 0..=regular {
+            batch_starts.push(b);
+            b += counts[j].div_ceil(sizes[j]);
+        }
+        batch_starts.push(b);
+        Ok(BucketPlan {
+            n: lengths.len() as u64,
+            members,
+            starts,
+            sizes,
+            batch_starts,
+            longest,
+        })
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> u64 {
+        self.n
+    }
+
+    /// Whether there are no samples (never: construction refuses it).
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Batches in an epoch, over all ranks, before padding or cutting.
+    pub fn batches(&self) -> u64 {
+        *self.batch_starts.last().expect("at least one bucket")
+    }
+
+    /// Per bucket: `(members, batch size, batches, longest sample)`; the last bucket holds the
+    /// samples longer than `max_tokens`.
+    pub fn buckets(&self) -> Vec<(u64, u64, u64, u64)> {
+        (0..self.sizes.len())
+            .map(|j| {
+                (
+                    self.starts[j + 1] - self.starts[j],
+                    self.sizes[j],
+                    self.batch_starts[j + 1] - self.batch_starts[j],
+                    self.longest[j],
+                )
+            })
+            .collect()
+    }
+
+    fn locate(&self, batch: u64) -> (usize, u64) {
+        let j = self.batch_starts.partition_point(|&s| s <= batch) - 1;
+        (j, batch - self.batch_starts[j])
+    }
+
+    /// Positions `[a, b)` of bucket `j`'s order in `epoch`, as sample indices.
+    fn bucket_range<T: Index>(
+        &self,
+        j: usize,
+        (seed, epoch, shuffle): (u64, u64, bool),
+        (a, b): (u64, u64),
+        out: &mut Vec<T>,
+    ) -> Result<()> {
+        let base = self.starts[j];
+        if !shuffle {
+            out.extend((a..b).map(|p| T::from_u64(self.members[(base + p) as usize])));
+            return Ok(());
+        }
+        let n = self.starts[j + 1] - base;
+        let layout = Layout::new(n, 1, false)?;
+        let key = Stream::new(seed, epoch, Purpose::BucketShuffle, j as u64).next_u64();
+        let member = |p: u64| T::from_u64(self.members[(base + p) as usize]);
+        match rank_range(&layout, 0, true, Order::Fast, key, 0, a, b)? {
+            Indices::U32(v) => out.extend(v.into_iter().map(|p| member(u64::from(p)))),
+            Indices::U64(v) => out.extend(v.into_iter().map(member)),
+        }
+        Ok(())
+    }
+
+    /// The batch ids rank `rank` of `w` receives at its positions `[start, stop)`.
+    fn batch_ids(
+        &self,
+        w: u64,
+        rank: u64,
+        drop_last: bool,
+        (seed, epoch, shuffle): (u64, u64, bool),
+        (start, stop): (u64, u64),
+    ) -> Result<Vec<u64>> {
+        let layout = Layout::new(self.batches(), w, drop_last)?;
+        let key = Stream::new(seed, epoch, Purpose::BucketOrder, 0).next_u64();
+        Ok(
+            match rank_range(&layout, rank, shuffle, Order::Fast, key, 0, start, stop)? {
+                Indices::U32(v) => v.into_iter().map(u64::from).collect(),
+                Indices::U64(v) => v,
+            },
+        )
+    }
+
+    /// Batches per rank with `w` ranks.
+    pub fn rank_batches(&self, w: u64, drop_last: bool) -> Result<u64> {
+        Ok(Layout::new(self.batches(), w, drop_last)?.num_samples())
+    }
+
+    /// Rank `rank`'s batches `[start, stop)` of `epoch`: the indices, batch after batch, and
+    /// where each batch starts in them (`stop - start + 1` offsets).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rank_batches_range(
+        &self,
+        w: u64,
+        rank: u64,
+        drop_last: bool,
+        (seed, epoch): (u64, u64),
+        (shuffle, shuffle_batches): (bool, bool),
+        (start, stop): (u64, u64),
+    ) -> Result<(Indices, Vec<u64>)> {
+        let ids = self.batch_ids(
+            w,
+            rank,
+            drop_last,
+            (seed, epoch, shuffle && shuffle_batches),
+            (start, stop),
+        )?;
+        Ok(if self.n <= U32_MAX_LEN {
+            let (flat, offsets) = self.fill::<u32>(&ids, (seed, epoch, shuffle))?;
+            (Indices::U32(flat), offsets)
+        } else {
+            let (flat, offsets) = self.fill::<u64>(&ids, (seed, epoch, shuffle))?;
+            (Indices::U64(flat), offsets)
+        })
+    }
+
+    fn batch_len(&self, j: usize, i: u64) -> u64 {
+        let n = self.starts[j + 1] - self.starts[j];
+        self.sizes[j].min(n - i * self.sizes[j])
+    }
+
+    fn fill<T: Index>(&self, ids: &[u64], keys: (u64, u64, bool)) -> Result<(Vec<T>, Vec<u64>)> {
+        let located: Vec<(usize, u64)> = ids.iter().map(|&b| self.locate(b)).collect();
+        let mut offsets = Vec::with_capacity(ids.len() + 1);
+        let mut total = 0u64;
+        offsets.push(0);
+        for &(j, i) in &located {
+            total += self.batch_len(j, i);
+            offsets.push(total);
+        }
+        let mut flat = try_with_capacity::<T>("a rank's batches", total)?;
+        if ids.len() as u64 <= RANDOM_ACCESS_BATCHES || !keys.2 {
+            for &(j, i) in &located {
+                let a = i * self.sizes[j];
+                let b = a + self.batch_len(j, i);
+                let mut p = a;
+                while p < b {
+                    let q = (p + READ).min(b);
+                    self.bucket_range(j, keys, (p, q), &mut flat)?;
+                    p = q;
+                }
+            }
+            return Ok((flat, offsets));
+        }
+        // Bucket by bucket: each bucket's whole order once, then its batches copied out.
+        flat.resize(total as usize, T::from_u64(0));
+        let mut by_bucket: Vec<Vec<usize>> = vec![Vec::new(); self.sizes.len()];
+        for (pos, &(j, _)) in located.iter().enumerate() {
+            by_bucket[j].push(pos);
+        }
+        for (j, positions) in by_bucket.iter().enumerate() {
+            if positions.is_empty() {
+                continue;
+            }
+            let n = self.starts[j + 1] - self.starts[j];
+            let mut order: Vec<T> = Vec::new();
+            self.bucket_range(j, keys, (0, n), &mut order)?;
+            for &pos in positions {
+                let (_, i) = located[pos];
+                let a = (i * self.sizes[j]) as usize;
+                let dst = &mut flat[offsets[pos] as usize..offsets[pos + 1] as usize];
+                dst.copy_from_slice(&order[a..a + dst.len()]);
+            }
+        }
+        Ok((flat, offsets))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn limits(batch_size: Option<u64>, max_tokens: Option<u64>) -> Limits {
+        Limits {
+            batch_size,
+            max_tokens,
+            multiple: 1,
+            oversized_alone: true,
+        }
+    }
+
+    fn all(plan: &BucketPlan, w: u64, r: u64, drop_last: bool, seed: u64) -> Vec<Vec<u64>> {
+        let nb = plan.rank_batches(w, drop_last).unwrap();
+        let (flat, offsets) = plan
+            .rank_batches_range(w, r, drop_last, (seed, 1), (true, true), (0, nb))
+            .unwrap();
+        let flat = flat.to_u64_vec();
+        offsets
+            .windows(2)
+            .map(|o| flat[o[0] as usize..o[1] as usize].to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn every_sample_once_within_budget_and_bucket() {
+        let lengths: Vec<u64> = (0..5000u64).map(|i| 1 + (i * 7919) % 300).collect();
+        let bounds = [50u64, 100, 200];
+        let plan = BucketPlan::new(&lengths, &bounds, limits(Some(64), Some(4096))).unwrap();
+        let w = 3;
+        let mut seen: HashMap<u64, u32> = HashMap::new();
+        let mut counts = Vec::new();
+        for r in 0..w {
+            let batches = all(&plan, w, r, true, 5);
+            counts.push(batches.len());
+            for b in &batches {
+                let lens: Vec<u64> = b.iter().map(|&i| lengths[i as usize]).collect();
+                let max = *lens.iter().max().unwrap();
+                assert!(b.len() as u64 * max <= 4096 && b.len() <= 64);
+                let bucket = |l: u64| bounds.partition_point(|&x| x <= l);
+                assert!(
+                    lens.iter().all(|&l| bucket(l) == bucket(max)),
+                    "one bucket per batch"
+                );
+                for &i in b {
+                    *seen.entry(i).or_default() += 1;
+                }
+            }
+        }
+        assert!(counts.iter().all(|&c| c == counts[0]));
+        assert!(seen.values().all(|&c| c == 1));
+        // drop_last cut at most W - 1 batches
+        let dropped = 5000 - seen.len();
+        assert!(dropped <= 2 * 64);
+    }
+
+    #[test]
+    fn ranges_agree_with_the_whole_and_random_access() {
+        let lengths: Vec<u64> = (0..20_000u64).map(|i| 1 + (i * 104_729) % 1000).collect();
+        let plan = BucketPlan::new(
+            &lengths,
+            &quantile_bounds(&lengths),
+            limits(None, Some(20_000)),
+        )
+        .unwrap();
+        let whole = all(&plan, 2, 1, false, 3);
+        for (a, b) in [
+            (0u64, 1u64),
+            (3, 7),
+            (10, 40),
+            (whole.len() as u64 - 1, whole.len() as u64),
+        ] {
+            let (flat, offsets) = plan
+                .rank_batches_range(2, 1, false, (3, 1), (true, true), (a, b))
+                .unwrap();
+            let flat = flat.to_u64_vec();
+            let got: Vec<Vec<u64>> = offsets
+                .windows(2)
+                .map(|o| flat[o[0] as usize..o[1] as usize].to_vec())
+                .collect();
+            assert_eq!(
+                got,
+                whole[a as usize..b as usize].to_vec(),
+                "batches {a}..{b}"
+            );
+        }
+    }
+
+    fn quantile_bounds(lengths: &[u64]) -> Vec<u64> {
+        crate::bucket::quantiles::quantile_boundaries(lengths, 8)
+    }
+
+    #[test]
+    fn oversized_samples_alone_or_refused() {
+        let lengths = [10u64, 20, 5000, 30];
+        let plan = BucketPlan::new(&lengths, &[], limits(None, Some(100))).unwrap();
+        let b = all(&plan, 1, 0, false, 0);
+        assert!(b.contains(&vec![2]));
+        let strict = Limits {
+            oversized_alone: false,
+            ..limits(None, Some(100))
+        };
+        let err = BucketPlan::new(&lengths, &[], strict)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("index 2"), "{err}");
+    }
+
+    #[test]
+    fn multiples_round_batch_sizes_down() {
+        let lengths = vec![10u64; 1000];
+        let l = Limits {
+            batch_size: None,
+            max_tokens: Some(1000),
+            multiple: 8,
+            oversized_alone: true,
+        };
+        let plan = BucketPlan::new(&lengths, &[], l).unwrap();
+        assert_eq!(plan.buckets()[0].1, 96); // 100 rounded down to a multiple of 8
+    }
+}

@@ -1,0 +1,81 @@
+//! Bucket boundaries from length quantiles.
+//!
+//! For `k` buckets over `N` lengths, boundary `j` (`1 <= j < k`) is the length at rank
+//! `⌊j N / k⌋` of the lengths in increasing order; repeated boundaries, and boundaries not above
+//! the smallest length, are dropped (so heavily repeated lengths give fewer buckets). A bucket
+//! is `[b_j, b_{j+1})`, the first starting at 0 and the last open. Lengths below `2**24` are
+//! counted in a histogram (`O(N + max)`); longer ones are sorted (a copy, in parallel).
+
+use rayon::prelude::*;
+
+const HISTOGRAM_MAX: u64 = 1 << 24;
+
+/// The boundaries of `k >= 1` quantile buckets of `lengths` (not empty).
+pub fn quantile_boundaries(lengths: &[u64], k: u64) -> Vec<u64> {
+    let n = lengths.len() as u64;
+    let ranks: Vec<u64> = (1..k)
+        .map(|j| (u128::from(j) * u128::from(n) / u128::from(k)) as u64)
+        .collect();
+    let max = lengths.par_iter().copied().max().unwrap_or(0);
+    let min = lengths.par_iter().copied().min().unwrap_or(0);
+    let values: Vec<u64> = if max < HISTOGRAM_MAX {
+        let hist = lengths
+            .par_chunks(1 << 16)
+            .fold(
+                || vec![0u64; (max + 1) as usize],
+                |mut h, chunk| {
+                    for &x in chunk {
+                        h[x as usize] += 1;
+                    }
+                    h
+                },
+            )
+            .reduce(
+                || vec![0u64; (max + 1) as usize],
+                |mut a, b| {
+                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                    a
+                },
+            );
+        // The value at rank q is the first v whose cumulative count exceeds q.
+        let mut out = Vec::with_capacity(ranks.len());
+        let (mut v, mut below) = (0usize, 0u64);
+        for &q in &ranks {
+            while below + hist[v] <= q {
+                below += hist[v];
+                v += 1;
+            }
+            out.push(v as u64);
+        }
+        out
+    } else {
+        let mut sorted = lengths.to_vec();
+        sorted.par_sort_unstable();
+        ranks.iter().map(|&q| sorted[q as usize]).collect()
+    };
+    let mut bounds: Vec<u64> = Vec::with_capacity(values.len());
+    for v in values {
+        if v > min && bounds.last().is_none_or(|&b| v > b) {
+            bounds.push(v);
+        }
+    }
+    bounds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_of_a_known_list() {
+        let lengths: Vec<u64> = (0..100).rev().collect();
+        assert_eq!(quantile_boundaries(&lengths, 4), vec![25, 50, 75]);
+        assert_eq!(quantile_boundaries(&lengths, 1), Vec::<u64>::new());
+        // a repeated length gives fewer buckets
+        let mut lots = vec![7u64; 90];
+        lots.extend(0..10);
+        assert_eq!(quantile_boundaries(&lots, 4), vec![7]);
+        let big: Vec<u64> = (0..1000).map(|i| (i * 7919 % 1000) << 30).collect();
+        assert_eq!(quantile_boundaries(&big, 2), vec![500 << 30]);
+    }
+}
