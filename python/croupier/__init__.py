@@ -15,13 +15,26 @@ from croupier._core import __version__
 from croupier._permutation import permutation
 
 if TYPE_CHECKING:
-    from croupier.samplers import DistributedSampler, MixtureSampler, StateError
+    from croupier.samplers import (
+        BucketBatchSampler,
+        DistributedSampler,
+        MixtureSampler,
+        StateError,
+    )
 
-__all__ = ["DistributedSampler", "MixtureSampler", "StateError", "__version__", "permutation"]
+__all__ = [
+    "BucketBatchSampler",
+    "DistributedSampler",
+    "MixtureSampler",
+    "StateError",
+    "__version__",
+    "permutation",
+]
 
 # The samplers subclass torch's Sampler, so importing them imports torch (seconds) when it is
 # installed: they load on first use, and `croupier --help` or `croupier.permutation` never pay it.
 _LAZY = {
+    "BucketBatchSampler": "croupier.samplers",
     "DistributedSampler": "croupier.samplers",
     "MixtureSampler": "croupier.samplers",
     "StateError": "croupier.samplers",

@@ -4,7 +4,7 @@ The module only converts: arguments are checked with clear messages by the Pytho
 (``croupier._validate``) before they reach it; the core's own checks raise ``ValueError``.
 """
 
-from typing import final
+from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
@@ -13,6 +13,7 @@ __all__ = [
     "MAX_LEN",
     "TORCH_LARGE_N",
     "U32_MAX_LEN",
+    "Buckets",
     "Deal",
     "Mixture",
     "Order",
@@ -78,6 +79,45 @@ class Deal:
         first index soonest: in the fast shuffled order, the end of the block holding
         ``start``, or ``start + 64`` inside a long block (read by random access); else
         ``num_samples``."""
+
+@final
+class Buckets:
+    """Samples grouped into length buckets with their batch sizes (immutable); a rank's
+    batches of any epoch are read from it."""
+
+    def __new__(
+        cls,
+        lengths: npt.NDArray[Any],
+        boundaries: list[int] | None,
+        num_buckets: int,
+        batch_size: int | None,
+        max_tokens: int | None,
+        multiple: int,
+        oversized_alone: bool,
+    ) -> Buckets: ...
+    @property
+    def boundaries(self) -> list[int]:
+        """The bucket boundaries in use."""
+    @property
+    def batches(self) -> int:
+        """Batches of an epoch over all ranks, before padding or cutting."""
+    def buckets(self) -> list[tuple[int, int, int, int]]:
+        """Per bucket: ``(members, batch size, batches, longest sample)``."""
+    def rank_batches(self, num_replicas: int, drop_last: bool) -> int:
+        """Batches each rank yields per epoch."""
+    def range(
+        self,
+        num_replicas: int,
+        rank: int,
+        drop_last: bool,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        shuffle_batches: bool,
+        start: int,
+        stop: int,
+    ) -> tuple[_Indices, npt.NDArray[np.uint64]]:
+        """Rank ``rank``'s batches ``[start, stop)`` of ``epoch``: ``(indices, offsets)``."""
 
 @final
 class Mixture:

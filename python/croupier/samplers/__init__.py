@@ -2,7 +2,8 @@
 owns epoch, position, checkpoint state and pickling."""
 
 from croupier.samplers._state import StateError
+from croupier.samplers.bucket import BucketBatchSampler
 from croupier.samplers.distributed import DistributedSampler
 from croupier.samplers.mixture import MixtureSampler
 
-__all__ = ["DistributedSampler", "MixtureSampler", "StateError"]
+__all__ = ["BucketBatchSampler", "DistributedSampler", "MixtureSampler", "StateError"]

@@ -351,6 +351,110 @@ impl Deal {
     }
 }
 
+/// Samples grouped into length buckets with their batch sizes (`croupier_core::BucketPlan`),
+/// from which a rank's batches of any epoch are read.
+#[pyclass(module = "croupier._core", frozen)]
+struct Buckets {
+    plan: croupier_core::bucket::BucketPlan,
+    boundaries: Vec<u64>,
+}
+
+#[pymethods]
+impl Buckets {
+    #[new]
+    #[pyo3(signature = (lengths, boundaries, num_buckets, batch_size, max_tokens, multiple, oversized_alone))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        lengths: &Bound<'_, PyAny>,
+        boundaries: Option<Vec<u64>>,
+        num_buckets: u64,
+        batch_size: Option<u64>,
+        max_tokens: Option<u64>,
+        multiple: u64,
+        oversized_alone: bool,
+    ) -> PyResult<Self> {
+        // Copied out of the borrowed numpy memory while attached; the work runs detached.
+        let lengths: Vec<u64> =
+            if let Ok(arr) = lengths.extract::<numpy::PyReadonlyArray1<'_, u64>>() {
+                arr.as_array().to_vec()
+            } else if let Ok(arr) = lengths.extract::<numpy::PyReadonlyArray1<'_, u32>>() {
+                arr.as_array().iter().map(|&x| u64::from(x)).collect()
+            } else {
+                return Err(PyTypeError::new_err(
+                    "lengths must be a 1-D numpy array of uint32 or uint64",
+                ));
+            };
+        let limits = croupier_core::bucket::Limits {
+            batch_size,
+            max_tokens,
+            multiple,
+            oversized_alone,
+        };
+        detached(py, move || {
+            let boundaries = match boundaries {
+                Some(b) => b,
+                None => croupier_core::bucket::quantile_boundaries(&lengths, num_buckets.max(1)),
+            };
+            let plan = croupier_core::bucket::BucketPlan::new(&lengths, &boundaries, limits)?;
+            Ok(Buckets { plan, boundaries })
+        })
+    }
+
+    /// The bucket boundaries in use (a bucket is `[b_j, b_{j+1})`).
+    #[getter]
+    fn boundaries(&self) -> Vec<u64> {
+        self.boundaries.clone()
+    }
+
+    /// Batches of an epoch over all ranks, before padding or cutting.
+    #[getter]
+    fn batches(&self) -> u64 {
+        self.plan.batches()
+    }
+
+    /// Per bucket: `(members, batch size, batches, longest sample)`; the last entry holds the
+    /// samples longer than `max_tokens`.
+    fn buckets(&self) -> Vec<(u64, u64, u64, u64)> {
+        self.plan.buckets()
+    }
+
+    /// Batches each rank yields per epoch with `num_replicas` ranks.
+    fn rank_batches(&self, num_replicas: u64, drop_last: bool) -> PyResult<u64> {
+        core(self.plan.rank_batches(num_replicas, drop_last))
+    }
+
+    /// Rank `rank`'s batches `[start, stop)` of `epoch`: `(indices, offsets)`, batch `i` being
+    /// `indices[offsets[i]:offsets[i + 1]]`.
+    #[pyo3(signature = (num_replicas, rank, drop_last, seed, epoch, shuffle, shuffle_batches, start, stop))]
+    #[allow(clippy::too_many_arguments)]
+    fn range<'py>(
+        &self,
+        py: Python<'py>,
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        seed: u64,
+        epoch: u64,
+        shuffle: bool,
+        shuffle_batches: bool,
+        start: u64,
+        stop: u64,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let (flat, offsets) = detached(py, || {
+            self.plan.rank_batches_range(
+                num_replicas,
+                rank,
+                drop_last,
+                (seed, epoch),
+                (shuffle, shuffle_batches),
+                (start, stop),
+            )
+        })?;
+        Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
+    }
+}
+
 /// One phase of a mixture as Python passes it: `(start, nominal_length, weights,
 /// temperature)`.
 type PhaseArgs = (u64, u64, Vec<f64>, f64);
@@ -627,6 +731,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Order>()?;
     m.add_class::<Deal>()?;
     m.add_class::<Mixture>()?;
+    m.add_class::<Buckets>()?;
     m.add_function(wrap_pyfunction!(pass_shares, m)?)?;
     m.add_function(wrap_pyfunction!(mixture_probabilities, m)?)?;
     m.add_function(wrap_pyfunction!(largest_remainder, m)?)?;

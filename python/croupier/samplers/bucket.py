@@ -1,0 +1,250 @@
+"""``croupier.BucketBatchSampler``: batches of samples of similar length, under a size or a
+padded-token budget, in equal numbers on every rank.
+
+The grouping and the batches are computed by the Rust core (``croupier_core::bucket``); this
+module checks arguments and keeps the configuration for checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from croupier import _core
+from croupier._dist import DistInfo, resolve_ranks
+from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int
+from croupier.samplers._base import Batches, BatchSampler
+
+__all__ = ["BucketBatchSampler"]
+
+_BUCKET_ORDERS = ("shuffled", "sequential")
+_OVERSIZED = ("alone", "error")
+DEFAULT_BUCKETS = 64
+"""Quantile buckets when ``buckets`` is not given."""
+
+
+def _lengths(lengths: object) -> npt.NDArray[Any]:
+    """``lengths`` as a 1-D ``uint32``/``uint64`` array (the caller's array when it already is)."""
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, (Sequence, np.ndarray)):
+        raise TypeError(
+            f"lengths must be a 1-D integer numpy array or sequence, got {type(lengths).__name__}"
+        )
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("lengths must not be empty")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"lengths must hold integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "i":
+        low = int(arr.min())
+        if low < 0:
+            raise ValueError(f"lengths must be >= 0, got {low} at index {int(arr.argmin())}")
+    if arr.dtype not in (np.uint32, np.uint64):
+        arr = arr.astype(np.uint64)
+    return np.ascontiguousarray(arr)
+
+
+def _optional_positive(name: str, value: object) -> int | None:
+    return None if value is None else check_int(name, value, 1, U64_MAX)
+
+
+class BucketBatchSampler(BatchSampler):
+    """Yields batches (``list[int]``) of samples of similar length, the same number on every rank.
+
+    **Buckets.** Samples are grouped by length: ``buckets`` is a sequence of boundaries
+    (strictly increasing; bucket ``j`` holds lengths in ``[b_j, b_{j+1})``, the first from 0,
+    the last open) or a number of quantile buckets (default 64: boundaries at the
+    ``j/64`` quantiles of ``lengths``, repeated values merged). Every batch comes from one bucket.
+
+    **Batches.** With ``batch_size`` only, a bucket is cut into batches of ``batch_size``
+    (its last batch may be shorter). With ``max_tokens``, bucket ``j``'s batches hold
+    ``max_tokens // L_j`` samples, ``L_j`` its longest length (and at most ``batch_size`` if
+    that is given too), so every batch keeps ``len(batch) * max(lengths in batch) <=
+    max_tokens`` whatever the shuffle; ``batch_size_multiple`` rounds those sizes down to a
+    multiple (e.g. 8 for tensor cores) whenever at least one multiple fits. A sample longer
+    than ``max_tokens`` is served alone (``oversized="alone"``, the default: a batch of one,
+    over the budget) or refused at construction (``oversized="error"``).
+
+    **Order.** Each epoch shuffles every bucket's samples (seeded by ``seed``, the epoch and
+    the bucket), cuts them into batches, and shuffles the order of all batches across buckets
+    (``bucket_order="sequential"``: the buckets from shortest to longest instead). With
+    ``shuffle=False`` nothing is shuffled: buckets in order, samples in index order.
+
+    **Ranks.** Rank ``r`` takes batches ``r, r + W, r + 2W, ...`` of the epoch's batch order,
+    like ``DistributedSampler`` takes samples: with ``drop_last=False`` the first batches are
+    repeated until every rank has ``ceil(B / W)`` (``B`` batches in the epoch), with
+    ``drop_last=True`` the last ``B % W`` batches are dropped. So every rank yields
+    ``len(self)`` batches and DDP collectives never wait on a rank that ran out.
+
+    Batches are computed in Rust and handed over as two numpy arrays (indices and offsets,
+    :meth:`batches`); the first batch of an iteration, or of a resume at any batch, is read
+    on its own in milliseconds, the rest of the epoch at once. Positions, ``len`` and state
+    count batches; :meth:`state_dict`/:meth:`load_state_dict` resume at exactly the next
+    batch.
+
+    Args:
+        lengths: per-sample sizes (tokens, frames, pixels), a 1-D integer array or sequence,
+            read once into Rust.
+        batch_size: most samples per batch (``>= 1``).
+        max_tokens: most padded tokens per batch, ``len(batch) * max(lengths in batch)``.
+            At least one of ``batch_size`` and ``max_tokens`` is needed.
+        buckets: boundaries, or the number of quantile buckets (default 64).
+        batch_size_multiple: batch sizes rounded down to a multiple of this (default 1).
+        oversized: ``"alone"`` or ``"error"`` for samples longer than ``max_tokens``.
+        bucket_order: ``"shuffled"`` (batches of all buckets mixed) or ``"sequential"``.
+        num_replicas, rank, dist_info: the ranks, as for :class:`~croupier.DistributedSampler`.
+        shuffle: shuffle samples within buckets and the batch order.
+        seed: non-negative integer below ``2**64``, the same on all ranks.
+        drop_last: equalise batch counts by dropping instead of repeating batches.
+    """
+
+    _config_names = (
+        "num_replicas",
+        "rank",
+        "batch_size",
+        "max_tokens",
+        "batch_size_multiple",
+        "oversized",
+        "bucket_order",
+        "shuffle",
+        "seed",
+        "drop_last",
+    )
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | npt.NDArray[Any],
+        batch_size: int | None = None,
+        *,
+        max_tokens: int | None = None,
+        buckets: int | Sequence[int] = DEFAULT_BUCKETS,
+        batch_size_multiple: int = 1,
+        oversized: str = "alone",
+        bucket_order: str = "shuffled",
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        dist_info: DistInfo = None,
+    ) -> None:
+        arr = _lengths(lengths)
+        self.batch_size = _optional_positive("batch_size", batch_size)
+        self.max_tokens = _optional_positive("max_tokens", max_tokens)
+        if self.batch_size is None and self.max_tokens is None:
+            raise ValueError("give batch_size, max_tokens or both (neither was given)")
+        self.batch_size_multiple = check_int("batch_size_multiple", batch_size_multiple, 1, MAX_LEN)
+        if oversized not in _OVERSIZED:
+            raise ValueError(f"oversized must be one of {list(_OVERSIZED)}, got {oversized!r}")
+        if bucket_order not in _BUCKET_ORDERS:
+            raise ValueError(
+                f"bucket_order must be one of {list(_BUCKET_ORDERS)}, got {bucket_order!r}"
+            )
+        self.oversized = oversized
+        self.bucket_order = bucket_order
+        boundaries, count = self._buckets(buckets)
+        self.shuffle = check_bool("shuffle", shuffle)
+        self.drop_last = check_bool("drop_last", drop_last)
+        self.seed = check_int("seed", seed, 0, U64_MAX)
+        num_replicas, rank = resolve_ranks(num_replicas, rank, dist_info)
+        self._lengths = arr
+        self._buckets_arg = (boundaries, count)
+        self._plan = self._build()
+        self._digest = hashlib.sha256(arr.astype("<u8").tobytes()).hexdigest()[:16]
+        length = self._plan.rank_batches(num_replicas, self.drop_last)
+        super().__init__(num_replicas, rank, length)
+
+    @staticmethod
+    def _buckets(buckets: object) -> tuple[list[int] | None, int]:
+        if isinstance(buckets, (int, np.integer)) and not isinstance(buckets, bool):
+            return None, check_int("buckets", buckets, 1, 1 << 20)
+        if isinstance(buckets, (Sequence, np.ndarray)) and not isinstance(buckets, (str, bytes)):
+            bounds = [check_int(f"buckets[{i}]", b, 1, U64_MAX) for i, b in enumerate(buckets)]
+            for i in range(1, len(bounds)):
+                if bounds[i] <= bounds[i - 1]:
+                    raise ValueError(
+                        f"buckets must be strictly increasing boundaries, got buckets[{i}] = "
+                        f"{bounds[i]} <= buckets[{i - 1}] = {bounds[i - 1]}"
+                    )
+            return bounds, len(bounds) + 1
+        raise TypeError(
+            "buckets must be a number of quantile buckets or a sequence of boundaries, got "
+            f"{type(buckets).__name__}"
+        )
+
+    def _build(self) -> Any:
+        boundaries, count = self._buckets_arg
+        return _core.Buckets(
+            self._lengths,
+            boundaries,
+            count,
+            self.batch_size,
+            self.max_tokens,
+            self.batch_size_multiple,
+            self.oversized == "alone",
+        )
+
+    @property
+    def boundaries(self) -> list[int]:
+        """The bucket boundaries in use (given, or the quantiles found)."""
+        return list(self._plan.boundaries)
+
+    def bucket_sizes(self) -> list[tuple[int, int, int, int]]:
+        """Per bucket: ``(samples, batch size, batches, longest length)``; the last entry holds
+        the samples longer than ``max_tokens`` (served alone)."""
+        return [tuple(b) for b in self._plan.buckets()]
+
+    # -- the sampler base ----------------------------------------------------------------------
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "samples": len(self._lengths),
+            "lengths_digest": self._digest,
+            "boundaries": self.boundaries,
+            "batch_size": self.batch_size,
+            "max_tokens": self.max_tokens,
+            "batch_size_multiple": self.batch_size_multiple,
+            "oversized": self.oversized,
+            "bucket_order": self.bucket_order,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "seed": self.seed,
+        }
+
+    def _epoch_length(self, num_replicas: int) -> int:
+        return int(self._plan.rank_batches(num_replicas, self.drop_last))
+
+    def _compute(self, epoch: int, start: int, stop: int | None) -> Batches:
+        stop = self._length if stop is None else stop
+        flat, offsets = self._plan.range(
+            self.num_replicas,
+            self.rank,
+            self.drop_last,
+            self.seed,
+            epoch,
+            self.shuffle,
+            self.bucket_order == "shuffled",
+            start,
+            stop,
+        )
+        flat.flags.writeable = False
+        offsets.flags.writeable = False
+        return Batches(flat, offsets)
+
+    def _first_stop(self, start: int) -> int:
+        return min(start + 1, self._length)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The plan is rebuilt from the lengths in the new process rather than shipped.
+        state = super().__getstate__()
+        state.pop("_plan", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        object.__setattr__(self, "_plan", self._build())
