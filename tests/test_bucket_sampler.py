@@ -140,7 +140,7 @@ def test_batches_shuffled_across_buckets_or_sequential():
     order = [int(lengths[b[0]]) for b in seq]
     assert order == sorted(order)
     plain = BucketBatchSampler(lengths, 20, buckets=[50, 500], shuffle=False)
-    assert list(plain)[0] == list(range(20))
+    assert next(iter(plain)) == list(range(20))
 
 
 # -- determinism and epochs ------------------------------------------------------------------------
