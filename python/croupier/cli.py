@@ -123,7 +123,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="which systems (default: all installed): croupier, torch-sampler, "
         "torchdata-sampler, croupier-torch-order, croupier-mixture, kempnerforge-mixture, "
-        "croupier-permutation, numpy-permutation, torch-randperm",
+        "croupier-buckets, python-buckets, numpy-argsort, croupier-permutation, "
+        "numpy-permutation, torch-randperm",
     )
     bench.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     bench.add_argument("--out", default="croupier-bench", help="output folder")

@@ -6,8 +6,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["MIXTURE_DATASETS", "KempnerforgeStyleMixture", "mixture_args"]
+__all__ = [
+    "BUCKETS",
+    "MAX_TOKENS",
+    "MIXTURE_DATASETS",
+    "KempnerforgeStyleMixture",
+    "bench_lengths",
+    "mixture_args",
+    "padding_efficiency",
+    "python_bucket_batches",
+]
 
 #: Datasets of the benchmark mixture: N split into this many equal datasets.
 MIXTURE_DATASETS = 100
@@ -84,3 +94,68 @@ class KempnerforgeStyleMixture:
         result = [result[p] for p in perm]
         skip, self.skip = self.skip, 0
         return iter(result[skip:])
+
+
+#: Buckets of the benchmark's bucket batching, croupier's and the baseline's alike.
+BUCKETS = 64
+#: The token budget of the benchmark's batches.
+MAX_TOKENS = 65_536
+
+
+def bench_lengths(n: int, seed: int) -> Any:
+    """Token counts of ``n`` samples, log-normal (median about 245, a long tail) in
+    ``[1, 16384]``: the benchmark's variable-length dataset."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(5.5, 1.0, n), 1, 16_384).astype(np.uint32)
+
+
+def python_bucket_batches(
+    lengths: Any, max_tokens: int, buckets: int, num_replicas: int, rank: int, seed: int, epoch: int
+) -> list[list[int]]:
+    """The usual Python bucket batching, as fairseq's ``batch_by_size`` and lhotse's bucketing
+    samplers describe it: a stable argsort of the lengths, ``buckets`` equal-count buckets of
+    it, each shuffled, greedy batches under the padded budget ``len(batch) * max_len``, the
+    batch order shuffled, torch's padding to a multiple of ``num_replicas``, then this rank's
+    batches. A resume rebuilds the epoch and skips batches."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed + epoch)
+    order = np.argsort(lengths, kind="stable")
+    size_of = lengths.tolist()
+    batches: list[list[int]] = []
+    for bucket in np.array_split(order, buckets):
+        members = bucket.copy()
+        rng.shuffle(members)
+        cur: list[int] = []
+        cur_max = 0
+        for i in members.tolist():
+            longest = max(cur_max, size_of[i])
+            if cur and (len(cur) + 1) * longest > max_tokens:
+                batches.append(cur)
+                cur, cur_max = [i], size_of[i]
+            else:
+                cur.append(i)
+                cur_max = longest
+        if cur:
+            batches.append(cur)
+    perm = rng.permutation(len(batches))
+    batches = [batches[p] for p in perm]
+    per_rank = math.ceil(len(batches) / num_replicas)
+    batches += batches[: per_rank * num_replicas - len(batches)]
+    return batches[rank::num_replicas]
+
+
+def padding_efficiency(lengths: Any, flat: Any, offsets: Any) -> float:
+    """Real tokens over padded tokens (``len(batch) * max_len`` summed over batches)."""
+    import numpy as np
+
+    if len(offsets) < 2:
+        return 1.0
+    lens = np.asarray(lengths)[np.asarray(flat, dtype=np.int64)].astype(np.int64)
+    starts = np.asarray(offsets[:-1], dtype=np.int64)
+    sizes = np.diff(np.asarray(offsets, dtype=np.int64))
+    keep = sizes > 0
+    maxes = np.maximum.reduceat(lens, starts[keep]) if len(lens) else np.zeros(0)
+    return float(lens.sum() / (sizes[keep] * maxes).sum())

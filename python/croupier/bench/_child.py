@@ -141,6 +141,78 @@ def _measure_sampler(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _measure_batches(spec: dict[str, Any]) -> dict[str, Any]:
+    from croupier.bench._baselines import (
+        BUCKETS,
+        MAX_TOKENS,
+        bench_lengths,
+        padding_efficiency,
+        python_bucket_batches,
+    )
+
+    system, n, ranks, rank, seed = (spec[k] for k in ("system", "n", "ranks", "rank", "seed"))
+    lengths = bench_lengths(n, seed)  # the data, untimed
+    base = _status_mib("VmRSS")
+    epoch = 1
+    out: dict[str, Any] = {"rss_base_mib": base}
+    if system == "numpy-argsort":
+        import numpy as np
+
+        t0 = time.perf_counter()
+        order = np.argsort(lengths, kind="stable")
+        out["epoch_s"] = time.perf_counter() - t0
+        out["count"] = len(order)
+        out["peak_mib"] = _status_mib("VmHWM")
+        return out
+    if system == "python-buckets":
+        import numpy as np
+
+        t0 = time.perf_counter()
+        batches = python_bucket_batches(lengths, MAX_TOKENS, BUCKETS, ranks, rank, seed, epoch)
+        out["epoch_s"] = out["first_s"] = out["resume_s"] = time.perf_counter() - t0
+        out["peak_mib"] = _status_mib("VmHWM")
+        flat = [i for b in batches for i in b]
+        offsets = np.cumsum([0, *map(len, batches)])
+        out["efficiency"] = padding_efficiency(lengths, flat, offsets)
+        out["count"] = len(batches)
+        return out
+    from croupier import BucketBatchSampler
+
+    def make() -> Any:
+        s = BucketBatchSampler(
+            lengths, max_tokens=MAX_TOKENS, buckets=BUCKETS, num_replicas=ranks, rank=rank,
+            seed=seed,
+        )  # fmt: skip
+        s.set_epoch(epoch)
+        return s
+
+    t0 = time.perf_counter()
+    s = make()
+    out["setup_s"] = time.perf_counter() - t0
+    first = next(iter(s))
+    out["first_s"] = time.perf_counter() - t0
+    del s
+    t0 = time.perf_counter()
+    s = make()
+    whole = s.batches()
+    out["epoch_s"] = time.perf_counter() - t0
+    out["peak_mib"] = _status_mib("VmHWM")
+    out["count"] = len(whole)
+    out["first_ok"] = bool(len(whole)) and first == whole[:1].tolist()[0]
+    out["efficiency"] = padding_efficiency(lengths, whole.flat, whole.offsets)
+    mid = len(whole) // 2
+    at_mid = whole[mid : mid + 1].tolist()[0] if len(whole) else None
+    state = {**s.state_dict(), "position": mid}
+    del whole
+    # Resume: a constructed sampler (its setup is the column above) loads a mid-epoch state.
+    t0 = time.perf_counter()
+    s.load_state_dict(state)
+    resumed = next(iter(s))
+    out["resume_s"] = time.perf_counter() - t0
+    out["resume_ok"] = resumed == at_mid
+    return out
+
+
 def _measure_permutation(spec: dict[str, Any]) -> dict[str, Any]:
     system, n, seed = spec["system"], spec["n"], spec["seed"]
     out: dict[str, Any] = {}
@@ -175,12 +247,16 @@ def main(argv: list[str] | None = None) -> int:
     # Imports first, untimed: every system pays them once per process anyway.
     for module in spec["needs"]:
         __import__(module)
-    if spec["family"] == "sampler" and spec["system"].startswith("croupier"):
+    if spec["family"] in ("sampler", "batches") and spec["system"].startswith("croupier"):
         # croupier's samplers load lazily (they import torch when it is installed); the
         # baselines import torch untimed above, so croupier's must not pay it in "first index".
         __import__("croupier.samplers")
     base = _status_mib("VmRSS")
-    measure = _measure_sampler if spec["family"] == "sampler" else _measure_permutation
+    measure = {
+        "sampler": _measure_sampler,
+        "batches": _measure_batches,
+        "permutation": _measure_permutation,
+    }[spec["family"]]
     result = measure(spec)
     result["rss_base_mib"] = base
     print(json.dumps(result))

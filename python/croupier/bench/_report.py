@@ -55,6 +55,7 @@ def table(results: dict[str, Any]) -> str:
     rows = results["rows"]
     samplers = [r for r in rows if r["family"] == "sampler"]
     perms = [r for r in rows if r["family"] == "permutation"]
+    batches = [r for r in rows if r["family"] == "batches"]
     lines: list[str] = []
     if samplers:
         lines += [
@@ -63,6 +64,17 @@ def table(results: dict[str, Any]) -> str:
             "| --- | --- | --- | --- | --- | --- |",
         ]
         lines += [_line(r, results, ("first_s", "epoch_s", "resume_s")) for r in samplers]
+    if batches:
+        if lines:
+            lines.append("")
+        lines += [
+            "| N | batches | first batch | whole epoch | resume at mid-epoch | padding efficiency "
+            "| peak RSS MiB (+ above imports) |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        lines += [
+            _line(r, results, ("first_s", "epoch_s", "resume_s", "efficiency")) for r in batches
+        ]
     if perms:
         if lines:
             lines.append("")
@@ -91,6 +103,10 @@ def _line(r: dict[str, Any], results: dict[str, Any], keys: tuple[str, ...]) -> 
         return "| " + " | ".join(cells) + " |"
     pair = _pair(r, results)
     for key in keys:
+        if key == "efficiency":
+            value = r.get(key)
+            cells.append("-" if value is None else f"{value:.1%}")
+            continue
         cells.append(
             _time(r.get(key)) + (_ratio(pair[0].get(key), pair[1].get(key)) if pair else "")
         )

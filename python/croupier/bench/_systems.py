@@ -3,7 +3,10 @@
 Two families. *Sampler* systems produce one rank's epoch of a ``DistributedSampler`` or, for the
 mixture systems, of a 100-dataset ``MixtureSampler`` over the same N (time to the first index,
 to the whole epoch, to the first index after resuming at mid-epoch).
-*Permutation* systems produce a full permutation of ``[0, N)`` (time to the whole of it).
+*Batches* systems produce one rank's epoch of token-budget batches over N log-normal lengths
+(time to the first batch, to the whole epoch, to the first batch after resuming, and the
+padding efficiency), ``numpy.argsort`` alone being the yardstick. *Permutation* systems
+produce a full permutation of ``[0, N)`` (time to the whole of it).
 """
 
 from __future__ import annotations
@@ -93,6 +96,31 @@ SYSTEMS: tuple[System, ...] = (
         # every dataset's randperm as a list, the rank's lists, the reshuffled list
         bytes_per_index=64,
         baseline_for="croupier-mixture",
+    ),
+    System(
+        "croupier-buckets",
+        "batches",
+        "croupier.BucketBatchSampler (token budget)",
+        ("croupier",),
+        # the lengths as given and copied (u32 + u64), the buckets' members (u64)
+        bytes_per_index=24,
+    ),
+    System(
+        "python-buckets",
+        "batches",
+        "Python bucketing (argsort, buckets, greedy token batches)",
+        ("numpy",),
+        # the argsort, a list of lengths and the batches as lists of ints
+        bytes_per_index=72,
+        baseline_for="croupier-buckets",
+    ),
+    System(
+        "numpy-argsort",
+        "batches",
+        'numpy.argsort(lengths, kind="stable") alone',
+        ("numpy",),
+        bytes_per_index=12,
+        baseline_for="croupier-buckets",
     ),
     System(
         "croupier-permutation",
