@@ -99,6 +99,9 @@ class Buckets:
     def boundaries(self) -> list[int]:
         """The bucket boundaries in use."""
     @property
+    def digest(self) -> str:
+        """A fingerprint of the lengths (16 hex digits), for checkpoints."""
+    @property
     def batches(self) -> int:
         """Batches of an epoch over all ranks, before padding or cutting."""
     def buckets(self) -> list[tuple[int, int, int, int]]:

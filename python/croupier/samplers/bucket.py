@@ -7,7 +7,6 @@ module checks arguments and keeps the configuration for checkpoints.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -155,7 +154,7 @@ class BucketBatchSampler(BatchSampler):
         self._lengths = arr
         self._buckets_arg = (boundaries, count)
         self._plan = self._build()
-        self._digest = hashlib.sha256(arr.astype("<u8").tobytes()).hexdigest()[:16]
+        self._digest = self._plan.digest
         length = self._plan.rank_batches(num_replicas, self.drop_last)
         super().__init__(num_replicas, rank, length)
 

@@ -359,6 +359,22 @@ struct Buckets {
     boundaries: Vec<u64>,
 }
 
+impl Buckets {
+    fn build<L: Copy + Into<u64> + Send + Sync>(
+        lengths: &[L],
+        boundaries: Option<Vec<u64>>,
+        num_buckets: u64,
+        limits: croupier_core::bucket::Limits,
+    ) -> Result<Self, Error> {
+        let boundaries = match boundaries {
+            Some(b) => b,
+            None => croupier_core::bucket::quantile_boundaries(lengths, num_buckets.max(1)),
+        };
+        let plan = croupier_core::bucket::BucketPlan::new(lengths, &boundaries, limits)?;
+        Ok(Buckets { plan, boundaries })
+    }
+}
+
 #[pymethods]
 impl Buckets {
     #[new]
@@ -375,36 +391,39 @@ impl Buckets {
         oversized_alone: bool,
     ) -> PyResult<Self> {
         // Copied out of the borrowed numpy memory while attached; the work runs detached.
-        let lengths: Vec<u64> =
-            if let Ok(arr) = lengths.extract::<numpy::PyReadonlyArray1<'_, u64>>() {
-                arr.as_array().to_vec()
-            } else if let Ok(arr) = lengths.extract::<numpy::PyReadonlyArray1<'_, u32>>() {
-                arr.as_array().iter().map(|&x| u64::from(x)).collect()
-            } else {
-                return Err(PyTypeError::new_err(
-                    "lengths must be a 1-D numpy array of uint32 or uint64",
-                ));
-            };
         let limits = croupier_core::bucket::Limits {
             batch_size,
             max_tokens,
             multiple,
             oversized_alone,
         };
-        detached(py, move || {
-            let boundaries = match boundaries {
-                Some(b) => b,
-                None => croupier_core::bucket::quantile_boundaries(&lengths, num_buckets.max(1)),
-            };
-            let plan = croupier_core::bucket::BucketPlan::new(&lengths, &boundaries, limits)?;
-            Ok(Buckets { plan, boundaries })
-        })
+        if let Ok(arr) = lengths.extract::<numpy::PyReadonlyArray1<'_, u32>>() {
+            let lengths: Vec<u32> = arr.as_array().to_vec();
+            return detached(py, move || {
+                Self::build(&lengths, boundaries, num_buckets, limits)
+            });
+        }
+        if let Ok(arr) = lengths.extract::<numpy::PyReadonlyArray1<'_, u64>>() {
+            let lengths: Vec<u64> = arr.as_array().to_vec();
+            return detached(py, move || {
+                Self::build(&lengths, boundaries, num_buckets, limits)
+            });
+        }
+        Err(PyTypeError::new_err(
+            "lengths must be a 1-D numpy array of uint32 or uint64",
+        ))
     }
 
     /// The bucket boundaries in use (a bucket is `[b_j, b_{j+1})`).
     #[getter]
     fn boundaries(&self) -> Vec<u64> {
         self.boundaries.clone()
+    }
+
+    /// A fingerprint of the lengths (16 hex digits), for checkpoints.
+    #[getter]
+    fn digest(&self) -> String {
+        format!("{:016x}", self.plan.digest())
     }
 
     /// Batches of an epoch over all ranks, before padding or cutting.

@@ -32,8 +32,11 @@ use crate::deal::layout::Layout;
 use crate::deal::rank::{rank_range, Order};
 use crate::error::{Error, Result};
 use crate::index::{try_with_capacity, Index, Indices, U32_MAX_LEN};
-use crate::stream::{Purpose, Stream};
+use crate::stream::{fold, Purpose, Stream};
+use rayon::prelude::*;
 
+/// Lengths below this are bucketed through a table.
+const TABLE_MAX: u64 = 1 << 24;
 /// Batches read one at a time by random access (a resume's first batches) up to this many.
 const RANDOM_ACCESS_BATCHES: u64 = 4;
 /// Positions per random-access read of a bucket's permutation.
@@ -57,7 +60,7 @@ pub struct Limits {
 pub struct BucketPlan {
     n: u64,
     /// Members of every bucket, bucket after bucket, each in index order.
-    members: Vec<u64>,
+    members: Indices,
     /// Where each bucket's members start in `members` (`buckets + 1` entries).
     starts: Vec<u64>,
     /// Batch size of each bucket.
@@ -66,11 +69,16 @@ pub struct BucketPlan {
     batch_starts: Vec<u64>,
     /// Longest sample of each bucket.
     longest: Vec<u64>,
+    digest: u64,
 }
 
 impl BucketPlan {
     /// Buckets `lengths` by `boundaries` (strictly increasing) and sizes their batches.
-    pub fn new(lengths: &[u64], boundaries: &[u64], limits: Limits) -> Result<Self> {
+    pub fn new<L: Copy + Into<u64> + Send + Sync>(
+        lengths: &[L],
+        boundaries: &[u64],
+        limits: Limits,
+    ) -> Result<Self> {
         if lengths.is_empty() {
             return Err(Error::out_of_range(
                 "lengths",
@@ -100,24 +108,49 @@ impl BucketPlan {
             ));
         }
         let regular = boundaries.len() + 1;
-        let bucket_of = |len: u64| -> usize {
+        // Every sample's bucket, in parallel: a table for lengths below 2**24 (one load a
+        // sample), a binary search over the boundaries above.
+        let bucket_of = |len: u64| -> u32 {
             match limits.max_tokens {
-                Some(t) if len > t => regular,
-                _ => boundaries.partition_point(|&b| b <= len),
+                Some(t) if len > t => regular as u32,
+                _ => boundaries.partition_point(|&b| b <= len) as u32,
             }
         };
-        // Counting sort by bucket, stable: members in index order.
-        let mut counts = vec![0u64; regular + 1];
-        let mut longest = vec![0u64; regular + 1];
-        for &len in lengths {
-            let j = bucket_of(len);
-            counts[j] += 1;
-            longest[j] = longest[j].max(len);
-        }
+        let max = lengths.par_iter().map(|&l| l.into()).max().unwrap_or(0);
+        let ids: Vec<u32> = if max < TABLE_MAX {
+            let table: Vec<u32> = (0..=max).map(bucket_of).collect();
+            lengths
+                .par_iter()
+                .map(|&l| table[l.into() as usize])
+                .collect()
+        } else {
+            lengths.par_iter().map(|&l| bucket_of(l.into())).collect()
+        };
+        let (counts, longest) = ids
+            .par_chunks(1 << 16)
+            .zip(lengths.par_chunks(1 << 16))
+            .fold(
+                || (vec![0u64; regular + 1], vec![0u64; regular + 1]),
+                |(mut c, mut m), (ids, lens)| {
+                    for (&j, &len) in ids.iter().zip(lens) {
+                        c[j as usize] += 1;
+                        m[j as usize] = m[j as usize].max(len.into());
+                    }
+                    (c, m)
+                },
+            )
+            .reduce(
+                || (vec![0u64; regular + 1], vec![0u64; regular + 1]),
+                |(mut c, mut m), (c2, m2)| {
+                    c.iter_mut().zip(&c2).for_each(|(a, b)| *a += b);
+                    m.iter_mut().zip(&m2).for_each(|(a, b)| *a = (*a).max(*b));
+                    (c, m)
+                },
+            );
         if counts[regular] > 0 && !limits.oversized_alone {
             let first = lengths
                 .iter()
-                .position(|&l| Some(l) > limits.max_tokens)
+                .position(|&l| Some(l.into()) > limits.max_tokens)
                 .unwrap_or(0);
             return Err(Error::out_of_range(
                 "lengths",
@@ -127,7 +160,8 @@ impl BucketPlan {
                 ),
                 format!(
                     "{} longer samples, the first at index {first} ({})",
-                    counts[regular], lengths[first]
+                    counts[regular],
+                    lengths[first].into()
                 ),
             ));
         }
@@ -138,14 +172,13 @@ impl BucketPlan {
             acc += c;
         }
         starts.push(acc);
-        let mut members = try_with_capacity::<u64>("the buckets' members", acc)?;
-        members.resize(acc as usize, 0);
-        let mut at: Vec<u64> = starts[..regular + 1].to_vec();
-        for (i, &len) in lengths.iter().enumerate() {
-            let j = bucket_of(len);
-            members[at[j] as usize] = i as u64;
-            at[j] += 1;
-        }
+        let at: Vec<u64> = starts[..regular + 1].to_vec();
+        let members = if acc <= U32_MAX_LEN {
+            Indices::U32(scatter::<u32>(&ids, at)?)
+        } else {
+            Indices::U64(scatter::<u64>(&ids, at)?)
+        };
+        drop(ids);
         let sizes: Vec<u64> = (0..=regular)
             .map(|j| {
                 if j == regular {
@@ -168,7 +201,18 @@ impl BucketPlan {
             b += counts[j].div_ceil(sizes[j]);
         }
         batch_starts.push(b);
+        // A fingerprint of the lengths, for checkpoints: chunk hashes folded in order.
+        let digest = lengths
+            .par_chunks(1 << 16)
+            .map(|c| {
+                c.iter()
+                    .fold(0x6c65_6e67_7468_7300u64, |h, &x| fold(h, x.into()))
+            })
+            .collect::<Vec<u64>>()
+            .into_iter()
+            .fold(lengths.len() as u64, fold);
         Ok(BucketPlan {
+            digest,
             n: lengths.len() as u64,
             members,
             starts,
@@ -176,6 +220,11 @@ impl BucketPlan {
             batch_starts,
             longest,
         })
+    }
+
+    /// A 64-bit fingerprint of the lengths (in order), the same on every platform.
+    pub fn digest(&self) -> u64 {
+        self.digest
     }
 
     /// Number of samples.
@@ -208,6 +257,13 @@ impl BucketPlan {
             .collect()
     }
 
+    fn member(&self, at: u64) -> u64 {
+        match &self.members {
+            Indices::U32(v) => u64::from(v[at as usize]),
+            Indices::U64(v) => v[at as usize],
+        }
+    }
+
     fn locate(&self, batch: u64) -> (usize, u64) {
         let j = self.batch_starts.partition_point(|&s| s <= batch) - 1;
         (j, batch - self.batch_starts[j])
@@ -223,13 +279,13 @@ impl BucketPlan {
     ) -> Result<()> {
         let base = self.starts[j];
         if !shuffle {
-            out.extend((a..b).map(|p| T::from_u64(self.members[(base + p) as usize])));
+            out.extend((a..b).map(|p| T::from_u64(self.member(base + p))));
             return Ok(());
         }
         let n = self.starts[j + 1] - base;
         let layout = Layout::new(n, 1, false)?;
         let key = Stream::new(seed, epoch, Purpose::BucketShuffle, j as u64).next_u64();
-        let member = |p: u64| T::from_u64(self.members[(base + p) as usize]);
+        let member = |p: u64| T::from_u64(self.member(base + p));
         match rank_range(&layout, 0, true, Order::Fast, key, 0, a, b)? {
             Indices::U32(v) => out.extend(v.into_iter().map(|p| member(u64::from(p)))),
             Indices::U64(v) => out.extend(v.into_iter().map(member)),
@@ -339,6 +395,18 @@ impl BucketPlan {
         }
         Ok((flat, offsets))
     }
+}
+
+/// The stable counting sort's scatter: sample `i` to the next slot of its bucket.
+fn scatter<T: Index>(ids: &[u32], mut at: Vec<u64>) -> Result<Vec<T>> {
+    let mut members = try_with_capacity::<T>("the buckets' members", ids.len() as u64)?;
+    members.resize(ids.len(), T::from_u64(0));
+    for (i, &j) in ids.iter().enumerate() {
+        let j = j as usize;
+        members[at[j] as usize] = T::from_u64(i as u64);
+        at[j] += 1;
+    }
+    Ok(members)
 }
 
 #[cfg(test)]

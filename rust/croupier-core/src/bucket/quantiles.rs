@@ -11,13 +11,13 @@ use rayon::prelude::*;
 const HISTOGRAM_MAX: u64 = 1 << 24;
 
 /// The boundaries of `k >= 1` quantile buckets of `lengths` (not empty).
-pub fn quantile_boundaries(lengths: &[u64], k: u64) -> Vec<u64> {
+pub fn quantile_boundaries<L: Copy + Into<u64> + Send + Sync>(lengths: &[L], k: u64) -> Vec<u64> {
     let n = lengths.len() as u64;
     let ranks: Vec<u64> = (1..k)
         .map(|j| (u128::from(j) * u128::from(n) / u128::from(k)) as u64)
         .collect();
-    let max = lengths.par_iter().copied().max().unwrap_or(0);
-    let min = lengths.par_iter().copied().min().unwrap_or(0);
+    let max = lengths.par_iter().map(|&l| l.into()).max().unwrap_or(0);
+    let min = lengths.par_iter().map(|&l| l.into()).min().unwrap_or(0);
     let values: Vec<u64> = if max < HISTOGRAM_MAX {
         let hist = lengths
             .par_chunks(1 << 16)
@@ -25,7 +25,7 @@ pub fn quantile_boundaries(lengths: &[u64], k: u64) -> Vec<u64> {
                 || vec![0u64; (max + 1) as usize],
                 |mut h, chunk| {
                     for &x in chunk {
-                        h[x as usize] += 1;
+                        h[x.into() as usize] += 1;
                     }
                     h
                 },
@@ -49,7 +49,7 @@ pub fn quantile_boundaries(lengths: &[u64], k: u64) -> Vec<u64> {
         }
         out
     } else {
-        let mut sorted = lengths.to_vec();
+        let mut sorted: Vec<u64> = lengths.par_iter().map(|&l| l.into()).collect();
         sorted.par_sort_unstable();
         ranks.iter().map(|&q| sorted[q as usize]).collect()
     };
