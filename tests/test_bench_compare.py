@@ -86,6 +86,6 @@ def test_a_group_without_exactly_one_croupier_test_is_refused(tmp_path):
 def test_the_committed_baseline_covers_every_bench_group():
     baseline = json.loads((SCRIPT.parent.parent / "benches" / "baseline-small.json").read_text())
     assert 0 < baseline["margin"] < 0.5, "a twice-slower core must fail"
-    assert len(baseline["groups"]) == 12
+    assert len(baseline["groups"]) == 14
     for group in baseline["groups"].values():
         assert group["croupier"].startswith("test_croupier") and group["ratio"] > 1
