@@ -3,9 +3,12 @@
 //!
 //! - [`quantiles`]: default bucket boundaries from length quantiles.
 //! - [`plan`]: the buckets, batch sizes and a rank's batches of an epoch.
+//! - [`sequential`]: NeMo Automodel's bucket-by-bucket order.
 
 pub mod plan;
 pub mod quantiles;
+pub mod sequential;
 
 pub use plan::{BucketPlan, Limits};
 pub use quantiles::quantile_boundaries;
+pub use sequential::{SeqOrder, SequentialBuckets};

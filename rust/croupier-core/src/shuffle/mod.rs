@@ -16,4 +16,6 @@ pub(crate) mod torch_randperm;
 pub(crate) mod write_combine;
 
 pub use parallel::{fill, permutation, permutation_bytes};
-pub use torch_randperm::{randperm as torch_randperm, TorchRandperm, LARGE_N_THRESHOLD};
+pub use torch_randperm::{
+    randperm as torch_randperm, TorchGenerator, TorchRandperm, LARGE_N_THRESHOLD,
+};

@@ -101,6 +101,48 @@ pub fn randperm(n: u64, seed: u64, variant: TorchRandperm) -> Result<Indices> {
     })
 }
 
+/// A `torch.Generator` after `manual_seed(seed)`, kept across calls: successive
+/// [`TorchGenerator::randperm`] calls give what successive `torch.randperm(n, generator=g)`
+/// calls give (NeMo's bucket sampler draws its bucket order and then every bucket's shuffle
+/// from one generator).
+#[derive(Debug, Clone)]
+pub struct TorchGenerator {
+    mt: Mt,
+    variant: TorchRandperm,
+}
+
+impl TorchGenerator {
+    /// The generator `torch.Generator().manual_seed(seed)` of the torch releases `variant`.
+    pub fn new(seed: u64, variant: TorchRandperm) -> Self {
+        TorchGenerator {
+            mt: generator(seed),
+            variant,
+        }
+    }
+
+    /// The next `torch.randperm(n, generator=g)`.
+    pub fn randperm(&mut self, n: u64) -> Result<Indices> {
+        check_len("n", n)?;
+        Ok(if n <= U32_MAX_LEN {
+            Indices::U32(randperm_in(n, &mut self.mt, self.variant)?)
+        } else {
+            Indices::U64(randperm_in(n, &mut self.mt, self.variant)?)
+        })
+    }
+
+    /// Advances the generator past a `randperm(n)` without computing it: the same draws.
+    pub fn skip_randperm(&mut self, n: u64) {
+        let draws = if self.variant == TorchRandperm::InsideOutForLargeN && n >= LARGE_N_THRESHOLD {
+            2 * n
+        } else {
+            n.saturating_sub(1)
+        };
+        for _ in 0..draws {
+            self.mt.next_u32();
+        }
+    }
+}
+
 /// The seed `torch.utils.data.DistributedSampler` gives its generator: `seed + epoch` (torch's
 /// Mersenne Twister then keeps its low 32 bits). torch refuses a sum of 2**64 or more
 /// (`manual_seed` overflows), and so does this.
@@ -219,6 +261,30 @@ mod tests {
             e.to_string()
                 .starts_with("seed + epoch must be at most 2**64 - 1"),
             "{e}"
+        );
+    }
+
+    /// `torch.randperm(5, g)` then `torch.randperm(7, g)` from one generator seeded 42, as
+    /// torch 2.15 printed them.
+    const TORCH_5_THEN: [u64; 12] = [2, 4, 3, 0, 1, 4, 6, 2, 3, 5, 1, 0];
+
+    #[test]
+    fn a_kept_generator_continues_torchs_stream() {
+        // torch.Generator().manual_seed(42); randperm(5, g); randperm(7, g), torch 2.15.
+        let mut g = TorchGenerator::new(42, TorchRandperm::InsideOutForLargeN);
+        assert_eq!(
+            g.randperm(5).unwrap().to_u64_vec(),
+            TORCH_5_THEN[..5].to_vec()
+        );
+        assert_eq!(
+            g.randperm(7).unwrap().to_u64_vec(),
+            TORCH_5_THEN[5..].to_vec()
+        );
+        let mut h = TorchGenerator::new(42, TorchRandperm::InsideOutForLargeN);
+        h.skip_randperm(5);
+        assert_eq!(
+            h.randperm(7).unwrap().to_u64_vec(),
+            TORCH_5_THEN[5..].to_vec()
         );
     }
 
