@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         BucketBatchSampler,
         DistributedSampler,
         MixtureSampler,
+        SequentialBucketSampler,
         StateError,
     )
 
@@ -26,6 +27,7 @@ __all__ = [
     "BucketBatchSampler",
     "DistributedSampler",
     "MixtureSampler",
+    "SequentialBucketSampler",
     "StateError",
     "__version__",
     "permutation",
@@ -37,6 +39,7 @@ _LAZY = {
     "BucketBatchSampler": "croupier.samplers",
     "DistributedSampler": "croupier.samplers",
     "MixtureSampler": "croupier.samplers",
+    "SequentialBucketSampler": "croupier.samplers",
     "StateError": "croupier.samplers",
 }
 

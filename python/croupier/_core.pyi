@@ -17,6 +17,7 @@ __all__ = [
     "Deal",
     "Mixture",
     "Order",
+    "SequentialBuckets",
     "__version__",
     "largest_remainder",
     "layout",
@@ -121,6 +122,29 @@ class Buckets:
         stop: int,
     ) -> tuple[_Indices, npt.NDArray[np.uint64]]:
         """Rank ``rank``'s batches ``[start, stop)`` of ``epoch``: ``(indices, offsets)``."""
+
+@final
+class SequentialBuckets:
+    """NeMo Automodel's bucket-by-bucket batches on one rank (immutable)."""
+
+    def __new__(
+        cls,
+        buckets: list[list[int]],
+        sizes: list[int],
+        num_replicas: int,
+        rank: int,
+        drop_last: bool,
+        shuffle_buckets: bool,
+        shuffle_within: bool,
+        order: Order,
+    ) -> SequentialBuckets: ...
+    def __len__(self) -> int: ...
+    def bucket_batches(self, j: int) -> int:
+        """Batches of bucket ``j`` on every rank."""
+    def range(
+        self, seed: int, epoch: int, start: int, stop: int
+    ) -> tuple[_Indices, npt.NDArray[np.uint64]]:
+        """This rank's batches ``[start, stop)`` of ``epoch``: ``(indices, offsets)``."""
 
 @final
 class Mixture:

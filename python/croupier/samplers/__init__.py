@@ -5,5 +5,12 @@ from croupier.samplers._state import StateError
 from croupier.samplers.bucket import BucketBatchSampler
 from croupier.samplers.distributed import DistributedSampler
 from croupier.samplers.mixture import MixtureSampler
+from croupier.samplers.sequential_bucket import SequentialBucketSampler
 
-__all__ = ["BucketBatchSampler", "DistributedSampler", "MixtureSampler", "StateError"]
+__all__ = [
+    "BucketBatchSampler",
+    "DistributedSampler",
+    "MixtureSampler",
+    "SequentialBucketSampler",
+    "StateError",
+]

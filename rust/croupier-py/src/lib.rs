@@ -474,6 +474,68 @@ impl Buckets {
     }
 }
 
+/// NeMo Automodel's bucket-by-bucket batches on one rank
+/// (`croupier_core::bucket::SequentialBuckets`).
+#[pyclass(module = "croupier._core", frozen)]
+struct SequentialBuckets {
+    inner: croupier_core::bucket::SequentialBuckets,
+}
+
+#[pymethods]
+impl SequentialBuckets {
+    #[new]
+    #[pyo3(signature = (buckets, sizes, num_replicas, rank, drop_last, shuffle_buckets, shuffle_within, order))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        buckets: Vec<Vec<u64>>,
+        sizes: Vec<u64>,
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        shuffle_buckets: bool,
+        shuffle_within: bool,
+        order: Order,
+    ) -> PyResult<Self> {
+        let order = match order.core() {
+            croupier_core::Order::Fast => croupier_core::bucket::SeqOrder::Fast,
+            croupier_core::Order::Torch(v) => croupier_core::bucket::SeqOrder::Torch(v),
+        };
+        let inner = core(croupier_core::bucket::SequentialBuckets::new(
+            &buckets,
+            &sizes,
+            num_replicas,
+            rank,
+            drop_last,
+            (shuffle_buckets, shuffle_within),
+            order,
+        ))?;
+        Ok(SequentialBuckets { inner })
+    }
+
+    /// Batches per rank and epoch.
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+
+    /// Batches of bucket `j` (in the dataset's sorted key order) on every rank.
+    fn bucket_batches(&self, j: usize) -> u64 {
+        self.inner.bucket_batches(j)
+    }
+
+    /// This rank's batches `[start, stop)` of `epoch`: `(indices, offsets)`.
+    fn range<'py>(
+        &self,
+        py: Python<'py>,
+        seed: u64,
+        epoch: u64,
+        start: u64,
+        stop: u64,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let (flat, offsets) = detached(py, || self.inner.range(seed, epoch, start, stop))?;
+        Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
+    }
+}
+
 /// One phase of a mixture as Python passes it: `(start, nominal_length, weights,
 /// temperature)`.
 type PhaseArgs = (u64, u64, Vec<f64>, f64);
@@ -751,6 +813,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Deal>()?;
     m.add_class::<Mixture>()?;
     m.add_class::<Buckets>()?;
+    m.add_class::<SequentialBuckets>()?;
     m.add_function(wrap_pyfunction!(pass_shares, m)?)?;
     m.add_function(wrap_pyfunction!(mixture_probabilities, m)?)?;
     m.add_function(wrap_pyfunction!(largest_remainder, m)?)?;

@@ -1,0 +1,2 @@
+"""Modules with the exact names and defaults of the systems croupier stands in for, on top of
+croupier's own classes: :mod:`croupier.compat.nemo` (NeMo Automodel)."""
