@@ -3,6 +3,8 @@ resume, state and bad input."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import pickle
 from collections import Counter
@@ -222,3 +224,112 @@ def test_bad_input(kwargs, exc, match):
 def test_not_a_multiresolution_dataset():
     with pytest.raises(TypeError, match="sorted_bucket_keys"):
         SequentialBucketSampler([1, 2, 3])
+
+
+# Recorded from nemo_automodel 0.7.0's own SequentialBucketSampler (the wheel from PyPI, run on
+# torch 2.15 with the Dataset above): per config, each rank's len() and the first 16 hex digits
+# of sha256(json.dumps(list(sampler))).
+NEMO_0_7_0 = [
+    (
+        [37, 10, 0, 3, 64],
+        4,
+        4,
+        False,
+        True,
+        True,
+        False,
+        42,
+        0,
+        [
+            (9, "3237514f9fdfbd2c"),
+            (9, "0df51bbefbc1b5df"),
+            (9, "9b05382868fec6c1"),
+            (9, "6b3353fea040d7c1"),
+        ],
+    ),
+    (
+        [37, 10, 0, 3, 64],
+        4,
+        4,
+        True,
+        True,
+        True,
+        False,
+        42,
+        3,
+        [
+            (6, "65f3e8e121bfb8c9"),
+            (6, "aac496a534bf566b"),
+            (6, "c4b244238ffbe0d1"),
+            (6, "d7bab0d8a266d199"),
+        ],
+    ),
+    (
+        [500, 1, 2, 250, 77, 1000],
+        8,
+        3,
+        False,
+        True,
+        True,
+        True,
+        7,
+        1,
+        [(210, "775063992d66ad63"), (210, "b0ef69762ae2b364"), (210, "899e158c732eef86")],
+    ),
+    (
+        [5, 9],
+        3,
+        8,
+        False,
+        False,
+        True,
+        False,
+        0,
+        0,
+        [
+            (2, "ab345050d0a7a6f5"),
+            (2, "0f7216b8ae3bb25b"),
+            (2, "dbd1da4af9810638"),
+            (2, "c3c991004fc97e40"),
+            (2, "cba933d768cff7f4"),
+            (2, "af358fc9c7bd58cc"),
+            (2, "274e5dea409b4eaf"),
+            (2, "ef42fec22d96466e"),
+        ],
+    ),
+    (
+        [300, 200],
+        16,
+        2,
+        True,
+        True,
+        False,
+        False,
+        123,
+        9,
+        [(15, "c8e80bcc4765247a"), (15, "10e693519ed5a006")],
+    ),
+]
+
+
+@pytest.mark.parametrize("config", NEMO_0_7_0)
+def test_compat_matches_fingerprints_recorded_from_nemo(config):
+    sizes, base, w, drop_last, sb, sw, dyn, seed, epoch, ranks = config
+    ds = Dataset(sizes)
+    for r, (length, digest) in enumerate(ranks):
+        s = NemoCompat(
+            ds,
+            base_batch_size=base,
+            base_resolution=(512, 256),
+            drop_last=drop_last,
+            shuffle_buckets=sb,
+            shuffle_within_bucket=sw,
+            dynamic_batch_size=dyn,
+            seed=seed,
+            num_replicas=w,
+            rank=r,
+        )
+        s.set_epoch(epoch)
+        batches = list(s)
+        assert len(s) == length
+        assert hashlib.sha256(json.dumps(batches).encode()).hexdigest()[:16] == digest
