@@ -333,3 +333,20 @@ def test_compat_matches_fingerprints_recorded_from_nemo(config):
         batches = list(s)
         assert len(s) == length
         assert hashlib.sha256(json.dumps(batches).encode()).hexdigest()[:16] == digest
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_as_a_dataloader_batch_sampler(workers):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    ds = Dataset([40, 25, 7])
+    s = NemoCompat(ds, base_batch_size=4, num_replicas=2, rank=1, drop_last=False)
+    want = list(s)
+    loader = DataLoader(
+        torch.arange(72),
+        batch_sampler=s,
+        num_workers=workers,
+        multiprocessing_context="fork" if workers else None,
+    )
+    assert [b.tolist() for b in loader] == want
