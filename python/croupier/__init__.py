@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         BucketBatchSampler,
         DistributedSampler,
         MixtureSampler,
+        RankAwareSampler,
         SequentialBucketSampler,
         StateError,
     )
@@ -27,6 +28,7 @@ __all__ = [
     "BucketBatchSampler",
     "DistributedSampler",
     "MixtureSampler",
+    "RankAwareSampler",
     "SequentialBucketSampler",
     "StateError",
     "__version__",
@@ -39,6 +41,7 @@ _LAZY = {
     "BucketBatchSampler": "croupier.samplers",
     "DistributedSampler": "croupier.samplers",
     "MixtureSampler": "croupier.samplers",
+    "RankAwareSampler": "croupier.samplers",
     "SequentialBucketSampler": "croupier.samplers",
     "StateError": "croupier.samplers",
 }

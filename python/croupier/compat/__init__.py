@@ -1,2 +1,3 @@
 """Modules with the exact names and defaults of the systems croupier stands in for, on top of
-croupier's own classes: :mod:`croupier.compat.nemo` (NeMo Automodel)."""
+croupier's own classes: :mod:`croupier.compat.nemo` (NeMo Automodel) and
+:mod:`croupier.compat.transfer_queue` (TransferQueue)."""

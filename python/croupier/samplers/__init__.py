@@ -5,12 +5,14 @@ from croupier.samplers._state import StateError
 from croupier.samplers.bucket import BucketBatchSampler
 from croupier.samplers.distributed import DistributedSampler
 from croupier.samplers.mixture import MixtureSampler
+from croupier.samplers.rank_aware import RankAwareSampler
 from croupier.samplers.sequential_bucket import SequentialBucketSampler
 
 __all__ = [
     "BucketBatchSampler",
     "DistributedSampler",
     "MixtureSampler",
+    "RankAwareSampler",
     "SequentialBucketSampler",
     "StateError",
 ]

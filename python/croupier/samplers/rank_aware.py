@@ -1,0 +1,149 @@
+"""``croupier.RankAwareSampler``: the ranks of one data-replica group get the same samples
+(TransferQueue's sampler protocol).
+
+With tensor or pipeline parallelism every rank of a data-replica group must train on the same
+batch. The first member of a group to ask for batch ``batch_index`` takes it from the ready
+indices and caches it; the other members get the cached batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from croupier._validate import U64_MAX, as_int, check_bool, check_int
+
+__all__ = ["RankAwareSampler"]
+
+
+class RankAwareSampler:
+    """Coordinates the members of each data-replica group (TransferQueue's
+    ``RankAwareSampler``, call for call, plus thread safety and bounded memory).
+
+    ``sample(ready_indexes, batch_size, dp_rank, batch_index, task_name, partition_id)``
+    returns ``(sampled, consumed)`` (the same indices twice, as TransferQueue's samplers do):
+    the first call for a ``(partition_id, task_name, dp_rank, batch_index)`` takes
+    ``ready_indexes[:batch_size]`` (in the order given; with ``shuffle=True`` a seeded random
+    choice, see below) and caches it; later calls for the same key return the cached batch.
+    Fewer than ``batch_size`` ready indices gives ``([], [])`` and caches nothing. A negative
+    ``dp_rank`` is refused (``ValueError``).
+
+    Args:
+        group_size: members per data-replica group. ``None`` (the default, as upstream): a
+            cached batch is served until :meth:`clear_cache`. A number: the entry is freed once
+            that many calls (the first included) have read it, so memory stays bounded; a
+            further call for the same key samples afresh.
+        shuffle: choose the batch as ``batch_size`` uniformly random ready indices (croupier's
+            Rust permutation of the ready list, seeded by ``seed`` and the key, so every
+            process that samples the same key chooses the same) instead of the first ones.
+        seed: non-negative integer below ``2**64`` for ``shuffle``.
+
+    Thread-safe: one lock guards the cache, so concurrent members of a group never sample
+    twice. :meth:`save_checkpoint`/:meth:`load_checkpoint` use TransferQueue's format
+    (``{"_states": {partition_id: {task_name: {dp_rank: {batch_index: [indices]}}}}}``).
+    """
+
+    def __init__(self, *, group_size: int | None = None, shuffle: bool = False, seed: int = 0):
+        self.group_size = None if group_size is None else check_int("group_size", group_size, 1)
+        self.shuffle = check_bool("shuffle", shuffle)
+        self.seed = check_int("seed", seed, 0, U64_MAX)
+        self._states: dict[Any, Any] = {}
+        self._reads: dict[tuple[Any, Any, int, Any], int] = {}
+        self._lock = threading.RLock()
+
+    def _choose(self, ready: Sequence[int], batch_size: int, key: tuple[Any, ...]) -> list[int]:
+        if not self.shuffle:
+            return list(ready[:batch_size])
+        from croupier import permutation
+
+        # The permutation's epoch word is a stable hash of the key (not Python's hash(), which
+        # differs between processes).
+        digest = hashlib.sha256(repr(key).encode()).digest()
+        order = permutation(len(ready), seed=self.seed, epoch=int.from_bytes(digest[:8], "little"))
+        return [ready[i] for i in order[:batch_size].tolist()]
+
+    def sample(
+        self,
+        ready_indexes: list[int],
+        batch_size: int,
+        dp_rank: int,
+        batch_index: int,
+        task_name: str,
+        partition_id: str,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[list[int], list[int]]:
+        """The batch ``batch_index`` of data-replica group ``dp_rank``: sampled by the first
+        caller, cached for the others. Returns ``(sampled, consumed)``; ``([], [])`` when fewer
+        than ``batch_size`` indices are ready. Extra arguments are ignored, as upstream."""
+        dp_rank = as_int("dp_rank", dp_rank)
+        if dp_rank < 0:
+            raise ValueError(f"dp_rank {dp_rank} must be greater than or equal to 0")
+        batch_size = check_int("batch_size", batch_size, 0)
+        with self._lock:
+            groups = self._states.setdefault(partition_id, {}).setdefault(task_name, {})
+            batches = groups.setdefault(dp_rank, {})
+            key = (partition_id, task_name, dp_rank, batch_index)
+            if batch_index not in batches:
+                sampled = self._choose(ready_indexes, batch_size, key)
+                if len(sampled) < batch_size:
+                    return [], []
+                if self.group_size == 1:
+                    return sampled, sampled
+                batches[batch_index] = sampled
+                if self.group_size is not None:
+                    self._reads[key] = 1
+                return sampled, sampled
+            sampled = batches[batch_index]
+            if self.group_size is not None:
+                reads = self._reads.get(key, 0) + 1
+                if reads >= self.group_size:
+                    del batches[batch_index]
+                    self._reads.pop(key, None)
+                else:
+                    self._reads[key] = reads
+            return sampled, sampled
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[list[int], list[int]]:
+        """``sample(*args, **kwargs)``: how TransferQueue's controller calls a sampler."""
+        return self.sample(*args, **kwargs)
+
+    def has_cached_result(
+        self,
+        partition_id: str,
+        task_name: str,
+        sampling_config: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Whether a batch is cached for ``sampling_config``'s ``dp_rank`` and ``batch_index``
+        (``False`` without a ``dp_rank``), as TransferQueue's controller asks."""
+        config = sampling_config or {}
+        dp_rank = config.get("dp_rank")
+        if dp_rank is None:
+            return False
+        with self._lock:
+            states = self._states.get(partition_id, {}).get(task_name, {})
+            return dp_rank in states and config.get("batch_index") in states[dp_rank]
+
+    def clear_cache(self, partition_id: str) -> None:
+        """Forgets every cached batch of ``partition_id``."""
+        with self._lock:
+            self._states.pop(partition_id, None)
+            for key in [k for k in self._reads if k[0] == partition_id]:
+                del self._reads[key]
+
+    def save_checkpoint(self) -> dict[str, Any]:
+        """A snapshot of the cache in TransferQueue's format (a deep copy, consistent even
+        while other threads sample)."""
+        with self._lock:
+            return {"_states": copy.deepcopy(self._states)}
+
+    def load_checkpoint(self, state: Mapping[str, Any]) -> None:
+        """Replaces the cache with a :meth:`save_checkpoint` (or TransferQueue's own)."""
+        if not isinstance(state, Mapping) or not isinstance(state.get("_states"), Mapping):
+            raise TypeError("state must be a save_checkpoint() dict with a '_states' mapping")
+        with self._lock:
+            self._states = copy.deepcopy(dict(state["_states"]))
+            self._reads = {}
