@@ -93,3 +93,69 @@ def test_launcher_without_ranks_warns(monkeypatch, var, value):
 def test_single_task_launcher_does_not_warn(monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     assert ranks() == (1, 0)  # filterwarnings = error would fail on a warning
+
+
+def test_explicit_data_parallel_pair():
+    assert ranks(dist_info=(1, 2)) == (2, 1)
+    with pytest.raises(ValueError, match="rank must be in"):
+        ranks(dist_info=(2, 2))
+    with pytest.raises(TypeError, match="dp_rank"):
+        ranks(dist_info=(0.5, 2))
+    with pytest.raises(ValueError, match="tuple of 3"):
+        ranks(dist_info=(0, 1, 2))
+
+
+_MESH_WORKER = """
+import json, sys
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from croupier import DistributedSampler, MixtureSampler
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+out = {
+    "dp": mesh.get_local_rank("dp"),
+    "ds": DistributedSampler(1000, dist_info=mesh, seed=3).indices().tolist(),
+    "named": DistributedSampler(1000, dist_info=(mesh, "dp"), seed=3).indices().tolist(),
+    "mix": MixtureSampler([0, 500, 900], [1, 2], dist_info=mesh).indices().tolist(),
+}
+print(json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_2x2_device_mesh_deals_by_its_data_parallel_dimension():
+    pytest.importorskip("torch")
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _MESH_WORKER, str(r), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(4)
+    ]
+    done = [(p, *p.communicate(timeout=300)) for p in procs]
+    outs = []
+    for p, stdout, stderr in done:
+        assert p.returncode == 0, stderr[-2000:]
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    by_dp = {}
+    for o in outs:
+        assert o["ds"] == o["named"]
+        by_dp.setdefault(o["dp"], []).append(o)
+    assert sorted(by_dp) == [0, 1]
+    for group in by_dp.values():  # the tensor-parallel pair of a dp rank: identical indices
+        assert len(group) == 2
+        assert group[0]["ds"] == group[1]["ds"] and group[0]["mix"] == group[1]["mix"]
+    a, b = by_dp[0][0]["ds"], by_dp[1][0]["ds"]
+    assert not set(a) & set(b) and len(a) + len(b) == 1000  # dp groups disjoint, all covered

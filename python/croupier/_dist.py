@@ -1,17 +1,53 @@
-"""Where a sampler learns its rank and the number of ranks (the ``dist_info`` argument)."""
+"""Where a sampler learns its rank and the number of ranks (the ``dist_info`` argument).
+
+Besides the process group, the environment, jax and a callable, ``dist_info`` takes the
+data-parallel coordinates directly, ``(dp_rank, dp_size)``, or a torch ``DeviceMesh``: then
+the sampler's ranks are the mesh's data-parallel dimension, so every rank of one tensor- or
+pipeline-parallel group gets the same indices while the data-parallel groups stay disjoint.
+"""
 
 from __future__ import annotations
 
 import os
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 from croupier._validate import MAX_LEN, as_int, check_int
 
 __all__ = ["DistInfo", "resolve_ranks"]
 
-DistInfo = str | Callable[[], tuple[int, int]] | None
-"""``None``, ``"torch"``, ``"jax"`` or a callable returning ``(rank, world_size)``."""
+DistInfo = str | Callable[[], tuple[int, int]] | tuple[Any, ...] | Any | None
+"""``None``, ``"torch"``, ``"jax"``, a callable returning ``(rank, world_size)``, a
+``(dp_rank, dp_size)`` pair, a torch ``DeviceMesh`` or ``(mesh, dim_name)``."""
+
+# Mesh dimension names taken as data-parallel when none is named.
+_DP_NAMES = ("dp", "data_parallel", "dp_replicate", "data")
+
+
+def _is_mesh(obj: object) -> bool:
+    return hasattr(obj, "get_local_rank") and hasattr(obj, "mesh_dim_names")
+
+
+def _from_mesh(mesh: Any, dim: str | None) -> tuple[int, int]:
+    """The rank and size of ``mesh``'s data-parallel dimension ``dim`` (default: the one named
+    like ``"dp"``, or the only one of a 1-D mesh)."""
+    names = tuple(mesh.mesh_dim_names or ())
+    if dim is None:
+        if mesh.ndim == 1:
+            dim = names[0] if names else None
+        else:
+            found = [n for n in _DP_NAMES if n in names]
+            if not found:
+                raise ValueError(
+                    f"dist_info: which dimension of the DeviceMesh {names} is data-parallel? "
+                    "Pass (mesh, 'dim_name')"
+                )
+            dim = found[0]
+    elif dim not in names:
+        raise ValueError(f"dist_info: the DeviceMesh has no dimension {dim!r}; it has {names}")
+    index = 0 if dim is None else names.index(dim)
+    return int(mesh.get_local_rank(index)), int(mesh.size(index))
 
 
 def _from_torch(required: bool) -> tuple[int, int] | None:
@@ -81,6 +117,13 @@ def _single_process() -> tuple[int, int]:
 def _query(dist_info: DistInfo) -> tuple[int, int]:
     if dist_info is None:
         return _from_torch(required=False) or _from_env() or _single_process()
+    if _is_mesh(dist_info):
+        return _from_mesh(dist_info, None)
+    if isinstance(dist_info, tuple):
+        if len(dist_info) == 2 and _is_mesh(dist_info[0]):
+            return _from_mesh(dist_info[0], dist_info[1])
+        dp_rank, dp_size = dist_info
+        return as_int("dist_info dp_rank", dp_rank), as_int("dist_info dp_size", dp_size)
     if isinstance(dist_info, str):
         if dist_info == "torch":
             found = _from_torch(required=True)
@@ -103,12 +146,20 @@ def resolve_ranks(
     ``dist_info=None`` asks ``torch.distributed`` when it is initialised, then the ``RANK`` and
     ``WORLD_SIZE`` environment variables, and falls back to rank 0 of 1.
     """
+    accepted = "None, 'torch', 'jax', a callable, (dp_rank, dp_size) or a DeviceMesh"
     if isinstance(dist_info, str) and dist_info not in ("torch", "jax"):
-        raise ValueError(f"dist_info must be None, 'torch', 'jax' or a callable, got {dist_info!r}")
-    if not (dist_info is None or isinstance(dist_info, str) or callable(dist_info)):
-        raise TypeError(
-            f"dist_info must be None, 'torch', 'jax' or a callable, got {type(dist_info).__name__}"
-        )
+        raise ValueError(f"dist_info must be {accepted}, got {dist_info!r}")
+    if isinstance(dist_info, tuple) and not (
+        len(dist_info) == 2 and (_is_mesh(dist_info[0]) or not isinstance(dist_info[1], str))
+    ):
+        raise ValueError(f"dist_info must be {accepted}, got a tuple of {len(dist_info)}")
+    if not (
+        dist_info is None
+        or isinstance(dist_info, (str, tuple))
+        or callable(dist_info)
+        or _is_mesh(dist_info)
+    ):
+        raise TypeError(f"dist_info must be {accepted}, got {type(dist_info).__name__}")
     if num_replicas is None or rank is None:
         found_rank, found_world = _query(dist_info)
         if num_replicas is None:
