@@ -178,3 +178,44 @@ def test_streaming_and_small_calls_pass_the_memory_check():
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
     assert out.stdout.split() == [str(sum(range(0, 200_000, 2))), "125000"]
+
+
+_INTERRUPTED = """
+import sys, time
+import croupier
+call = {call!r}
+print("started", flush=True)
+try:
+    if call == "permutation":
+        croupier.permutation(600_000_000, seed=1)
+    else:
+        croupier.DistributedSampler(400_000_000, 1, 0, order="torch").indices()
+except KeyboardInterrupt:
+    sys.exit(3)
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("call", ["permutation", "torch-order share"])
+def test_ctrl_c_interrupts_a_long_call_promptly(call):
+    # A long call waits for its result in slices of 50 ms, checking Python's signals: Ctrl-C
+    # raises KeyboardInterrupt at once (the abandoned work owns its buffers and is dropped).
+    import signal
+    import time
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTED.format(call=call)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "started"
+        time.sleep(0.5)  # well inside the call (several seconds uninterrupted)
+        sent = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=60)
+        waited = time.monotonic() - sent
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+    assert p.returncode == 3, "KeyboardInterrupt reached the caller"
+    assert waited < 2.0, f"the process took {waited:.2f} s to stop after Ctrl-C"

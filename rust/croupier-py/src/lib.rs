@@ -91,17 +91,66 @@ fn detached<T: Send>(
     let pool = pool()?;
     match py.detach(|| pool.install(|| catch_unwind(AssertUnwindSafe(work)))) {
         Ok(result) => core(result),
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            Err(PyRuntimeError::new_err(format!(
-                "internal error in croupier, please report it: {msg}"
-            )))
+        Err(panic) => Err(panic_error(panic)),
+    }
+}
+
+/// Calls whose buffers take at least this many bytes run interruptibly.
+const INTERRUPTIBLE_FROM: u64 = 1 << 26;
+
+/// [`detached`] for a long call: the work runs on a thread of its own (inside this process's
+/// pool) while the calling thread waits, checking Python's signals every 50 ms. A Ctrl-C (or
+/// any signal handler that raises) reaches Python at once; the abandoned work owns everything
+/// it touches, finishes on its thread and its result is dropped. Short calls (`bytes` below
+/// [`INTERRUPTIBLE_FROM`]) run as [`detached`] does, without a thread.
+fn interruptible<T: Send + 'static>(
+    py: Python<'_>,
+    bytes: u64,
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> PyResult<T> {
+    if bytes < INTERRUPTIBLE_FROM {
+        return detached(py, work);
+    }
+    let pool = pool()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("croupier-call".into())
+        .spawn(move || {
+            let outcome = pool.install(|| catch_unwind(AssertUnwindSafe(work)));
+            let _ = tx.send(outcome); // the caller may have gone (interrupted)
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("croupier: cannot start a thread: {e}")))?;
+    let mut rx = rx;
+    loop {
+        // The receiver moves into the detached wait and back (it is Send, not Sync).
+        let (outcome, back) = py.detach(move || {
+            let outcome = rx.recv_timeout(std::time::Duration::from_millis(50));
+            (outcome, rx)
+        });
+        rx = back;
+        match outcome {
+            Ok(Ok(result)) => return core(result),
+            Ok(Err(panic)) => return Err(panic_error(panic)),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(PyRuntimeError::new_err(
+                    "internal error in croupier, please report it: the worker thread vanished",
+                ))
+            }
         }
     }
+}
+
+/// A panic's payload as the `RuntimeError` Python sees.
+fn panic_error(panic: Box<dyn std::any::Any + Send>) -> PyErr {
+    let msg = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    PyRuntimeError::new_err(format!(
+        "internal error in croupier, please report it: {msg}"
+    ))
 }
 
 /// Hands a core buffer to numpy without copying: `uint32` as is, `u64` reinterpreted in place
@@ -165,15 +214,6 @@ fn check_memory(bytes: u64, what: &str) -> PyResult<()> {
         ))),
         _ => Ok(()),
     }
-}
-
-/// Runs `work` detached and hands its buffer to numpy: the path of every index-producing call.
-fn indices_to_numpy<'py>(
-    py: Python<'py>,
-    work: impl FnOnce() -> Result<Indices, Error> + Send,
-) -> PyResult<Bound<'py, PyAny>> {
-    let out = detached(py, work)?;
-    Ok(to_numpy(py, out))
 }
 
 /// An epoch order: croupier's own (`FAST`), or torch's CPU `randperm` as releases before 2.6
@@ -284,32 +324,26 @@ impl Deal {
     ) -> PyResult<Bound<'py, PyAny>> {
         let stop = stop.unwrap_or(self.layout.num_samples());
         let order = self.order.core();
+        let bytes = croupier_core::rank_range_bytes(
+            &self.layout,
+            self.rank,
+            self.shuffle,
+            order,
+            start,
+            stop,
+        );
         check_memory(
-            croupier_core::rank_range_bytes(
-                &self.layout,
-                self.rank,
-                self.shuffle,
-                order,
-                start,
-                stop,
-            ),
+            bytes,
             match self.order {
                 Order::Fast => "this rank's indices",
                 _ => "torch's order (the whole permutation, as torch builds it)",
             },
         )?;
-        indices_to_numpy(py, || {
-            croupier_core::rank_range(
-                &self.layout,
-                self.rank,
-                self.shuffle,
-                order,
-                self.seed,
-                epoch,
-                start,
-                stop,
-            )
-        })
+        let (layout, rank, shuffle, seed) = (self.layout, self.rank, self.shuffle, self.seed);
+        let out = interruptible(py, bytes, move || {
+            croupier_core::rank_range(&layout, rank, shuffle, order, seed, epoch, start, stop)
+        })?;
+        Ok(to_numpy(py, out))
     }
 
     /// Where an `indices` call starting at `start` should stop to hand out its first index
@@ -355,7 +389,7 @@ impl Deal {
 /// from which a rank's batches of any epoch are read.
 #[pyclass(module = "croupier._core", frozen)]
 struct Buckets {
-    plan: croupier_core::bucket::BucketPlan,
+    plan: std::sync::Arc<croupier_core::bucket::BucketPlan>,
     boundaries: Vec<u64>,
 }
 
@@ -371,7 +405,10 @@ impl Buckets {
             None => croupier_core::bucket::quantile_boundaries(lengths, num_buckets.max(1)),
         };
         let plan = croupier_core::bucket::BucketPlan::new(lengths, &boundaries, limits)?;
-        Ok(Buckets { plan, boundaries })
+        Ok(Buckets {
+            plan: std::sync::Arc::new(plan),
+            boundaries,
+        })
     }
 }
 
@@ -460,8 +497,20 @@ impl Buckets {
         start: u64,
         stop: u64,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let (flat, offsets) = detached(py, || {
-            self.plan.rank_batches_range(
+        // The rank's share of the samples, roughly: what a whole epoch's range holds.
+        let bytes = (self.plan.len() / num_replicas.max(1))
+            .saturating_mul(stop.saturating_sub(start))
+            .checked_div(
+                self.plan
+                    .rank_batches(num_replicas, drop_last)
+                    .unwrap_or(1)
+                    .max(1),
+            )
+            .unwrap_or(0)
+            .saturating_mul(8);
+        let plan = std::sync::Arc::clone(&self.plan);
+        let (flat, offsets) = interruptible(py, bytes, move || {
+            plan.rank_batches_range(
                 num_replicas,
                 rank,
                 drop_last,
@@ -478,7 +527,9 @@ impl Buckets {
 /// (`croupier_core::bucket::SequentialBuckets`).
 #[pyclass(module = "croupier._core", frozen)]
 struct SequentialBuckets {
-    inner: croupier_core::bucket::SequentialBuckets,
+    inner: std::sync::Arc<croupier_core::bucket::SequentialBuckets>,
+    /// Samples over all buckets, for the size of a call.
+    samples: u64,
 }
 
 #[pymethods]
@@ -500,6 +551,7 @@ impl SequentialBuckets {
             croupier_core::Order::Fast => croupier_core::bucket::SeqOrder::Fast,
             croupier_core::Order::Torch(v) => croupier_core::bucket::SeqOrder::Torch(v),
         };
+        let samples = buckets.iter().map(|b| b.len() as u64).sum();
         let inner = core(croupier_core::bucket::SequentialBuckets::new(
             &buckets,
             &sizes,
@@ -509,7 +561,10 @@ impl SequentialBuckets {
             (shuffle_buckets, shuffle_within),
             order,
         ))?;
-        Ok(SequentialBuckets { inner })
+        Ok(SequentialBuckets {
+            inner: std::sync::Arc::new(inner),
+            samples,
+        })
     }
 
     /// Batches per rank and epoch.
@@ -531,7 +586,10 @@ impl SequentialBuckets {
         start: u64,
         stop: u64,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let (flat, offsets) = detached(py, || self.inner.range(seed, epoch, start, stop))?;
+        let bytes = self.samples.saturating_mul(8);
+        let inner = std::sync::Arc::clone(&self.inner);
+        let (flat, offsets) =
+            interruptible(py, bytes, move || inner.range(seed, epoch, start, stop))?;
         Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
     }
 }
@@ -556,7 +614,7 @@ type MixtureArgs = (
 /// per-dataset counts, a uniform interleave, per-dataset pass streams.
 #[pyclass(module = "croupier._core", frozen)]
 struct Mixture {
-    mixture: croupier_core::Mixture,
+    mixture: std::sync::Arc<croupier_core::Mixture>,
     args: MixtureArgs,
 }
 
@@ -597,7 +655,7 @@ impl Mixture {
             &specs,
         ))?;
         Ok(Mixture {
-            mixture,
+            mixture: std::sync::Arc::new(mixture),
             args: (
                 sizes,
                 num_replicas,
@@ -664,11 +722,11 @@ impl Mixture {
         stop: Option<u64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let stop = stop.unwrap_or(self.mixture.len());
-        check_memory(
-            self.mixture.range_bytes(start, stop),
-            "this rank's mixture indices",
-        )?;
-        indices_to_numpy(py, || self.mixture.range(epoch, start, stop))
+        let bytes = self.mixture.range_bytes(start, stop);
+        check_memory(bytes, "this rank's mixture indices")?;
+        let mixture = std::sync::Arc::clone(&self.mixture);
+        let out = interruptible(py, bytes, move || mixture.range(epoch, start, stop))?;
+        Ok(to_numpy(py, out))
     }
 
     /// Where an `indices` call starting at `start` should stop to hand out its first index
@@ -733,8 +791,12 @@ fn layout(n: u64, num_replicas: u64, drop_last: bool) -> PyResult<(u64, u64)> {
 /// The epoch's full permutation of `[0, n)`.
 #[pyfunction]
 fn permutation(py: Python<'_>, n: u64, seed: u64, epoch: u64) -> PyResult<Bound<'_, PyAny>> {
-    check_memory(croupier_core::permutation_bytes(n), "the permutation")?;
-    indices_to_numpy(py, || croupier_core::permutation(n, seed, epoch))
+    let bytes = croupier_core::permutation_bytes(n);
+    check_memory(bytes, "the permutation")?;
+    let out = interruptible(py, bytes, move || {
+        croupier_core::permutation(n, seed, epoch)
+    })?;
+    Ok(to_numpy(py, out))
 }
 
 /// Fills a writable, contiguous 1-D `uint32` or `int64` array with the permutation of
@@ -784,8 +846,12 @@ fn torch_randperm(py: Python<'_>, n: u64, seed: u64, order: Order) -> PyResult<B
             "order must be Order.TORCH_FORWARD or Order.TORCH_INSIDE_OUT, got Order.FAST",
         ));
     };
-    check_memory(n.saturating_mul(croupier_core::index_bytes(n)), "randperm")?;
-    indices_to_numpy(py, || croupier_core::torch_randperm(n, seed, variant))
+    let bytes = n.saturating_mul(croupier_core::index_bytes(n));
+    check_memory(bytes, "randperm")?;
+    let out = interruptible(py, bytes, move || {
+        croupier_core::torch_randperm(n, seed, variant)
+    })?;
+    Ok(to_numpy(py, out))
 }
 
 /// Loads numpy's C API while the module is imported. rust-numpy loads it on first use,
