@@ -15,6 +15,7 @@ from croupier._core import __version__
 from croupier._permutation import permutation
 
 if TYPE_CHECKING:
+    from croupier.loader import StatefulDataLoader
     from croupier.samplers import (
         BucketBatchSampler,
         DistributedSampler,
@@ -31,6 +32,7 @@ __all__ = [
     "RankAwareSampler",
     "SequentialBucketSampler",
     "StateError",
+    "StatefulDataLoader",
     "__version__",
     "permutation",
 ]
@@ -44,6 +46,7 @@ _LAZY = {
     "RankAwareSampler": "croupier.samplers",
     "SequentialBucketSampler": "croupier.samplers",
     "StateError": "croupier.samplers",
+    "StatefulDataLoader": "croupier.loader",
 }
 
 

@@ -100,10 +100,13 @@ class _Cursor:
     handler or another thread, is exactly what was handed out.
     """
 
-    __slots__ = ("_view",)
+    __slots__ = ("_view", "started")
 
     def __init__(self, position: int) -> None:
         self._view: tuple[int, int, Iterator[Any]] = (position, 0, iter(()))
+        #: Whether the iteration has run (its first ``next``); until then its start stays
+        #: pending for the next ``iter``.
+        self.started = False
 
     @property
     def position(self) -> int:
@@ -238,8 +241,12 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
 
     @staticmethod
     def _next_start(at: _Pending | _Cursor | None) -> int:
-        # torch's rule: a new iteration starts the epoch again unless a start is pending.
-        return at.position if isinstance(at, _Pending) else 0
+        # torch's rule: a new iteration starts the epoch again unless a start is pending. An
+        # iterator that has handed out nothing leaves its start pending: DataLoader's worker
+        # iterator calls iter() on a batch sampler twice and drops the first.
+        if isinstance(at, _Pending) or (isinstance(at, _Cursor) and not at.started):
+            return at.position
+        return 0
 
     # -- items ----------------------------------------------------------------------------------
 
@@ -312,13 +319,24 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         iteration goes on, and it is exact at any instant (from a signal handler or a thread).
         """
         epoch, at = self._now
+        return self._state_at(epoch, self._consumed(at))
+
+    def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        """The state of this sampler at ``position`` of ``epoch`` (what :meth:`state_dict` says
+        once ``position`` items of ``epoch`` are consumed). A loader whose workers prefetch
+        ahead of training saves this at the position training has consumed."""
         return {
             **self._state_config(),
             "num_replicas": self.num_replicas,
             "rank": self.rank,
             "epoch": epoch,
-            "position": self._consumed(at),
+            "position": position,
         }
+
+    def _start_position(self) -> int:
+        """Where the next iteration starts in the current epoch (a pending skip or loaded
+        position, else 0)."""
+        return self._next_start(self._now[1])
 
     def _as_native(self, state: object) -> Mapping[str, Any]:
         """``state`` in this sampler's own shape: as it is when it has a ``version``, else
@@ -397,6 +415,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
 
 def _emit(segments: Iterator[_Segment], cursor: _Cursor, chunk: int) -> Iterator[Any]:
     """Yields the items of ``segments`` as Python objects, a chunk at a time."""
+    cursor.started = True
     for seg in segments:
         for lo in range(0, len(seg), chunk):
             yield from cursor.advance(seg[lo : lo + chunk].tolist())

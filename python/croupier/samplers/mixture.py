@@ -395,7 +395,10 @@ class MixtureSampler(IndexSampler):
         for the next iteration) and ``phases`` (the current epoch's phases, ``[[start,
         nominal_length, weights, temperature], ...]``). JSON-serialisable; its size grows with
         the number of datasets and phases only."""
-        state = super().state_dict()
+        return super().state_dict()
+
+    def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        state = super()._state_at(epoch, position)
         state["schedule"] = [[s, list(w), t] for s, w, t in self._schedule]
         state["schedule_pending"] = self._pending
         state["phases"] = [[s, n, list(w), t] for s, n, w, t in self._phases]

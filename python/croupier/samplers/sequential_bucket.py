@@ -184,8 +184,10 @@ class SequentialBucketSampler(BatchSampler):
 
     def state_dict(self) -> dict[str, Any]:
         """NeMo's state: ``{"epoch": epoch, "batches_yielded": batches of this epoch consumed}``."""
-        epoch, at = self._now
-        return {"epoch": epoch, "batches_yielded": self._consumed(at)}
+        return super().state_dict()
+
+    def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        return {"epoch": epoch, "batches_yielded": position}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores NeMo's state (extra keys are ignored, as NeMo does): the epoch, and the next

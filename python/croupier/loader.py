@@ -1,0 +1,314 @@
+"""``StatefulDataLoader``: a torch ``DataLoader`` whose checkpoint records what training consumed.
+
+Behind a ``DataLoader`` the sampler runs ahead of training: with workers, the main process
+draws ``prefetch_factor * num_workers`` batches of indices before the first batch reaches the
+training loop, so a sampler's own ``state_dict()`` taken then claims batches that training never
+saw, and a run resumed from it skips them. This loader counts the batches it has handed to the
+caller and saves the sampler's state *at that position* (croupier samplers compute the state of
+any position of the current epoch in O(1)), so a resume starts at exactly the next batch
+training has not seen, whatever the workers had prefetched. Resuming costs O(1) in the epoch's
+length: the sampler starts its iteration there; no batch is replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from torch.utils.data import BatchSampler as TorchBatchSampler
+from torch.utils.data import DataLoader, IterableDataset
+
+from croupier._validate import U64_MAX, check_int
+from croupier.samplers._base import BatchSampler, IndexSampler, StatefulSampler
+from croupier.samplers._state import StateError
+from croupier.samplers.distributed import DistributedSampler
+
+__all__ = ["StatefulDataLoader"]
+
+# What ``config`` may set (kempnerforge's ``DataConfig`` fields the loader reads, plus two
+# DataLoader options); explicit keyword arguments win over it.
+_CONFIG_FIELDS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "drop_last")
+# Keys of a sampler state that carries its own position (croupier's, NeMo's, torchdata's).
+_POSITION_KEYS = ("position", "batches_yielded", "yielded")
+
+
+def _from_config(config: object) -> dict[str, Any]:
+    """The DataLoader options ``config`` sets: a mapping, or an object with attributes (such
+    as kempnerforge's ``DataConfig``); fields it does not have are left to the defaults."""
+    if config is None:
+        return {}
+    if isinstance(config, Mapping):
+        get = config.get
+    elif isinstance(config, (str, bytes, int, float)):
+        raise TypeError(
+            f"config must be a mapping or an object with attributes such as num_workers "
+            f"(kempnerforge's DataConfig), got {type(config).__name__}"
+        )
+    else:
+
+        def get(name: str, default: object = None) -> object:
+            return getattr(config, name, default)
+
+    out: dict[str, Any] = {}
+    for name in _CONFIG_FIELDS:
+        value = get(name, None)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+class _Progress:
+    """Where training stands, replaced as one value so a checkpoint taken at any instant (a
+    signal handler, another thread) pairs an epoch with its own count.
+
+    ``epoch``: the loader's epoch. ``batches``: batches of it consumed (from the epoch's start,
+    a resumed run's included). ``start``: the sampler position the live iteration started at,
+    and ``since``: batches consumed since then.
+    """
+
+    __slots__ = ("batches", "epoch", "since", "start")
+
+    def __init__(self, epoch: int, batches: int, start: int, since: int) -> None:
+        self.epoch = epoch
+        self.batches = batches
+        self.start = start
+        self.since = since
+
+
+class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
+    """A ``torch.utils.data.DataLoader`` that can be checkpointed and resumed at the exact next
+    batch, with or without workers.
+
+    ``state_dict()`` returns ``{"epoch", "batches_yielded", "sampler"}``: the epoch, the
+    batches of it handed to the caller, and the sampler's state at that point (not at the point
+    the workers' prefetching has reached). ``load_state_dict`` restores it; the next iteration
+    continues with the next batch, in O(1) (nothing is replayed). kempnerforge's semantics:
+    the epoch advances by itself when an iteration runs to its end, and each iteration calls
+    ``sampler.set_epoch(epoch)``; ``set_epoch`` sets it explicitly.
+
+    Args:
+        dataset: a map-style dataset (``__getitem__``, ``__len__``).
+        batch_size: samples per batch for a sampler that yields indices; ``None`` (or the
+            default 1) with a batch sampler.
+        sampler: a croupier sampler. An index sampler (``DistributedSampler``,
+            ``MixtureSampler``) is batched by ``batch_size``; a batch sampler
+            (``BucketBatchSampler``, ``SequentialBucketSampler``) is used as the DataLoader's
+            ``batch_sampler``. Any other sampler must follow kempnerforge's protocol
+            (``state_dict``, ``load_state_dict``, ``set_skip``). ``None`` builds a
+            ``croupier.DistributedSampler(dataset)`` over the process group (``shuffle`` may
+            be passed for it).
+        config: DataLoader options as a mapping or an object with attributes (kempnerforge's
+            ``DataConfig``): ``num_workers``, ``pin_memory``, ``prefetch_factor``,
+            ``persistent_workers``, ``drop_last``. Keyword arguments override it.
+        **dataloader_kwargs: any other ``DataLoader`` argument (``num_workers``,
+            ``collate_fn``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers``,
+            ``drop_last``, ``batch_sampler``, ...). ``in_order=False`` is refused: batches
+            must reach the caller in order for the count to name a position.
+
+    With ``drop_last=False`` (the default, as in torch) the last, smaller batch of an epoch is
+    yielded; ``drop_last=True`` drops it.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        sampler: Any = None,
+        config: Any = None,
+        **dataloader_kwargs: Any,
+    ) -> None:
+        if isinstance(dataset, IterableDataset):
+            raise TypeError(
+                "StatefulDataLoader needs a map-style dataset (with __getitem__ and __len__): "
+                "an IterableDataset has no sampler whose position could be saved"
+            )
+        configured = _from_config(config)
+        kwargs = {**configured, **dataloader_kwargs}
+        if kwargs.get("num_workers", 0) == 0 and "prefetch_factor" not in dataloader_kwargs:
+            kwargs.pop("prefetch_factor", None)  # a config's; DataLoader refuses it without workers
+        if kwargs.get("in_order", True) is not True:
+            raise ValueError(
+                "in_order=False is not supported: batches must reach the caller in order for "
+                "the checkpoint to name the next batch"
+            )
+        batch_sampler = kwargs.pop("batch_sampler", None)
+        shuffle = kwargs.pop("shuffle", None)
+        if batch_sampler is not None and sampler is not None:
+            raise ValueError("pass sampler or batch_sampler, not both")
+        if sampler is not None and _is_batch_sampler(sampler):
+            batch_sampler, sampler = sampler, None
+        if shuffle is not None and (sampler is not None or batch_sampler is not None):
+            raise ValueError(
+                "shuffle is for the DistributedSampler built when no sampler is given; "
+                "pass shuffle to your sampler instead"
+            )
+        if batch_sampler is not None:
+            if batch_size not in (None, 1):
+                raise ValueError(
+                    f"batch_size must be None with a batch sampler (it makes the batches), "
+                    f"got {batch_size!r}"
+                )
+            if kwargs.get("drop_last"):
+                raise ValueError(
+                    "drop_last must be False with a batch sampler (it decides its batches)"
+                )
+            kwargs.pop("drop_last", None)
+            _check_sampler("batch_sampler", batch_sampler)
+            source = batch_sampler
+            batch_size = 1  # DataLoader's value for "the batch sampler decides"
+        else:
+            batch_size = check_int("batch_size", batch_size, 1)
+            if sampler is None:
+                sampler = DistributedSampler(
+                    dataset, **({} if shuffle is None else {"shuffle": shuffle})
+                )
+            _check_sampler("sampler", sampler)
+            source = sampler
+        super().__init__(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            **kwargs,
+        )
+        #: The sampler whose state is saved: the index sampler or the batch sampler.
+        self.source = source
+        # Sampler items per batch: indices, or 1 for a batch sampler (its items are batches).
+        self._per_batch = batch_size
+        self._progress = _Progress(0, 0, 0, 0)
+        self._loaded_skip: int | None = None
+
+    # -- epochs -----------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next (or live) iteration yields."""
+        return self._progress.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch and passes it to the sampler. Setting the epoch a loaded state
+        belongs to keeps its position (the usual ``set_epoch`` at the top of a resumed training
+        loop loses nothing); another epoch starts from its first batch."""
+        epoch = check_int("epoch", epoch, 0, U64_MAX)
+        if epoch != self._progress.epoch:
+            self._progress = _Progress(epoch, 0, 0, 0)
+            self._loaded_skip = None
+        self.source.set_epoch(epoch)
+
+    # -- iteration ----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        progress = self._progress
+        self.source.set_epoch(progress.epoch)
+        if isinstance(self.source, StatefulSampler):
+            start = self.source._start_position()
+            # A new iteration without a loaded state starts the epoch again (torch's rule).
+            batches = progress.batches if start > 0 else 0
+        else:
+            if self._loaded_skip is not None:
+                self.source.set_skip(self._loaded_skip)
+            start = self._loaded_skip or 0
+            batches = progress.batches if start > 0 else 0
+        self._loaded_skip = None
+        self._progress = _Progress(progress.epoch, batches, start, 0)
+        return self._consume(super().__iter__())
+
+    def _consume(self, inner: Iterator[Any]) -> Iterator[Any]:
+        for batch in inner:
+            p = self._progress
+            self._progress = _Progress(p.epoch, p.batches + 1, p.start, p.since + 1)
+            yield batch
+        p = self._progress
+        # The epoch is done: a checkpoint now resumes at the start of the next one.
+        self._progress = _Progress(p.epoch + 1, 0, 0, 0)
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def _consumed_items(self, p: _Progress) -> int:
+        """The sampler position (indices, or batches for a batch sampler) training has
+        consumed: the iteration's start plus the batches handed out since."""
+        return min(p.start + p.since * self._per_batch, len(self.source))
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch", "batches_yielded", "sampler"}``: the epoch, the batches of it handed to
+        the caller, and the sampler's state at that point. JSON-serialisable, O(1) in size,
+        exact at any instant; prefetched batches are not counted. After an epoch ran to its
+        end, it names the start of the next epoch."""
+        p = self._progress
+        source = self.source
+        if isinstance(source, StatefulSampler):
+            sampler_state = source._state_at(p.epoch, self._consumed_items(p))
+        else:
+            sampler_state = source.state_dict()
+        return {"epoch": p.epoch, "batches_yielded": p.batches, "sampler": sampler_state}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores a :meth:`state_dict` (or kempnerforge's): the next iteration yields the
+        next batch training had not consumed. The sampler state is loaded into the sampler;
+        a state without a position (kempnerforge's sampler keys ``epoch, seed, num_replicas,
+        rank``) resumes after ``batches_yielded * batch_size`` samples, as kempnerforge does.
+        Invalid states raise ``ValueError``/``TypeError`` and change nothing."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")
+        missing = [k for k in ("epoch", "batches_yielded") if k not in state]
+        if missing:
+            raise StateError(
+                f"state is missing keys {missing}; expected a StatefulDataLoader state_dict() "
+                "with epoch, batches_yielded and sampler"
+            )
+        epoch = check_int("state['epoch']", state["epoch"], 0, U64_MAX)
+        batches = check_int("state['batches_yielded']", state["batches_yielded"], 0)
+        per_epoch = len(self)
+        if batches > per_epoch:
+            raise StateError(
+                f"state['batches_yielded'] must be in [0, {per_epoch}] (batches per epoch of "
+                f"this loader), got {batches}"
+            )
+        sampler_state = state.get("sampler")
+        if sampler_state is not None and not isinstance(sampler_state, Mapping):
+            raise TypeError(
+                f"state['sampler'] must be a mapping, got {type(sampler_state).__name__}"
+            )
+        positional = sampler_state is not None and any(k in sampler_state for k in _POSITION_KEYS)
+        skip = None if positional else min(batches * self._per_batch, len(self.source))
+        if skip is not None and not (
+            isinstance(self.source, StatefulSampler) or hasattr(self.source, "set_skip")
+        ):
+            raise StateError("state['sampler'] has no position and the sampler has no set_skip")
+        if sampler_state is not None:
+            self.source.load_state_dict(sampler_state)  # validates; unchanged if refused
+        if isinstance(self.source, StatefulSampler):
+            if skip is not None:
+                self.source.set_epoch(epoch)
+                self.source.set_skip(skip)
+            self._loaded_skip = None
+            start = self.source._start_position()
+        else:
+            self._loaded_skip = skip
+            start = skip or 0
+        self._progress = _Progress(epoch, batches, start, 0)
+
+    def __repr__(self) -> str:
+        p = self._progress
+        return (
+            f"StatefulDataLoader(sampler={self.source!r}, batch_size={self.batch_size}, "
+            f"num_workers={self.num_workers}, epoch={p.epoch}, batches_yielded={p.batches})"
+        )
+
+
+def _is_batch_sampler(sampler: object) -> bool:
+    return isinstance(sampler, (BatchSampler, TorchBatchSampler))
+
+
+def _check_sampler(name: str, sampler: object) -> None:
+    if isinstance(sampler, (IndexSampler, BatchSampler)):
+        return
+    needed = ("state_dict", "load_state_dict", "set_skip", "set_epoch")
+    lacking = [m for m in needed if not callable(getattr(sampler, m, None))]
+    if lacking:
+        raise TypeError(
+            f"{name} must be a croupier sampler, or follow kempnerforge's protocol "
+            f"(state_dict, load_state_dict, set_skip, set_epoch); {type(sampler).__name__} "
+            f"lacks {', '.join(lacking)}. For torch's DistributedSampler use "
+            "croupier.DistributedSampler(..., order='torch'): the same indices, resumable"
+        )

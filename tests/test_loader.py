@@ -1,0 +1,328 @@
+"""StatefulDataLoader: a checkpoint names what training consumed (not what workers prefetched),
+and a resume continues at exactly the next batch, with any sampler and worker setup."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from croupier import (
+    BucketBatchSampler,
+    DistributedSampler,
+    MixtureSampler,
+    SequentialBucketSampler,
+    StateError,
+    StatefulDataLoader,
+)
+
+EPOCHS = 2
+
+
+class Ids(Dataset):
+    """Sample ``i`` is ``i``: the batches a loader yields are the indices its sampler dealt."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class Buckets(Ids):
+    """A NeMo-shaped multi-resolution dataset for SequentialBucketSampler."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        super().__init__(sum(sizes))
+        self.sorted_bucket_keys = [f"b{i}" for i in range(len(sizes))]
+        self.bucket_groups = {}
+        start = 0
+        for i, n in enumerate(sizes):
+            self.bucket_groups[f"b{i}"] = {
+                "indices": list(range(start, start + n)),
+                "resolution": (256 * (i + 1), 256),
+                "aspect_name": f"a{i}",
+            }
+            start += n
+
+        class Calculator:
+            def get_dynamic_batch_size(self, resolution, base_batch_size, base_resolution):
+                area = resolution[0] * resolution[1]
+                return max(1, int(base_batch_size * base_resolution[0] * base_resolution[1] / area))
+
+        self.calculator = Calculator()
+
+
+def _make(kind: str, **loader_kwargs):
+    """A fresh loader of ``kind`` (each call builds the same configuration)."""
+    if kind == "distributed":
+        ds = Ids(61)
+        return StatefulDataLoader(
+            ds, 8, sampler=DistributedSampler(ds, 2, 1, seed=5), **loader_kwargs
+        )
+    if kind == "distributed-drop":
+        ds = Ids(61)
+        sampler = DistributedSampler(ds, 1, 0, seed=5)
+        return StatefulDataLoader(ds, 8, sampler=sampler, drop_last=True, **loader_kwargs)
+    if kind == "mixture":
+        ds = Ids(90)
+        sampler = MixtureSampler([0, 30, 50, 90], [0.5, 0.3, 0.2], 2, 0, seed=1)
+        return StatefulDataLoader(ds, 7, sampler=sampler, **loader_kwargs)
+    if kind == "buckets":
+        lengths = np.random.default_rng(0).integers(1, 200, size=150)
+        ds = Ids(150)
+        sampler = BucketBatchSampler(lengths, max_tokens=600, buckets=4, num_replicas=2, rank=0)
+        return StatefulDataLoader(ds, None, sampler=sampler, **loader_kwargs)
+    if kind == "sequential-buckets":
+        ds = Buckets([9, 14, 5])
+        sampler = SequentialBucketSampler(
+            ds, base_batch_size=4, base_resolution=(256, 256), num_replicas=1, rank=0
+        )
+        return StatefulDataLoader(ds, batch_sampler=sampler, **loader_kwargs)
+    raise AssertionError(kind)
+
+
+def _batches(loader, epochs: int = EPOCHS, stop_after: int | None = None):
+    """Runs ``loader`` as a training loop does until its epoch reaches ``epochs`` (or
+    ``stop_after`` batches, then returns the state taken right after the last one)."""
+    out = []
+    while loader.epoch < epochs:
+        for batch in loader:
+            out.append(batch.tolist())
+            if stop_after is not None and len(out) == stop_after:
+                return out, loader.state_dict()
+    return out, loader.state_dict()
+
+
+KINDS = ["distributed", "distributed-drop", "mixture", "buckets", "sequential-buckets"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_resume_at_every_batch_of_two_epochs_without_workers(kind):
+    straight, _ = _batches(_make(kind))
+    assert len(straight) == EPOCHS * len(_make(kind))
+    for k in range(len(straight) + 1):
+        head, state = _batches(_make(kind), stop_after=k)
+        state = json.loads(json.dumps(state))
+        resumed = _make(kind)
+        resumed.load_state_dict(state)
+        tail, _ = _batches(resumed)
+        assert head + tail == straight, f"resumed after batch {k}"
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("kind", ["distributed", "mixture", "buckets"])
+def test_resume_at_every_batch_with_two_workers(kind, persistent):
+    # Workers prefetch prefetch_factor * num_workers = 4 batches ahead of training; the state
+    # must name what training consumed, so a resume at batch 0 starts at batch 0.
+    opts = {"num_workers": 2, "persistent_workers": persistent}
+    straight, _ = _batches(_make(kind))
+    for k in range(len(straight) + 1):
+        loader = _make(kind, **opts)
+        head, state = _batches(loader, stop_after=k)
+        resumed = _make(kind, **opts)
+        resumed.load_state_dict(json.loads(json.dumps(state)))
+        tail, _ = _batches(resumed)
+        assert head + tail == straight, f"resumed after batch {k}"
+
+
+def test_checkpoint_before_the_first_batch_is_consumed_skips_nothing():
+    # The known trap: with 2 workers the sampler has dealt 4 batches before training sees one.
+    loader = _make("distributed", num_workers=2)
+    it = iter(loader)
+    first = next(it)
+    # The workers now hold 3 more batches (and the sampler has dealt 4): none is consumed.
+    state = loader.state_dict()
+    assert state["batches_yielded"] == 1 and state["sampler"]["position"] == 8
+    assert loader.source.state_dict()["position"] > 8  # the sampler itself ran ahead
+    fresh = _make("distributed", num_workers=2)
+    fresh_state = fresh.state_dict()
+    iter(fresh)  # workers start and prefetch
+    assert fresh.state_dict() == fresh_state  # still nothing consumed
+    resumed = _make("distributed")
+    resumed.load_state_dict(fresh_state)
+    assert next(iter(resumed)).tolist() == first.tolist()
+
+
+def test_resume_twice_in_a_row_and_two_plus_two_epochs_equal_four():
+    straight, _ = _batches(_make("mixture"), epochs=4)
+    per_epoch = len(_make("mixture"))
+    head, state = _batches(_make("mixture"), stop_after=per_epoch + 3)
+    second = _make("mixture")
+    second.load_state_dict(state)
+    middle, state = _batches(second, stop_after=5)
+    third = _make("mixture")
+    third.load_state_dict(state)
+    tail, _ = _batches(third, epochs=4)
+    assert head + middle + tail == straight
+    # 2 epochs, a checkpoint at the boundary, 2 more epochs in a new loader.
+    first_two, state = _batches(_make("mixture"), epochs=2)
+    assert state["epoch"] == 2 and state["batches_yielded"] == 0
+    rest = _make("mixture")
+    rest.load_state_dict(state)
+    last_two, _ = _batches(rest, epochs=4)
+    assert first_two + last_two == straight
+
+
+def test_state_is_json_and_round_trips():
+    loader = _make("buckets")
+    _batches(loader, stop_after=3)
+    state = loader.state_dict()
+    assert set(state) == {"epoch", "batches_yielded", "sampler"}
+    assert json.loads(json.dumps(state)) == state
+    other = _make("buckets")
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+
+
+def test_epochs_differ_and_set_epoch_reaches_the_sampler():
+    loader = _make("distributed")
+    first, _ = _batches(loader, epochs=1)
+    second, _ = _batches(loader, epochs=2)
+    assert first != second and loader.epoch == 2
+    loader.set_epoch(7)
+    assert loader.source.epoch == 7 and loader.state_dict()["epoch"] == 7
+    seven = [b.tolist() for b in loader]
+    expected = loader.source  # a fresh sampler at epoch 7 gives the same indices
+    direct = DistributedSampler(Ids(61), 2, 1, seed=5)
+    direct.set_epoch(7)
+    flat = [i for b in seven for i in b]
+    assert flat == direct.indices().tolist() and expected.epoch == 7
+
+
+def test_a_new_iteration_without_a_state_starts_the_epoch_again():
+    loader = _make("distributed")
+    head, _ = _batches(loader, stop_after=3)
+    again = [b.tolist() for b in loader]
+    assert again[:3] == head and loader.epoch == 1
+
+
+def test_set_epoch_of_the_loaded_epoch_keeps_the_position():
+    head, state = _batches(_make("distributed"), stop_after=6)  # epoch 1, batch 2 of 4
+    assert state["epoch"] == 1 and state["batches_yielded"] == 2
+    loader = _make("distributed")
+    loader.load_state_dict(state)
+    loader.set_epoch(1)  # the usual call at the top of a resumed loop
+    tail = [b.tolist() for b in loader]
+    straight, _ = _batches(_make("distributed"))
+    assert head + tail == straight
+
+
+def test_kempnerforge_shaped_state_resumes_after_batches_times_batch_size():
+    state = {
+        "epoch": 1,
+        "batches_yielded": 3,
+        "sampler": {"epoch": 1, "seed": 5, "num_replicas": 2, "rank": 1},
+    }
+    loader = _make("distributed")
+    loader.load_state_dict(state)
+    got = [b.tolist() for b in loader]
+    direct = DistributedSampler(Ids(61), 2, 1, seed=5)
+    direct.set_epoch(1)
+    assert [i for b in got for i in b] == direct.indices()[24:].tolist()
+    assert loader.state_dict()["epoch"] == 2
+
+
+def test_default_sampler_is_a_distributed_sampler_of_the_process_group():
+    ds = Ids(20)
+    loader = StatefulDataLoader(ds, 4)
+    assert isinstance(loader.source, DistributedSampler)
+    assert (loader.source.num_replicas, loader.source.rank) == (1, 0)
+    flat = sorted(i for b in loader for i in b.tolist())
+    assert flat == list(range(20))
+    ordered = StatefulDataLoader(ds, 4, shuffle=False)
+    assert [i for b in ordered for i in b.tolist()] == list(range(20))
+
+
+def test_config_object_and_mapping_set_dataloader_options():
+    class DataConfig:  # kempnerforge's fields
+        num_workers = 2
+        pin_memory = False
+        prefetch_factor = 3
+
+    ds = Ids(40)
+    loader = StatefulDataLoader(ds, 4, config=DataConfig())
+    assert (loader.num_workers, loader.prefetch_factor) == (2, 3)
+    loader = StatefulDataLoader(ds, 4, config={"num_workers": 0, "prefetch_factor": 3})
+    assert loader.num_workers == 0 and loader.prefetch_factor is None
+    loader = StatefulDataLoader(ds, 4, config=DataConfig(), num_workers=0)
+    assert loader.num_workers == 0  # keyword arguments win
+
+
+@pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
+def test_pin_memory_and_prefetch_factor_resume_exactly():
+    opts = {"num_workers": 2, "pin_memory": True, "prefetch_factor": 5}
+    straight, _ = _batches(_make("distributed"))
+    head, state = _batches(_make("distributed", **opts), stop_after=6)
+    resumed = _make("distributed", **opts)
+    resumed.load_state_dict(state)
+    tail, _ = _batches(resumed)
+    assert head + tail == straight
+
+
+def test_bad_arguments_are_refused():
+    ds = Ids(10)
+    sampler = DistributedSampler(ds, 1, 0)
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    with pytest.raises(TypeError, match="map-style"):
+        StatefulDataLoader(Stream(), 2)
+    with pytest.raises(ValueError, match="in_order"):
+        StatefulDataLoader(ds, 2, sampler=sampler, in_order=False)
+    with pytest.raises(ValueError, match="batch_size"):
+        StatefulDataLoader(ds, 4, sampler=BucketBatchSampler(np.arange(1, 11), 2))
+    with pytest.raises(ValueError, match="not both"):
+        StatefulDataLoader(
+            ds, None, sampler=sampler, batch_sampler=BucketBatchSampler(np.arange(1, 11), 2)
+        )
+    with pytest.raises(ValueError, match="shuffle"):
+        StatefulDataLoader(ds, 2, sampler=sampler, shuffle=True)
+    with pytest.raises(ValueError, match="batch_size"):
+        StatefulDataLoader(ds, 0, sampler=sampler)
+    with pytest.raises(TypeError, match="batch_size"):
+        StatefulDataLoader(ds, 2.0, sampler=sampler)
+    with pytest.raises(TypeError, match="config"):
+        StatefulDataLoader(ds, 2, sampler=sampler, config="workers=2")
+    with pytest.raises(TypeError, match="set_skip"):
+        StatefulDataLoader(ds, 2, sampler=torch.utils.data.RandomSampler(ds))
+
+
+def test_bad_states_are_refused_and_change_nothing():
+    loader = _make("distributed")
+    _batches(loader, stop_after=3)
+    before = loader.state_dict()
+    good = dict(before)
+    bad = [
+        ([], TypeError),
+        ({"batches_yielded": 1}, ValueError),
+        ({**good, "epoch": -1}, ValueError),
+        ({**good, "epoch": 1.0}, TypeError),
+        ({**good, "batches_yielded": len(loader) + 1}, ValueError),
+        ({**good, "sampler": "x"}, TypeError),
+        ({**good, "sampler": {**good["sampler"], "seed": 6}}, StateError),
+        ({**good, "sampler": {**good["sampler"], "position": 10**6}}, StateError),
+    ]
+    for state, error in bad:
+        with pytest.raises(error):
+            loader.load_state_dict(state)
+        assert loader.state_dict() == before
+
+
+def test_a_plain_dataloader_with_workers_keeps_a_loaded_batch_sampler_position():
+    # DataLoader's worker iterator calls iter(batch_sampler) twice and drops the first; the
+    # dropped iterator must not consume the loaded position.
+    lengths = np.arange(1, 101)
+    full = list(BucketBatchSampler(lengths, 4, num_replicas=1, rank=0, seed=2))
+    s = BucketBatchSampler(lengths, 4, num_replicas=1, rank=0, seed=2)
+    s.load_state_dict({**s.state_dict(), "position": 5})
+    loader = torch.utils.data.DataLoader(Ids(100), batch_sampler=s, num_workers=2)
+    assert [b.tolist() for b in loader] == full[5:]
