@@ -13,7 +13,7 @@ length: the sampler starts its iteration there; no batch is replayed.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch.utils.data import BatchSampler as TorchBatchSampler
 from torch.utils.data import DataLoader, IterableDataset
@@ -57,22 +57,14 @@ def _from_config(config: object) -> dict[str, Any]:
     return out
 
 
-class _Progress:
+class _Progress(NamedTuple):
     """Where training stands, replaced as one value so a checkpoint taken at any instant (a
-    signal handler, another thread) pairs an epoch with its own count.
+    signal handler, another thread) pairs an epoch with its own count."""
 
-    ``epoch``: the loader's epoch. ``batches``: batches of it consumed (from the epoch's start,
-    a resumed run's included). ``start``: the sampler position the live iteration started at,
-    and ``since``: batches consumed since then.
-    """
-
-    __slots__ = ("batches", "epoch", "since", "start")
-
-    def __init__(self, epoch: int, batches: int, start: int, since: int) -> None:
-        self.epoch = epoch
-        self.batches = batches
-        self.start = start
-        self.since = since
+    epoch: int  #: the loader's epoch
+    batches: int  #: batches of it consumed, from the epoch's start (a resumed run's included)
+    start: int  #: the sampler position the live iteration started at
+    since: int  #: batches consumed since then
 
 
 class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
@@ -175,6 +167,7 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         self.source = source
         # Sampler items per batch: indices, or 1 for a batch sampler (its items are batches).
         self._per_batch = batch_size
+        self._source_len = len(source)
         self._progress = _Progress(0, 0, 0, 0)
         self._loaded_skip: int | None = None
 
@@ -215,8 +208,8 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
 
     def _consume(self, inner: Iterator[Any]) -> Iterator[Any]:
         for batch in inner:
-            p = self._progress
-            self._progress = _Progress(p.epoch, p.batches + 1, p.start, p.since + 1)
+            epoch, batches, start, since = self._progress
+            self._progress = _Progress(epoch, batches + 1, start, since + 1)
             yield batch
         p = self._progress
         # The epoch is done: a checkpoint now resumes at the start of the next one.
@@ -227,7 +220,7 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
     def _consumed_items(self, p: _Progress) -> int:
         """The sampler position (indices, or batches for a batch sampler) training has
         consumed: the iteration's start plus the batches handed out since."""
-        return min(p.start + p.since * self._per_batch, len(self.source))
+        return min(p.start + p.since * self._per_batch, self._source_len)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"epoch", "batches_yielded", "sampler"}``: the epoch, the batches of it handed to

@@ -307,7 +307,19 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
     # -- checkpoints ----------------------------------------------------------------------------
 
     def _state_config(self) -> dict[str, Any]:
-        return {"version": _STATE_VERSION, **self._config()}
+        """``version`` and the configuration: a new dict (with new lists) each call."""
+        cached = self.__dict__.get("_config_cache")
+        if cached is None:
+            # The configuration is fixed at construction: built once, as states are taken at
+            # every training step.
+            config = {"version": _STATE_VERSION, **self._config()}
+            cached = (config, tuple(k for k, v in config.items() if isinstance(v, list)))
+            self.__dict__["_config_cache"] = cached
+        config, lists = cached
+        state = config.copy()
+        for key in lists:  # a caller may change the state it was given
+            state[key] = list(state[key])
+        return state
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint state: the configuration, ``num_replicas``, ``rank``, ``epoch`` and
@@ -325,13 +337,9 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         """The state of this sampler at ``position`` of ``epoch`` (what :meth:`state_dict` says
         once ``position`` items of ``epoch`` are consumed). A loader whose workers prefetch
         ahead of training saves this at the position training has consumed."""
-        return {
-            **self._state_config(),
-            "num_replicas": self.num_replicas,
-            "rank": self.rank,
-            "epoch": epoch,
-            "position": position,
-        }
+        state = self._state_config()
+        state.update(num_replicas=self.num_replicas, rank=self.rank, epoch=epoch, position=position)
+        return state
 
     def _start_position(self) -> int:
         """Where the next iteration starts in the current epoch (a pending skip or loaded
