@@ -15,6 +15,7 @@ from croupier._core import __version__
 from croupier._permutation import permutation
 
 if TYPE_CHECKING:
+    from croupier.datasets import MemoryMappedDataset
     from croupier.loader import StatefulDataLoader
     from croupier.samplers import (
         BucketBatchSampler,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BucketBatchSampler",
     "DistributedSampler",
+    "MemoryMappedDataset",
     "MixtureSampler",
     "RankAwareSampler",
     "SequentialBucketSampler",
@@ -42,6 +44,7 @@ __all__ = [
 _LAZY = {
     "BucketBatchSampler": "croupier.samplers",
     "DistributedSampler": "croupier.samplers",
+    "MemoryMappedDataset": "croupier.datasets",
     "MixtureSampler": "croupier.samplers",
     "RankAwareSampler": "croupier.samplers",
     "SequentialBucketSampler": "croupier.samplers",
