@@ -44,16 +44,15 @@ IGNORE_INDEX = -100
 def _open(path: Path) -> np.ndarray[Any, Any]:
     """``path`` memory-mapped, checked to be a 1-D uint16/uint32 ``.npy`` array."""
     try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        loaded: object = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as e:
         raise ValueError(
             f"MemoryMappedDataset reads .npy files written by numpy.save; cannot read {path}: {e}"
         ) from None
-    if not isinstance(arr, np.memmap):  # an .npz archive, or a 0-byte array numpy did not map
-        if isinstance(arr, np.ndarray) and arr.size == 0:
-            arr = np.asarray(arr)
-        else:
-            raise ValueError(f"{path} is not a .npy array (np.load gave {type(arr).__name__})")
+    # np.load maps a .npy file; it reads an empty one into memory, and gives an archive for .npz.
+    if not isinstance(loaded, np.ndarray):
+        raise ValueError(f"{path} is not a .npy array (np.load gave {type(loaded).__name__})")
+    arr: np.ndarray[Any, Any] = loaded
     if arr.ndim != 1:
         raise ValueError(
             f"{path} holds a {arr.ndim}-D array of shape {arr.shape}; token files must be 1-D"
@@ -135,7 +134,7 @@ class MemoryMappedDataset(Dataset):  # type: ignore[type-arg]
             raise IndexError(f"index {i} out of range [0, {self._len})")
         f = int(np.searchsorted(self.starts, i, side="right")) - 1
         lo = (i - int(self.starts[f])) * self.seq_len
-        return self._file_maps()[f][lo : lo + self.seq_len]  # type: ignore[no-any-return]
+        return self._file_maps()[f][lo : lo + self.seq_len]
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
         """Sample ``idx`` (``0 <= idx < len(self)``): ``input_ids`` and ``labels`` (and
@@ -146,7 +145,7 @@ class MemoryMappedDataset(Dataset):  # type: ignore[type-arg]
             return {"input_ids": inputs, "labels": labels}
         # doc_ids[j]: EOS tokens strictly before position j; a label crosses a boundary when
         # its input position is an EOS.
-        ends = inputs == self.eos_token_id
+        ends = inputs.eq(int(self.eos_token_id or 0))
         doc_ids = torch.cumsum(ends, 0) - ends.long()
         return {
             "input_ids": inputs,
