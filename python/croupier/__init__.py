@@ -15,7 +15,7 @@ from croupier._core import __version__
 from croupier._permutation import permutation
 
 if TYPE_CHECKING:
-    from croupier.datasets import MemoryMappedDataset
+    from croupier.datasets import HuggingFaceDataset, MemoryMappedDataset
     from croupier.loader import StatefulDataLoader
     from croupier.samplers import (
         BucketBatchSampler,
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BucketBatchSampler",
     "DistributedSampler",
+    "HuggingFaceDataset",
     "MemoryMappedDataset",
     "MixtureSampler",
     "RankAwareSampler",
@@ -44,6 +45,7 @@ __all__ = [
 _LAZY = {
     "BucketBatchSampler": "croupier.samplers",
     "DistributedSampler": "croupier.samplers",
+    "HuggingFaceDataset": "croupier.datasets",
     "MemoryMappedDataset": "croupier.datasets",
     "MixtureSampler": "croupier.samplers",
     "RankAwareSampler": "croupier.samplers",

@@ -33,12 +33,11 @@ import torch
 from torch.utils.data import Dataset
 
 from croupier._validate import as_int, check_bool, check_int
+from croupier.datasets._sample import IGNORE_INDEX, lm_sample
 
-__all__ = ["MemoryMappedDataset"]
+__all__ = ["IGNORE_INDEX", "MemoryMappedDataset"]
 
 _DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))
-IGNORE_INDEX = -100
-"""The label of a position whose next token starts another document (packed samples)."""
 
 
 def _open(path: Path) -> np.ndarray[Any, Any]:
@@ -139,19 +138,8 @@ class MemoryMappedDataset(Dataset):  # type: ignore[type-arg]
     def __getitem__(self, idx: int) -> dict[str, Any]:
         """Sample ``idx`` (``0 <= idx < len(self)``): ``input_ids`` and ``labels`` (and
         ``doc_ids`` when packing), ``int64`` tensors of ``seq_len - 1`` tokens."""
-        t = torch.from_numpy(self.tokens(idx).astype(np.int64))
-        inputs, labels = t[:-1], t[1:]
-        if not self.pack_sequences:
-            return {"input_ids": inputs, "labels": labels}
-        # doc_ids[j]: EOS tokens strictly before position j; a label crosses a boundary when
-        # its input position is an EOS.
-        ends = inputs.eq(int(self.eos_token_id or 0))
-        doc_ids = torch.cumsum(ends, 0) - ends.long()
-        return {
-            "input_ids": inputs,
-            "labels": labels.masked_fill(ends, IGNORE_INDEX),
-            "doc_ids": doc_ids,
-        }
+        tokens = torch.from_numpy(self.tokens(idx).astype(np.int64))
+        return lm_sample(tokens, self.eos_token_id if self.pack_sequences else None)
 
     # -- checkpoints, pickling, closing ------------------------------------------------------
 
