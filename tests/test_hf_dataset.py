@@ -71,7 +71,7 @@ def _stream(docs, tok):
     for d in docs:
         ids = tok.encode(d, add_special_tokens=False).ids
         if ids:
-            out += ids + [eos]
+            out += [*ids, eos]
     return out, eos
 
 
@@ -109,7 +109,7 @@ def test_packing_adds_doc_ids_and_masks_labels(corpus):
 
 
 def test_eos_from_tokenizer_config_and_a_file_path(corpus):
-    data, tok_dir, docs, tok = corpus
+    data, tok_dir, _, tok = corpus
     (tok_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<unk>"}))
     ds = HuggingFaceDataset(str(data), "train", "text", 8, str(tok_dir))
     assert ds.eos_token_id == tok.token_to_id("<unk>")
@@ -132,7 +132,7 @@ def test_state_keys_and_refusals(corpus):
 
 
 def test_pickles_and_loads_in_workers(corpus):
-    data, tok_dir, docs, tok = corpus
+    data, tok_dir, _, _ = corpus
     ds = HuggingFaceDataset(str(data), "train", "text", 4, str(tok_dir))
     again = pickle.loads(pickle.dumps(ds))
     assert again[3]["input_ids"].tolist() == ds[3]["input_ids"].tolist()
@@ -150,7 +150,7 @@ def test_bad_input(corpus, tmp_path):
         HuggingFaceDataset(**{**ok, "text_field": 3}, tokenizer_path=str(tok_dir))
     with pytest.raises(ValueError, match="'body' is not a column"):
         HuggingFaceDataset(**{**ok, "text_field": "body"}, tokenizer_path=str(tok_dir))
-    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    with pytest.raises(FileNotFoundError, match=r"tokenizer\.json"):
         HuggingFaceDataset(**ok, tokenizer_path=str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match="fewer than one sample"):
         HuggingFaceDataset(**{**ok, "seq_len": 10**6}, tokenizer_path=str(tok_dir))
