@@ -1,3 +1,5 @@
 """Modules with the exact names and defaults of the systems croupier stands in for, on top of
-croupier's own classes: :mod:`croupier.compat.nemo` (NeMo Automodel) and
-:mod:`croupier.compat.transfer_queue` (TransferQueue)."""
+croupier's own classes: :mod:`croupier.compat.kempnerforge` (kempnerforge's data package),
+:mod:`croupier.compat.torchdata` (torchdata's ``StatefulDistributedSampler``),
+:mod:`croupier.compat.nemo` (NeMo Automodel) and :mod:`croupier.compat.transfer_queue`
+(TransferQueue)."""

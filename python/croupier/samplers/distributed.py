@@ -6,7 +6,7 @@ this class holds only its configuration and argument checks.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy.typing as npt
 
@@ -15,7 +15,7 @@ from croupier._dist import DistInfo, resolve_ranks
 from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
 from croupier._validate import U64_MAX, check_bool, check_int, dataset_length
 from croupier.samplers._base import IndexSampler
-from croupier.samplers._state import KEMPNERFORGE
+from croupier.samplers._state import KEMPNERFORGE, StateFormat
 
 __all__ = ["DistributedSampler"]
 
@@ -82,7 +82,7 @@ class DistributedSampler(IndexSampler):
         "num_samples",
         "total_size",
     )
-    _state_formats = (KEMPNERFORGE,)
+    _state_formats: ClassVar[tuple[StateFormat, ...]] = (KEMPNERFORGE,)
 
     def __init__(
         self,
