@@ -23,6 +23,7 @@ file list, not the data: each process maps the files again on first use.
 
 from __future__ import annotations
 
+import bisect
 import os
 from pathlib import Path
 from typing import Any
@@ -107,11 +108,12 @@ class MemoryMappedDataset(Dataset):  # type: ignore[type-arg]
         self.files = sorted(p for p in self.data_dir.glob(file_pattern) if p.is_file())
         if not self.files:
             raise FileNotFoundError(f"no files matching {file_pattern!r} in {str(self.data_dir)!r}")
-        maps = [_open(p) for p in self.files]
+        maps = [np.asarray(_open(p)) for p in self.files]
         self._maps: list[np.ndarray[Any, Any]] | None = maps
         counts = np.array([len(m) // self.seq_len for m in maps], dtype=np.int64)
         #: ``starts[f]`` is the first sample of file ``f``; ``starts[-1]`` the total.
         self.starts = np.concatenate(([0], np.cumsum(counts)))
+        self._starts = self.starts.tolist()  # bisect on a list beats searchsorted per call
         self._len = int(self.starts[-1])
         self._epoch = 0
 
@@ -122,24 +124,28 @@ class MemoryMappedDataset(Dataset):  # type: ignore[type-arg]
     def _file_maps(self) -> list[np.ndarray[Any, Any]]:
         maps = self._maps
         if maps is None:  # unpickled in another process, or closed: map the files again
-            maps = [_open(p) for p in self.files]
+            # Plain ndarray views of the maps: slicing a numpy.memmap runs Python code per
+            # slice (its __array_finalize__), a plain view does not.
+            maps = [np.asarray(_open(p)) for p in self.files]
             self._maps = maps
         return maps
 
     def tokens(self, idx: int) -> npt.NDArray[Any]:
         """Sample ``idx``'s ``seq_len`` tokens: a read-only view of the mapped file."""
-        i = as_int("idx", idx)
+        i = idx if type(idx) is int else as_int("idx", idx)
         if not 0 <= i < self._len:
             raise IndexError(f"index {i} out of range [0, {self._len})")
-        f = int(np.searchsorted(self.starts, i, side="right")) - 1
-        lo = (i - int(self.starts[f])) * self.seq_len
+        f = bisect.bisect_right(self._starts, i) - 1
+        lo = (i - self._starts[f]) * self.seq_len
         return self._file_maps()[f][lo : lo + self.seq_len]
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
         """Sample ``idx`` (``0 <= idx < len(self)``): ``input_ids`` and ``labels`` (and
         ``doc_ids`` when packing), ``int64`` tensors of ``seq_len - 1`` tokens."""
         tokens = torch.from_numpy(self.tokens(idx).astype(np.int64))
-        return lm_sample(tokens, self.eos_token_id if self.pack_sequences else None)
+        if self.pack_sequences:
+            return lm_sample(tokens, self.eos_token_id)
+        return {"input_ids": tokens[:-1], "labels": tokens[1:]}
 
     # -- checkpoints, pickling, closing ------------------------------------------------------
 

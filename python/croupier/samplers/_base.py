@@ -22,6 +22,7 @@ rest, the same for every sampler:
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -40,6 +41,9 @@ Seg = TypeVar("Seg", bound="_Segment")
 _STATE_VERSION = 1
 # The first window of a streamed iteration is short, so its first item comes at once.
 _FIRST_WINDOW = 1 << 10
+# From this many items, the rest of an epoch is computed on a thread while its first pieces
+# are handed out (see StatefulSampler._while_the_tail_computes).
+_BACKGROUND_FROM = 1 << 20
 
 
 class _Segment(Protocol):
@@ -289,8 +293,43 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         stop = self._first_stop(start)
         if stop < self._length:
             yield self._compute(epoch, start, stop)
+            if self._length - stop >= _BACKGROUND_FROM and self._cached(epoch, stop) is None:
+                yield from self._while_the_tail_computes(epoch, stop)
+                return
             start = stop
         yield self._tail(epoch, start)
+
+    def _while_the_tail_computes(self, epoch: int, start: int) -> Iterator[Seg]:
+        """The items from ``start`` on: the rest of the epoch is computed on a thread (the core
+        releases the GIL) while short first pieces (:meth:`_first_stop`, read by random
+        access) keep the consumer going; then the rest, from where the pieces reached. A
+        DataLoader draws several batches of indices at once, so without this its first batch
+        after a resume would wait for the whole rest of the epoch (0.15 s at 1e8)."""
+        done = threading.Event()
+        box: list[Any] = []
+
+        def work() -> None:
+            try:
+                box.append(self._compute(epoch, start, None))
+            except BaseException as e:  # re-raised where the items are consumed
+                box.append(e)
+            done.set()
+
+        threading.Thread(target=work, name="croupier-tail", daemon=True).start()
+        lo = start
+        while not done.is_set():
+            hi = self._first_stop(lo)
+            if hi >= self._length:
+                break
+            yield self._compute(epoch, lo, hi)
+            lo = hi
+        done.wait()
+        items = box[0]
+        if isinstance(items, BaseException):
+            raise items
+        if epoch == self._now[0]:
+            self._cache = (epoch, start, items)
+        yield items[lo - start :]
 
     def _remaining(self) -> Seg:
         """What the next iteration yields."""
