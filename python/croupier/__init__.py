@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from croupier.loader import StatefulDataLoader
     from croupier.samplers import (
         BucketBatchSampler,
+        ChunkSampler,
         DistributedSampler,
         MixtureSampler,
         RankAwareSampler,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BucketBatchSampler",
+    "ChunkSampler",
     "DistributedSampler",
     "HuggingFaceDataset",
     "MemoryMappedDataset",
@@ -44,6 +46,7 @@ __all__ = [
 # installed: they load on first use, and `croupier --help` or `croupier.permutation` never pay it.
 _LAZY = {
     "BucketBatchSampler": "croupier.samplers",
+    "ChunkSampler": "croupier.samplers",
     "DistributedSampler": "croupier.samplers",
     "HuggingFaceDataset": "croupier.datasets",
     "MemoryMappedDataset": "croupier.datasets",

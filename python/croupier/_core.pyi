@@ -147,6 +147,40 @@ class SequentialBuckets:
         """This rank's batches ``[start, stop)`` of ``epoch``: ``(indices, offsets)``."""
 
 @final
+class ChunkPlan:
+    """A rank's chunked reading plan over ``[start, stop)`` (immutable; the epoch is given per
+    call): the chunk order and the load requests of any epoch."""
+
+    def __new__(
+        cls,
+        start: int,
+        stop: int,
+        chunk_size: int,
+        preload: int,
+        batch_size: int,
+        shuffle: bool,
+        drop_last: bool,
+        seed: int,
+        num_replicas: int,
+        rank: int,
+    ) -> ChunkPlan: ...
+    @property
+    def batches(self) -> int:
+        """Batches every rank yields per epoch."""
+    @property
+    def requests(self) -> int:
+        """Load requests this rank yields per epoch."""
+    @property
+    def batches_per_request(self) -> int:
+        """Batches of one full request."""
+    def rank_chunks(self, epoch: int) -> npt.NDArray[np.uint64]:
+        """This rank's chunk ids of ``epoch`` in reading order."""
+    def request(
+        self, epoch: int, j: int, chunks: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], _Indices, npt.NDArray[np.uint64]]:
+        """Request ``j``: ``(starts, stops, positions, offsets)``."""
+
+@final
 class Mixture:
     """A weighted mixture of datasets on one rank (immutable; the epoch is given per call):
     phases ``(start, nominal_length, weights, temperature)`` of exact per-dataset counts, a

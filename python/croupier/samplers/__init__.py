@@ -3,6 +3,7 @@ owns epoch, position, checkpoint state and pickling."""
 
 from croupier.samplers._state import StateError
 from croupier.samplers.bucket import BucketBatchSampler
+from croupier.samplers.chunk import ChunkSampler
 from croupier.samplers.distributed import DistributedSampler
 from croupier.samplers.mixture import MixtureSampler
 from croupier.samplers.rank_aware import RankAwareSampler
@@ -10,6 +11,7 @@ from croupier.samplers.sequential_bucket import SequentialBucketSampler
 
 __all__ = [
     "BucketBatchSampler",
+    "ChunkSampler",
     "DistributedSampler",
     "MixtureSampler",
     "RankAwareSampler",

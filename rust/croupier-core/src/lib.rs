@@ -25,7 +25,8 @@
 //!   hypergeometric draws with keyed per-cell generators, per-block orders, a seekable order
 //!   for long blocks).
 //!
-//! Weighted mixtures and bucket batching will get folders of their own (`mix/`, `batch/`).
+//! - [`mix`]: weighted mixtures of datasets; [`bucket`]: bucket batching by length;
+//!   [`chunk`]: chunked reading plans for on-disk arrays.
 //!
 //! The root holds what every folder uses (crate-private modules; what callers need is
 //! re-exported here):
@@ -40,6 +41,7 @@
 //! the keyed generators of the parallel permutation); `shuffle` uses nothing in `deal`.
 
 pub mod bucket;
+pub mod chunk;
 pub mod deal;
 mod error;
 mod index;

@@ -523,6 +523,100 @@ impl Buckets {
     }
 }
 
+/// A rank's chunked reading plan (`croupier_core::chunk::ChunkPlan`): chunk order and load
+/// requests of any epoch.
+#[pyclass(module = "croupier._core", frozen)]
+struct ChunkPlan {
+    plan: std::sync::Arc<croupier_core::chunk::ChunkPlan>,
+}
+
+#[pymethods]
+impl ChunkPlan {
+    #[new]
+    #[pyo3(signature = (start, stop, chunk_size, preload, batch_size, shuffle, drop_last, seed, num_replicas, rank))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        start: u64,
+        stop: u64,
+        chunk_size: u64,
+        preload: u64,
+        batch_size: u64,
+        shuffle: bool,
+        drop_last: bool,
+        seed: u64,
+        num_replicas: u64,
+        rank: u64,
+    ) -> PyResult<Self> {
+        let plan = core(croupier_core::chunk::ChunkPlan::new(
+            start,
+            stop,
+            chunk_size,
+            preload,
+            batch_size,
+            shuffle,
+            drop_last,
+            seed,
+            num_replicas,
+            rank,
+        ))?;
+        Ok(ChunkPlan {
+            plan: std::sync::Arc::new(plan),
+        })
+    }
+
+    /// Batches every rank yields per epoch.
+    #[getter]
+    fn batches(&self) -> u64 {
+        self.plan.batches()
+    }
+
+    /// Load requests this rank yields per epoch.
+    #[getter]
+    fn requests(&self) -> u64 {
+        self.plan.requests()
+    }
+
+    /// Batches of one full request.
+    #[getter]
+    fn batches_per_request(&self) -> u64 {
+        self.plan.batches_per_request()
+    }
+
+    /// This rank's chunk ids of `epoch`, in reading order, as a `uint64` array.
+    fn rank_chunks<'py>(&self, py: Python<'py>, epoch: u64) -> PyResult<Bound<'py, PyAny>> {
+        let plan = std::sync::Arc::clone(&self.plan);
+        let chunks = detached(py, move || plan.rank_chunks(epoch))?;
+        Ok(chunks.into_pyarray(py).into_any())
+    }
+
+    /// Request `j` of `epoch` given this rank's chunks: `(starts, stops, positions, offsets)`,
+    /// batch `i` being `positions[offsets[i]:offsets[i + 1]]`.
+    #[allow(clippy::type_complexity)]
+    fn request<'py>(
+        &self,
+        py: Python<'py>,
+        epoch: u64,
+        j: u64,
+        chunks: numpy::PyReadonlyArray1<'py, u64>,
+    ) -> PyResult<(
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+    )> {
+        let chunks: Vec<u64> = chunks.as_array().to_vec();
+        let plan = std::sync::Arc::clone(&self.plan);
+        let req = detached(py, move || plan.request(epoch, j, &chunks))?;
+        let (starts, stops): (Vec<u64>, Vec<u64>) = req.ranges.into_iter().unzip();
+        Ok((
+            starts.into_pyarray(py).into_any(),
+            stops.into_pyarray(py).into_any(),
+            to_numpy(py, req.positions),
+            req.offsets.into_pyarray(py).into_any(),
+        ))
+    }
+}
+
 /// NeMo Automodel's bucket-by-bucket batches on one rank
 /// (`croupier_core::bucket::SequentialBuckets`).
 #[pyclass(module = "croupier._core", frozen)]
@@ -880,6 +974,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Mixture>()?;
     m.add_class::<Buckets>()?;
     m.add_class::<SequentialBuckets>()?;
+    m.add_class::<ChunkPlan>()?;
     m.add_function(wrap_pyfunction!(pass_shares, m)?)?;
     m.add_function(wrap_pyfunction!(mixture_probabilities, m)?)?;
     m.add_function(wrap_pyfunction!(largest_remainder, m)?)?;

@@ -1,0 +1,325 @@
+"""``ChunkSampler``: load requests of contiguous chunks for on-disk arrays (annbatch's protocol).
+
+Arrays on disk (zarr, HDF5, AnnData, ``.npy``) are read fastest in contiguous slices. Each
+epoch, the sampler shuffles the *chunks* of ``chunk_size`` observations, hands them out
+``preload_nchunks`` at a time as one load request, and shuffles the loaded observations in
+memory into batches. The plan (chunk order, each request's in-memory order, the dealing to
+ranks) is computed by the Rust core (``croupier_core::chunk``); this class holds the
+configuration, the epoch and the position.
+
+A request is ``{"slices": [slice, ...], "splits": [array, ...]}``: the ranges to read, in
+order, and the batches as integer positions into the concatenation of what they load.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from croupier import _core
+from croupier._dist import DistInfo, resolve_ranks
+from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int
+from croupier.samplers._state import StateError, check_state
+
+__all__ = ["ChunkSampler", "LoadRequest", "read_request"]
+
+LoadRequest = dict[str, Any]
+"""``{"slices": list[slice], "splits": list[numpy.ndarray]}``."""
+
+_STATE_VERSION = 1
+
+
+class ChunkSampler:
+    """Chunked load requests for on-disk arrays, dealt to data-parallel ranks.
+
+    Args:
+        chunk_size: observations per chunk (a contiguous read).
+        preload_nchunks: chunks per load request; ``chunk_size * preload_nchunks`` must be a
+            multiple of ``batch_size`` (annbatch's rule), so only a rank's last request can end
+            in a partial batch.
+        batch_size: observations per batch.
+        shuffle: shuffle the chunk order and each request's observations (seeded by ``seed``
+            and the epoch); otherwise chunks and observations come in order.
+        drop_last: every rank yields the smallest rank's whole batches (the rest is dropped);
+            otherwise the largest rank's batches, the last possibly partial, a smaller rank
+            padding its last request with repeats of that request's own observations.
+        seed: non-negative integer below ``2**64``; ``None`` draws one at construction (it is
+            part of the state, so a resume continues the same order).
+        num_replicas, rank, dist_info: the ranks (see :class:`croupier.DistributedSampler`).
+        mask: a ``slice`` of the observations to sample (annbatch's ``mask``); ``None`` is all.
+
+    Ranks get disjoint chunk sets: the epoch's chunk order (the full chunks shuffled, the short
+    last chunk, if any, at the end) is dealt like torch's ``DistributedSampler`` deals indices
+    (rank ``r`` takes order positions ``r, r + W, ...``; ``drop_last`` cuts the order to a
+    multiple of ``W``, otherwise its head is repeated), so every observation is read exactly
+    once per epoch across ranks when nothing is padded or dropped.
+
+    ``sample(n_obs)`` yields the current epoch's requests; as with torch's samplers, sampling
+    again without :meth:`set_epoch` repeats the epoch. ``state_dict()`` records the epoch and
+    the batches handed out (whole requests while iterating; any batch position loads), so a
+    resume starts at the right request, with the batches of it already consumed left out, in
+    O(number of chunks) (one permutation of the chunk ids).
+    """
+
+    def __init__(
+        self,
+        chunk_size: int,
+        preload_nchunks: int,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        seed: int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        dist_info: DistInfo = None,
+        mask: slice | None = None,
+    ) -> None:
+        self._chunk_size = check_int("chunk_size", chunk_size, 1, MAX_LEN)
+        self._preload = check_int("preload_nchunks", preload_nchunks, 1, MAX_LEN)
+        self._batch_size = check_int("batch_size", batch_size, 1, MAX_LEN)
+        memory = self._chunk_size * self._preload
+        if memory % self._batch_size:
+            raise ValueError(
+                f"chunk_size * preload_nchunks ({memory}) must be a multiple of batch_size "
+                f"({self._batch_size})"
+            )
+        self._shuffle = check_bool("shuffle", shuffle)
+        self._drop_last = check_bool("drop_last", drop_last)
+        if seed is None:
+            seed = int.from_bytes(os.urandom(8), "little")
+        self._seed = check_int("seed", seed, 0, U64_MAX)
+        self._num_replicas, self._rank = resolve_ranks(num_replicas, rank, dist_info)
+        self._mask = _check_mask(mask)
+        self._epoch = 0
+        # (epoch, batches handed out or pending start, whether it is a pending start)
+        self._at: tuple[int, int, bool] = (0, 0, False)
+        self._n_obs: int | None = None
+        self._plans: dict[tuple[int, int], Any] = {}
+
+    # -- configuration (read-only; mask is annbatch's settable one) ----------------------------
+
+    @property
+    def chunk_size(self) -> int:
+        """Observations per chunk."""
+        return self._chunk_size
+
+    @property
+    def preload_nchunks(self) -> int:
+        """Chunks per load request."""
+        return self._preload
+
+    @property
+    def batch_size(self) -> int:
+        """Observations per batch."""
+        return self._batch_size
+
+    @property
+    def shuffle(self) -> bool:
+        """Whether chunks and in-memory observations are shuffled."""
+        return self._shuffle
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether a rank drops what does not fill the common number of whole batches."""
+        return self._drop_last
+
+    @property
+    def seed(self) -> int:
+        """The seed of every shuffle."""
+        return self._seed
+
+    @property
+    def num_replicas(self) -> int:
+        """The number of ranks."""
+        return self._num_replicas
+
+    @property
+    def rank(self) -> int:
+        """This rank."""
+        return self._rank
+
+    @property
+    def mask(self) -> slice:
+        """The observations sampled, as a ``slice`` (``stop=None``: to the end)."""
+        return slice(*self._mask)
+
+    @mask.setter
+    def mask(self, mask: slice | None) -> None:
+        self._mask = _check_mask(mask)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next :meth:`sample` yields."""
+        return self._at[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch of the next :meth:`sample`. The epoch of a loaded state keeps
+        its position; another epoch starts from its first request."""
+        epoch = check_int("epoch", epoch, 0, U64_MAX)
+        if epoch != self._at[0]:
+            self._at = (epoch, 0, False)
+
+    # -- annbatch's protocol -------------------------------------------------------------------
+
+    def _range(self, n_obs: int) -> tuple[int, int]:
+        start, stop = self._mask
+        stop = n_obs if stop is None else stop
+        if stop > n_obs or start > stop:
+            raise ValueError(
+                f"mask {self.mask} does not fit n_obs={n_obs}: it must satisfy "
+                f"start <= stop <= n_obs"
+            )
+        return start, stop
+
+    def _plan(self, n_obs: int) -> Any:
+        n_obs = check_int("n_obs", n_obs, 0, MAX_LEN)
+        key = self._range(n_obs)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = _core.ChunkPlan(
+                key[0],
+                key[1],
+                self._chunk_size,
+                self._preload,
+                self._batch_size,
+                self._shuffle,
+                self._drop_last,
+                self._seed,
+                self._num_replicas,
+                self._rank,
+            )
+            self._plans = {key: plan}
+        return plan
+
+    def validate(self, n_obs: int) -> None:
+        """Raises ``ValueError`` (``TypeError`` for a non-integer) if this sampler cannot sample
+        ``n_obs`` observations: a negative count, a mask outside it, or a loaded state of
+        another ``n_obs``."""
+        self._plan(n_obs)
+        if self._n_obs is not None and self._at[2] and self._n_obs != n_obs:
+            raise ValueError(
+                f"the loaded state was saved with n_obs={self._n_obs}, sampling n_obs={n_obs}: "
+                "the data changed since the checkpoint"
+            )
+
+    def n_iters(self, n_obs: int) -> int:
+        """Batches this rank yields per epoch over ``n_obs`` observations (the same on every
+        rank)."""
+        return int(self._plan(n_obs).batches)
+
+    n_batches = n_iters
+
+    def sample(self, n_obs: int) -> Iterator[LoadRequest]:
+        """Validates, then yields the current epoch's load requests over ``n_obs``
+        observations, from the loaded or pending position on."""
+        self.validate(n_obs)
+        return self._sample(n_obs)
+
+    def _sample(self, n_obs: int) -> Iterator[LoadRequest]:
+        plan = self._plan(n_obs)
+        epoch, at, pending = self._at
+        start = at if pending else 0
+        self._n_obs = n_obs
+        per_request = int(plan.batches_per_request)
+        total = int(plan.batches)
+        self._at = (epoch, start, False)
+        if start >= total:
+            return
+        chunks = plan.rank_chunks(epoch)
+        first = start // per_request
+        skip = start - first * per_request
+        for j in range(first, int(plan.requests)):
+            starts, stops, positions, offsets = plan.request(epoch, j, chunks)
+            slices = [slice(a, b) for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
+            cuts = offsets[1:-1].astype(np.intp)
+            splits = np.split(positions, cuts)[skip:]
+            skip = 0
+            done = min((j + 1) * per_request, total)
+            self._at = (epoch, done, False)  # handed out, in one store
+            yield {"slices": slices, "splits": splits}
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _config(self) -> dict[str, Any]:
+        start, stop = self._mask
+        return {
+            "version": _STATE_VERSION,
+            "chunk_size": self._chunk_size,
+            "preload_nchunks": self._preload,
+            "batch_size": self._batch_size,
+            "shuffle": self._shuffle,
+            "drop_last": self._drop_last,
+            "seed": self._seed,
+            "mask_start": start,
+            "mask_stop": -1 if stop is None else stop,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The configuration, ``num_replicas``, ``rank``, ``epoch``, ``position`` (batches of
+        the epoch handed out: whole requests while iterating) and ``n_obs`` (of the latest
+        :meth:`sample`, ``-1`` before one). JSON-serialisable, exact at any instant."""
+        epoch, at, _ = self._at
+        return {
+            **self._config(),
+            "num_replicas": self._num_replicas,
+            "rank": self._rank,
+            "epoch": epoch,
+            "position": at,
+            "n_obs": -1 if self._n_obs is None else self._n_obs,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores a :meth:`state_dict`: the next :meth:`sample` starts at its ``position``
+        (any batch: the request holding it is yielded without the batches before it). A state
+        of another configuration or world size is refused (``ValueError`` naming each
+        difference), and nothing changes."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")
+        config = {**self._config(), "num_replicas": self._num_replicas}
+        native = check_state(state, ints=("epoch", "position", "rank"), config=config)
+        epoch = check_int("state['epoch']", native["epoch"], 0, U64_MAX)
+        position = native["position"]
+        n_obs = check_int("state['n_obs']", state.get("n_obs", -1), -1, MAX_LEN)
+        if n_obs >= 0:
+            total = int(self._plan(n_obs).batches)
+            if position > total:
+                raise StateError(
+                    f"state['position'] must be in [0, {total}] (batches per epoch), got {position}"
+                )
+        self._n_obs = None if n_obs < 0 else n_obs
+        self._at = (epoch, position, True)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(chunk_size={self._chunk_size}, preload_nchunks="
+            f"{self._preload}, batch_size={self._batch_size}, shuffle={self._shuffle}, "
+            f"drop_last={self._drop_last}, seed={self._seed}, num_replicas={self._num_replicas}, "
+            f"rank={self._rank}, epoch={self._at[0]}, position={self._at[1]})"
+        )
+
+
+def _check_mask(mask: object) -> tuple[int, int | None]:
+    if mask is None:
+        return 0, None
+    if not isinstance(mask, slice):
+        raise TypeError(f"mask must be a slice or None, got {type(mask).__name__}")
+    if mask.step not in (None, 1):
+        raise ValueError(f"mask must be contiguous (step None or 1), got step {mask.step}")
+    start = 0 if mask.start is None else check_int("mask.start", mask.start, 0, MAX_LEN)
+    stop = None if mask.stop is None else check_int("mask.stop", mask.stop, 0, MAX_LEN)
+    if stop is not None and start > stop:
+        raise ValueError(f"mask.start must be <= mask.stop, got {mask}")
+    return start, stop
+
+
+def read_request(array: Any, request: LoadRequest) -> list[npt.NDArray[Any]]:
+    """Reads a load request from an array (a ``numpy.memmap``, a zarr or HDF5 array, anything
+    sliced along its first axis): each slice once, contiguously, then the batches gathered
+    from the loaded rows in memory."""
+    loaded = np.concatenate([np.asarray(array[s]) for s in request["slices"]])
+    return [loaded[split] for split in request["splits"]]
