@@ -14,6 +14,7 @@ __all__ = [
     "TORCH_LARGE_N",
     "U32_MAX_LEN",
     "Buckets",
+    "ChunkPlan",
     "Deal",
     "Mixture",
     "Order",
