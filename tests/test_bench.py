@@ -96,6 +96,21 @@ def test_harness_measures_checks_and_compares():
     json.dumps(results)  # JSON-ready
 
 
+def test_reads_family_reads_the_rank_share_both_ways():
+    cfg = BenchConfig(ns=(6000,), ranks=3, rank=2, systems=("croupier-chunks", "random-reads"))
+    results = run(cfg)
+    rows = {r["system"]: r for r in results["rows"]}
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    # 6000 rows in chunks of 1024: 6 chunks (the last short), 2 per rank; rank 2 holds the
+    # short one (6000 - 5 * 1024 = 880 rows): 1904 rows, 8 batches like the others (the last
+    # partial), so nothing to pad.
+    assert rows["random-reads"]["runs"][0]["count"] == 2000
+    assert rows["croupier-chunks"]["runs"][0]["count"] == 1024 + 880
+    assert rows["croupier-chunks"]["mb_s"] > 0
+    text = table(results)
+    assert "| 6,000 | random-reads |" in text and "MB/s" in text
+
+
 def test_repeats_go_round_robin_over_systems():
     lines: list[str] = []
     cfg = BenchConfig(ns=(3000,), repeats=2, systems=("croupier-permutation", "numpy-permutation"))

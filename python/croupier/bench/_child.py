@@ -213,6 +213,58 @@ def _measure_batches(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+READ_ROW_BYTES = 16  # 4 float32 per row
+READ_CHUNK, READ_PRELOAD, READ_BATCH = 1024, 16, 256
+
+
+def _measure_reads(spec: dict[str, Any]) -> dict[str, Any]:
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    system, n, ranks, rank, seed = (spec[k] for k in ("system", "n", "ranks", "rank", "seed"))
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="croupier-bench-") as tmp:
+        path = Path(tmp) / "rows.npy"
+        # The data, untimed: n rows of 4 float32, row i holding i, written and mapped.
+        rows = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, 4))
+        step = 1 << 22
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            rows[lo:hi] = np.arange(lo, hi, dtype=np.float32)[:, None]
+        rows.flush()
+        del rows
+        arr = np.load(path, mmap_mode="r")
+        if system == "croupier-chunks":
+            from croupier import ChunkSampler
+            from croupier.samplers.chunk import read_request
+
+            sampler = ChunkSampler(
+                READ_CHUNK, READ_PRELOAD, READ_BATCH, seed=seed, num_replicas=ranks, rank=rank
+            )
+            t0 = time.perf_counter()
+            count = 0
+            for request in sampler.sample(n):
+                for batch in read_request(arr, request):
+                    count += len(batch)
+        elif system == "random-reads":
+            order = np.random.default_rng(seed).permutation(n)[rank::ranks].tolist()
+            t0 = time.perf_counter()
+            count = 0
+            for i in order:
+                count += len(np.asarray(arr[i]))  # dataset[i], as a DataLoader asks for it
+            count //= 4
+        else:
+            raise ValueError(f"not a reads system: {system}")
+        out["epoch_s"] = time.perf_counter() - t0
+        out["count"] = count
+        out["mb_s"] = count * READ_ROW_BYTES / out["epoch_s"] / 1e6 if out["epoch_s"] else None
+        out["peak_mib"] = _status_mib("VmHWM")
+        del arr
+    return out
+
+
 def _measure_permutation(spec: dict[str, Any]) -> dict[str, Any]:
     system, n, seed = spec["system"], spec["n"], spec["seed"]
     out: dict[str, Any] = {}
@@ -247,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     # Imports first, untimed: every system pays them once per process anyway.
     for module in spec["needs"]:
         __import__(module)
-    if spec["family"] in ("sampler", "batches") and spec["system"].startswith("croupier"):
+    if spec["family"] in ("sampler", "batches", "reads") and spec["system"].startswith("croupier"):
         # croupier's samplers load lazily (they import torch when it is installed); the
         # baselines import torch untimed above, so croupier's must not pay it in "first index".
         __import__("croupier.samplers")
@@ -255,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     measure = {
         "sampler": _measure_sampler,
         "batches": _measure_batches,
+        "reads": _measure_reads,
         "permutation": _measure_permutation,
     }[spec["family"]]
     result = measure(spec)

@@ -56,6 +56,7 @@ def table(results: dict[str, Any]) -> str:
     samplers = [r for r in rows if r["family"] == "sampler"]
     perms = [r for r in rows if r["family"] == "permutation"]
     batches = [r for r in rows if r["family"] == "batches"]
+    reads = [r for r in rows if r["family"] == "reads"]
     lines: list[str] = []
     if samplers:
         lines += [
@@ -75,6 +76,14 @@ def table(results: dict[str, Any]) -> str:
         lines += [
             _line(r, results, ("first_s", "epoch_s", "resume_s", "efficiency")) for r in batches
         ]
+    if reads:
+        if lines:
+            lines.append("")
+        lines += [
+            "| N | reads (16-byte rows) | whole epoch | MB/s | peak RSS MiB (+ above imports) |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        lines += [_line(r, results, ("epoch_s", "mb_s")) for r in reads]
     if perms:
         if lines:
             lines.append("")
@@ -106,6 +115,10 @@ def _line(r: dict[str, Any], results: dict[str, Any], keys: tuple[str, ...]) -> 
         if key == "efficiency":
             value = r.get(key)
             cells.append("-" if value is None else f"{value:.1%}")
+            continue
+        if key == "mb_s":
+            value = r.get(key)
+            cells.append("-" if value is None else f"{value:,.0f}")
             continue
         cells.append(
             _time(r.get(key)) + (_ratio(pair[0].get(key), pair[1].get(key)) if pair else "")

@@ -1,12 +1,15 @@
 """What ``croupier bench`` compares: each system, what it measures and how much memory it needs.
 
-Two families. *Sampler* systems produce one rank's epoch of a ``DistributedSampler`` or, for the
+Four families. *Sampler* systems produce one rank's epoch of a ``DistributedSampler`` or, for the
 mixture systems, of a 100-dataset ``MixtureSampler`` over the same N (time to the first index,
 to the whole epoch, to the first index after resuming at mid-epoch).
 *Batches* systems produce one rank's epoch of token-budget batches over N log-normal lengths
 (time to the first batch, to the whole epoch, to the first batch after resuming, and the
-padding efficiency), ``numpy.argsort`` alone being the yardstick. *Permutation* systems
-produce a full permutation of ``[0, N)`` (time to the whole of it).
+padding efficiency), ``numpy.argsort`` alone being the yardstick. *Reads* systems read one
+rank's epoch of N rows of 16 bytes from a memory-mapped ``.npy`` file (time to read them all
+and the throughput in MB/s): in ``ChunkSampler`` load requests, or row by row in shuffled
+order as a map-style dataset is read. *Permutation* systems produce a full permutation of
+``[0, N)`` (time to the whole of it).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ class System:
     """One benchmarked implementation."""
 
     name: str
-    family: str  # "sampler" or "permutation"
+    family: str  # "sampler", "batches", "reads" or "permutation"
     label: str
     needs: tuple[str, ...]  # importable modules it needs
     bytes_per_index: float  # working memory per sample of N (per share sample if per_rank)
@@ -121,6 +124,25 @@ SYSTEMS: tuple[System, ...] = (
         ("numpy",),
         bytes_per_index=12,
         baseline_for="croupier-buckets",
+    ),
+    System(
+        "croupier-chunks",
+        "reads",
+        "croupier.ChunkSampler (chunks of 1,024 rows, 16 per request)",
+        ("croupier",),
+        # one request's rows and positions (the file is in the page cache, not counted)
+        bytes_per_index=0.1,
+        per_rank=True,
+    ),
+    System(
+        "random-reads",
+        "reads",
+        "row-by-row reads in shuffled order (a map-style dataset)",
+        ("numpy",),
+        # the rank's shuffled row ids as Python ints
+        bytes_per_index=40,
+        per_rank=True,
+        baseline_for="croupier-chunks",
     ),
     System(
         "croupier-permutation",
