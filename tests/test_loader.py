@@ -7,10 +7,11 @@ import json
 
 import numpy as np
 import pytest
-import torch
-from torch.utils.data import Dataset, IterableDataset
 
-from croupier import (
+torch = pytest.importorskip("torch")
+from torch.utils.data import Dataset, IterableDataset  # noqa: E402
+
+from croupier import (  # noqa: E402
     BucketBatchSampler,
     DistributedSampler,
     MixtureSampler,

@@ -16,7 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 TEST_COMMAND = 'python -m pip install ".[test]" && cargo test --workspace && python -m pytest'
-_NEEDS_TORCH = re.compile(r"^\s*(import|from)\s+torch\b", re.M)
+# Blocks that import torch, or use croupier's classes built on it (the loader and datasets).
+_NEEDS_TORCH = re.compile(
+    r"^\s*(import|from)\s+torch\b|\b(StatefulDataLoader|MemoryMappedDataset|HuggingFaceDataset)\b",
+    re.M,
+)
 
 
 def _examples(text: str) -> list[tuple[str, int, str]]:
