@@ -142,6 +142,43 @@ def test_value_stability_pins():
     assert list(s) == pinned
     # Position 10 is padding: it repeats global position 0, rank 0's first index.
     assert pinned[-1] == next(iter(s0))
+    # From 16 ranks on, value leaves are permuted (a keyed permutation per leaf).
+    many = DistributedSampler(100_000, num_replicas=64, rank=5, seed=3)
+    assert many.indices()[:6].tolist() == [56669, 41148, 99682, 29958, 67676, 2411]
+    wide = DistributedSampler(3_000_000, num_replicas=1024, rank=1000, seed=3)
+    wide.set_epoch(2)
+    assert wide.indices()[:6].tolist() == [2970872, 658022, 175212, 2941337, 754798, 871295]
+
+
+@pytest.mark.parametrize("w", [15, 16, 64, 100, 1024])
+def test_many_ranks_partition_the_epoch(w):
+    # Across the switch to permuted leaves (16 ranks): shares disjoint, together every index
+    # once plus torch's padding, each share's indices spread over the whole range.
+    n = 50_003
+    shares = [DistributedSampler(n, num_replicas=w, rank=r, seed=8).indices() for r in range(w)]
+    flat = np.concatenate(shares)
+    assert len({len(x) for x in shares}) == 1
+    padding = len(flat) - n
+    assert 0 <= padding < w
+    assert set(flat.tolist()) == set(range(n))
+    assert len(np.unique(flat)) == n  # only the padding repeats
+    # Which rank value v lands in is flat over ranks: value ranges of n / 10 each hold about
+    # a tenth of every share (chi-square over 10 ranges, summed over the ranks).
+    edges = np.linspace(0, n, 11)
+    chi2 = 0.0
+    for share in shares:
+        counts, _ = np.histogram(share, bins=edges)
+        expected = len(share) / 10
+        chi2 += ((counts - expected) ** 2 / expected).sum()
+    dof = 9 * w
+    assert chi2 < dof + 5 * np.sqrt(2 * dof), chi2
+    # A resume reads any position by random access: the same index as the whole share.
+    big = DistributedSampler(3_000_000, num_replicas=w, rank=w // 3, seed=8)
+    whole = big.indices()
+    for p in (0, 1, len(whole) // 3, len(whole) - 1):
+        resumed = DistributedSampler(3_000_000, num_replicas=w, rank=w // 3, seed=8)
+        resumed.set_skip(p)
+        assert next(iter(resumed)) == whole[p]
 
 
 def test_epochs_reshuffle_uniformly_enough():

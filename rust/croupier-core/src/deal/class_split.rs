@@ -36,7 +36,9 @@
 
 use crate::deal::cell_rng::CellRng;
 use crate::deal::hypergeom::hypergeometric;
+use crate::deal::prp::Prp;
 use crate::index::Index;
+use crate::stream::fold;
 
 /// Class sizes of a partition, as prefix sums.
 pub(crate) trait Classes: Sync {
@@ -50,14 +52,20 @@ pub(crate) trait Classes: Sync {
         a + (b - a) / 2
     }
     /// Leaves of the value tree hold at most this many values: a power of two in
-    /// `[64, MAX_LEAF]`. Big leaves suit classes that are a large fraction of `n`.
+    /// `[64, MAX_PERMUTED_LEAF]`. Big leaves suit classes that are a large fraction of `n`;
+    /// above [`MAX_LEAF`] leaves are permuted (each class a run of a keyed permutation of the
+    /// leaf, in that permuted order rather than increasing), which suits many small classes.
     fn leaf(&self) -> u64 {
         64
     }
 }
 
-/// The largest value leaf: its values are dealt with bit sets of 16 words.
+/// The largest value leaf dealt with bit sets (of 16 words).
 pub(crate) const MAX_LEAF: u64 = 1024;
+/// Larger leaves, up to this size, are *permuted*: a keyed pseudorandom permutation of the
+/// leaf's positions ([`crate::deal::prp`]) gives each class a run of it, so a class with few
+/// values in the leaf costs one evaluation per value instead of bit sets over the leaf.
+pub(crate) const MAX_PERMUTED_LEAF: u64 = 1 << 20;
 const WORDS: usize = (MAX_LEAF / 64) as usize;
 
 thread_local! {
@@ -276,6 +284,42 @@ impl<C: Classes> Engine<'_, C> {
         wanted
     }
 
+    /// The permutation of a permuted leaf `[lo, hi)`: its own key, apart from every cell's
+    /// (no class range ends at `u64::MAX`).
+    fn leaf_prp(&self, lo: u64, hi: u64) -> Prp {
+        Prp::new(
+            hi - lo,
+            fold(fold(fold(fold(self.base, lo), hi), u64::MAX), u64::MAX),
+        )
+    }
+
+    /// In a permuted leaf, each wanted class's run `(first, count)` in the leaf's permuted
+    /// positions: the classes of the leaf take consecutive runs in class order, so a class's
+    /// run starts after the values of every class before it (the counts of the left siblings
+    /// along its path in the class tree).
+    fn leaf_runs(
+        &self,
+        src: &[Entry],
+        idx: &mut usize,
+        first: u64,
+        emit: &mut impl FnMut(usize, u64, u64),
+    ) {
+        let e = src[*idx];
+        *idx += 1;
+        if e.b - e.a == 1 {
+            if e.a >= self.c0 && e.a < self.c1 && e.t > 0 {
+                emit((e.a - self.c0) as usize, first, e.t);
+            }
+            return;
+        }
+        if !self.expands(&e) {
+            return;
+        }
+        let left_t = src[*idx].t;
+        self.leaf_runs(src, idx, first, emit);
+        self.leaf_runs(src, idx, first + left_t, emit);
+    }
+
     /// Deals the values of a leaf `[lo, hi)` as bit sets (bit `i` of word `k` is value
     /// `lo + 64k + i`).
     #[allow(clippy::too_many_arguments)]
@@ -335,6 +379,16 @@ impl<C: Classes> Engine<'_, C> {
         if wanted == 0 {
             return;
         }
+        if hi - lo <= self.leaf && self.leaf > MAX_LEAF {
+            let prp = self.leaf_prp(lo, hi);
+            self.leaf_runs(src, &mut 0, 0, &mut |x, first, count| {
+                let seg = &mut segs[x];
+                for j in first..first + count {
+                    seg.push(lo + prp.apply(j));
+                }
+            });
+            return;
+        }
         if hi - lo <= self.leaf {
             let full = full_set(hi - lo);
             let words = (hi - lo).div_ceil(64) as usize;
@@ -372,6 +426,15 @@ impl<C: Classes> Engine<'_, C> {
         scratch: &mut [(Vec<Entry>, Vec<Entry>)],
     ) {
         if ranks.is_empty() {
+            return;
+        }
+        if hi - lo <= self.leaf && self.leaf > MAX_LEAF {
+            let prp = self.leaf_prp(lo, hi);
+            self.leaf_runs(src, &mut 0, 0, &mut |_, first, _| {
+                for &(r, slot) in ranks {
+                    out[slot] = lo + prp.apply(first + (r - offset));
+                }
+            });
             return;
         }
         if hi - lo <= self.leaf {
@@ -685,7 +748,7 @@ pub(crate) fn class_values_into<C: Classes, S: Sink>(
         return;
     }
     let leaf = classes.leaf();
-    assert!(leaf.is_power_of_two() && (64..=MAX_LEAF).contains(&leaf));
+    assert!(leaf.is_power_of_two() && (64..=MAX_PERMUTED_LEAF).contains(&leaf));
     let engine = Engine {
         classes,
         leaf,
@@ -733,7 +796,7 @@ pub(crate) fn class_select<C: Classes>(
         return out;
     }
     let leaf = classes.leaf();
-    assert!(leaf.is_power_of_two() && (64..=MAX_LEAF).contains(&leaf));
+    assert!(leaf.is_power_of_two() && (64..=MAX_PERMUTED_LEAF).contains(&leaf));
     let engine = Engine {
         classes,
         leaf,
@@ -783,7 +846,7 @@ mod tests {
     fn select_reads_ranks_of_the_class() {
         // Random access equals indexing the whole class: every rank of small classes, spread
         // and unsorted ranks of large ones, with the smallest and the largest leaves.
-        for leaf in [64, MAX_LEAF] {
+        for leaf in [64, MAX_LEAF, 1 << 14] {
             let sizes = vec![3u64, 0, 70_000, 1, 250_013, 4_096, 90_001];
             let c = Sizes(sizes.clone(), leaf);
             let n: u64 = sizes.iter().sum();
@@ -977,5 +1040,63 @@ mod tests {
             .map(|&h| (h as f64 - e).powi(2) / (e * 0.7))
             .sum();
         assert!(chi < 148.2, "chi2 {chi}"); // 99 dof, p = 0.001
+    }
+
+    #[test]
+    fn permuted_leaves_partition_and_are_uniform() {
+        // Leaves above MAX_LEAF: every value once, classes of the right sizes, a class range
+        // equal to its classes one by one, the same for any thread count.
+        for leaf in [2048u64, 1 << 14, MAX_PERMUTED_LEAF] {
+            for sizes in [
+                vec![5000u64, 3, 7000, 1],
+                vec![1u64; 300],
+                vec![70_000, 0, 1, 250_013, 90_001],
+                vec![(1 << 21) + 5, 1 << 20, 3],
+            ] {
+                let n: u64 = sizes.iter().sum();
+                let c = Sizes(sizes.clone(), leaf);
+                let k = sizes.len() as u64;
+                let (all, offs) = class_values::<u64, _>(n, &c, 0, k, 4).unwrap();
+                let mut sorted = all.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "leaf {leaf}");
+                for (x, w) in offs.windows(2).enumerate() {
+                    assert_eq!(w[1] - w[0], sizes[x]);
+                    let one = class_values::<u64, _>(n, &c, x as u64, x as u64 + 1, 4)
+                        .unwrap()
+                        .0;
+                    assert_eq!(one[..], all[w[0] as usize..w[1] as usize]);
+                }
+            }
+        }
+        // Flat value-to-class table: n = 3000 in one permuted leaf, classes [900, 2100];
+        // values in 30 ranges of 100.
+        let c = Sizes(vec![900, 2100], 4096);
+        let mut hits = [0u64; 30];
+        let trials = 3000;
+        for base in 0..trials {
+            for v in class_values::<u64, _>(3000, &c, 0, 1, base).unwrap().0 {
+                hits[(v / 100) as usize] += 1;
+            }
+        }
+        let e = trials as f64 * 30.0;
+        let chi: f64 = hits.iter().map(|&h| (h as f64 - e).powi(2) / e).sum();
+        assert!(chi < 58.3, "chi2 {chi}"); // 29 dof, p = 0.001
+                                           // Across leaves: n = 40,000 in leaves of 2048, class 0 of 4,000 values: each of 40
+                                           // value ranges of 1,000 holds a tenth of the class on average.
+        let c = Sizes(vec![4_000, 36_000], 2048);
+        let mut hits = [0u64; 40];
+        let trials = 300;
+        for base in 0..trials {
+            for v in class_values::<u64, _>(40_000, &c, 0, 1, base).unwrap().0 {
+                hits[(v / 1000) as usize] += 1;
+            }
+        }
+        let e = trials as f64 * 100.0;
+        let chi: f64 = hits
+            .iter()
+            .map(|&h| (h as f64 - e).powi(2) / (e * 0.9))
+            .sum();
+        assert!(chi < 73.4, "chi2 {chi}"); // 39 dof, p = 0.001
     }
 }

@@ -46,7 +46,7 @@
 //! Nothing here depends on the number of threads.
 
 use crate::deal::class_split::{
-    class_offsets, class_select, class_values_into, Classes, Run, Sink,
+    class_offsets, class_select, class_values_into, Classes, Run, Sink, MAX_PERMUTED_LEAF,
 };
 use crate::deal::layout::Layout;
 use crate::deal::seekable::{Dealer, Plan, Seekable, Shape};
@@ -167,20 +167,34 @@ impl Classes for RankClasses {
     }
 
     /// With few ranks each holds a large fraction of every value range, and dealing big leaves
-    /// explicitly beats splitting them further.
+    /// with bit sets beats splitting them further. With many, a rank holds few values of any
+    /// range: leaves of about `256 W` values are permuted (each rank's block a run of a keyed
+    /// permutation of the leaf), so a rank walks about `N / (128 W)` value nodes and pays one
+    /// permutation lookup per value of its own: its cost stays proportional to `N / W`.
     fn leaf(&self) -> u64 {
         if self.w < SPARSE_RANKS {
             LEAF_FEW_RANKS
         } else {
-            64
+            // An even power of two: a leaf of (leaf/2, leaf] values then permutes a domain of
+            // an even number of bits, which the Feistel network covers with no wasted bit
+            // (with an odd one, half its encryptions would land outside and walk again).
+            let leaf = (PERMUTED_LEAF_PER_RANK * self.w).next_power_of_two();
+            let leaf = if leaf.trailing_zeros() % 2 == 1 {
+                leaf * 2
+            } else {
+                leaf
+            };
+            leaf.min(MAX_PERMUTED_LEAF)
         }
     }
 }
 
-/// From this many ranks on, a share is sparse enough for the smallest value leaves.
-const SPARSE_RANKS: u64 = 64;
+/// From this many ranks on, value leaves are permuted.
+const SPARSE_RANKS: u64 = 16;
 /// The value leaf size below [`SPARSE_RANKS`].
 const LEAF_FEW_RANKS: u64 = 1024;
+/// Permuted leaves hold about this many values per rank.
+const PERMUTED_LEAF_PER_RANK: u64 = 256;
 
 fn layout_key(layout: &Layout) -> u64 {
     let tag = u64::from_le_bytes(*b"layout\0\0");
@@ -798,5 +812,5 @@ mod tests {
     const PIN_BUCKETED: [u64; 4] = [80747, 103532, 22354, 91040];
     const PIN_1000_4_1: [u64; 8] = [922, 608, 371, 945, 71, 414, 932, 64];
     const PIN_10_3_2: [u64; 4] = [7, 2, 5, 9];
-    const PIN_BIG: [u64; 4] = [7873646526, 278480513, 8554439171, 7611591819];
+    const PIN_BIG: [u64; 4] = [7873650680, 278546110, 8554470719, 7611308825];
 }

@@ -26,6 +26,7 @@ pub(crate) mod class_split;
 pub(crate) mod fast_share;
 pub(crate) mod hypergeom;
 pub(crate) mod layout;
+pub(crate) mod prp;
 pub(crate) mod rank;
 pub(crate) mod seekable;
 
