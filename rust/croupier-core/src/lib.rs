@@ -41,6 +41,7 @@
 //! the keyed generators of the parallel permutation); `shuffle` uses nothing in `deal`.
 
 pub mod bucket;
+mod cancel;
 pub mod chunk;
 pub mod deal;
 mod error;
@@ -52,6 +53,7 @@ mod stream;
 #[cfg(test)]
 mod testkit;
 
+pub use cancel::Cancel;
 pub use deal::{first_stop, rank_range, rank_range_bytes, Layout, Order};
 pub use error::{Error, Result};
 pub use index::{index_bytes, Index, Indices, MAX_LEN, U32_MAX_LEN};

@@ -98,11 +98,13 @@ fn detached<T: Send>(
 /// Calls whose buffers take at least this many bytes run interruptibly.
 const INTERRUPTIBLE_FROM: u64 = 1 << 26;
 
-/// [`detached`] for a long call: the work runs on a thread of its own (inside this process's
-/// pool) while the calling thread waits, checking Python's signals every 50 ms. A Ctrl-C (or
-/// any signal handler that raises) reaches Python at once; the abandoned work owns everything
-/// it touches, finishes on its thread and its result is dropped. Short calls (`bytes` below
-/// [`INTERRUPTIBLE_FROM`]) run as [`detached`] does, without a thread.
+/// [`detached`] for a long call: the work runs on a thread of its own, with a thread pool of
+/// its own, while the calling thread waits, checking Python's signals every 50 ms. When a
+/// signal handler raises (Ctrl-C's `KeyboardInterrupt`), the call's cancellation flag is
+/// raised: every thread of the call carries it, and the core's long loops stop at their next
+/// look at it (a few milliseconds); the caller waits for that, so no thread keeps running
+/// behind, and the exception reaches Python. Short calls (`bytes` below
+/// [`INTERRUPTIBLE_FROM`]) run as [`detached`] does.
 fn interruptible<T: Send + 'static>(
     py: Python<'_>,
     bytes: u64,
@@ -111,13 +113,25 @@ fn interruptible<T: Send + 'static>(
     if bytes < INTERRUPTIBLE_FROM {
         return detached(py, work);
     }
-    let pool = pool()?;
+    let threads = pool()?.current_num_threads();
+    let cancel = croupier_core::Cancel::new();
+    let carried = cancel.clone();
+    // The call's own pool: its threads carry the flag (the process pool's serve every call).
+    let call_pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("croupier-call-{i}"))
+        .start_handler(move |_| carried.attach())
+        .build()
+        .map_err(|e| PyRuntimeError::new_err(format!("croupier: no thread pool: {e}")))?;
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
+    let flag = cancel.clone();
+    let worker = std::thread::Builder::new()
         .name("croupier-call".into())
         .spawn(move || {
-            let outcome = pool.install(|| catch_unwind(AssertUnwindSafe(work)));
-            let _ = tx.send(outcome); // the caller may have gone (interrupted)
+            flag.attach();
+            let outcome = call_pool.install(|| catch_unwind(AssertUnwindSafe(work)));
+            drop(call_pool);
+            let _ = tx.send(outcome);
         })
         .map_err(|e| PyRuntimeError::new_err(format!("croupier: cannot start a thread: {e}")))?;
     let mut rx = rx;
@@ -131,7 +145,16 @@ fn interruptible<T: Send + 'static>(
         match outcome {
             Ok(Ok(result)) => return core(result),
             Ok(Err(panic)) => return Err(panic_error(panic)),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(interrupt) = py.check_signals() {
+                    cancel.raise();
+                    // The work stops at its next look at the flag; its result is dropped.
+                    py.detach(move || {
+                        let _ = worker.join();
+                    });
+                    return Err(interrupt);
+                }
+            }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(PyRuntimeError::new_err(
                     "internal error in croupier, please report it: the worker thread vanished",

@@ -34,6 +34,7 @@
 //! `O(log N)` small vectors. Work splits over value subtrees with rayon; the
 //! output never depends on how.
 
+use crate::cancel::cancelled;
 use crate::deal::cell_rng::CellRng;
 use crate::deal::hypergeom::hypergeometric;
 use crate::deal::prp::Prp;
@@ -475,7 +476,7 @@ impl<C: Classes> Engine<'_, C> {
     }
 
     fn node_par<S: Sink>(&self, lo: u64, hi: u64, src: &[Entry], wanted: u64, segs: Vec<S>) {
-        if wanted == 0 {
+        if wanted == 0 || cancelled() {
             return;
         }
         if hi - lo <= PAR_GRAIN {

@@ -55,6 +55,7 @@
 //! stripe; cells draw from [`CellRng`] keyed by the node's base and the cell's coordinates.
 //! Nothing depends on the number of threads.
 
+use crate::cancel::cancelled;
 use crate::deal::cell_rng::CellRng;
 use crate::deal::hypergeom::hypergeometric;
 use crate::index::Index;
@@ -612,6 +613,9 @@ impl<T: Index> Plan<T> {
         parts
             .into_par_iter()
             .for_each_init(Vec::<T>::new, |scratch, (g, part)| {
+                if cancelled() {
+                    return; // the caller discards the buffer
+                }
                 let child = root.child(g);
                 let scratch: &mut [T] = if child.m > keys.shape.leaf {
                     scratch.resize(part.len(), T::from_u64(0));

@@ -25,6 +25,7 @@
 //! The buffer is as long as the range: a whole epoch holds twice its output at its peak.
 //! Nothing depends on the number of threads.
 
+use crate::cancel::cancelled;
 use crate::error::{Error, Result};
 use crate::index::{index_bytes, try_with_capacity_huge, Index, Indices, MAX_LEN, U32_MAX_LEN};
 use crate::mix::counts::{phase_counts, probabilities};
@@ -489,6 +490,9 @@ impl Mixture {
         let vals = &vals;
         jobs.into_par_iter()
             .for_each(|(l, counts, mut cursors, dst)| {
+                if cancelled() {
+                    return; // the caller discards the buffer
+                }
                 let (lo, hi) = il.leaf_range(l);
                 let a = s.max(lo) - lo;
                 let order = il.leaf_order(l, counts);

@@ -5,6 +5,7 @@
 //! [`Stream::below`]. With an exact bounded draw every one of the `n!` orders is equally likely
 //! (given an ideal stream).
 
+use crate::cancel::{cancelled, CHECK_EVERY};
 use crate::error::Result;
 use crate::index::{try_with_capacity, Index};
 use crate::stream::Stream;
@@ -42,6 +43,9 @@ pub(crate) fn swaps_with_lookahead<T, const AHEAD: usize>(
         prefetch(buf.as_ptr().wrapping_add(*slot));
     }
     for s in 0..swaps {
+        if s % CHECK_EVERY == 0 && cancelled() {
+            return; // the caller discards the buffer
+        }
         let slot = s % AHEAD;
         let target = ring[slot];
         if s + AHEAD < swaps {

@@ -42,6 +42,7 @@
 //! generators of different ids as good as independent, and xoshiro256++ is integer-only, so
 //! the output is the same on every platform.
 
+use crate::cancel::cancelled;
 use crate::error::Result;
 use crate::index::{check_len, try_with_capacity_huge, Index, Indices, U32_MAX_LEN};
 use crate::shuffle::fisher_yates::{fisher_yates, swaps_with_lookahead};
@@ -469,6 +470,11 @@ unsafe fn level1<T: Index>(
 ) -> Vec<usize> {
     let plan = Plan::new(namer, n);
     (0..plan.starts.len()).into_par_iter().for_each(|i| {
+        // Cancelled: write nothing more. The buckets' shuffles that follow start only after
+        // every stripe, and skip their work too, so nothing reads what was not written.
+        if cancelled() {
+            return;
+        }
         let out = &out;
         let lo = i as u64 * STRIPE;
         let len = STRIPE.min(n - lo);
@@ -498,6 +504,9 @@ fn level2<T: Index>(out: &mut [T], bounds: &[usize], namer: &Namer, leaf: usize)
         .into_par_iter()
         .enumerate()
         .for_each_init(Vec::<T>::new, |scratch, (bucket, part)| {
+            if cancelled() {
+                return; // the caller discards the buffer
+            }
             let len = part.len();
             let scratch: &mut [T] = if len > leaf {
                 if scratch.len() < len {

@@ -22,6 +22,7 @@
 
 use rand_mt::Mt;
 
+use crate::cancel::{cancelled, CHECK_EVERY};
 use crate::error::{Error, Result};
 use crate::index::{check_len, try_with_capacity, Index, Indices, U32_MAX_LEN};
 use crate::shuffle::fisher_yates::{identity, swaps_with_lookahead, LOOKAHEAD};
@@ -71,6 +72,9 @@ fn forward_swaps_with<T: Index>(buf: &mut [T], mt: &mut Mt, rem: impl Fn(u32, us
 fn inside_out<T: Index>(n: u64, mt: &mut Mt) -> Result<Vec<T>> {
     let mut buf = try_with_capacity::<T>("an index buffer", n)?;
     for i in 0..n {
+        if i % CHECK_EVERY as u64 == 0 && cancelled() {
+            return Ok(buf); // the caller discards it
+        }
         let z = (random64(mt) % (i + 1)) as usize;
         // r[i] = r[z]; r[z] = i, with r[i] not yet written: push i, then swap.
         buf.push(T::from_u64(i));
@@ -137,7 +141,10 @@ impl TorchGenerator {
         } else {
             n.saturating_sub(1)
         };
-        for _ in 0..draws {
+        for i in 0..draws {
+            if i % CHECK_EVERY as u64 == 0 && cancelled() {
+                return;
+            }
             self.mt.next_u32();
         }
     }

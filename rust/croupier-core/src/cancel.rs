@@ -1,0 +1,84 @@
+//! Cooperative cancellation of long calls.
+//!
+//! A caller that may abandon a long computation (the Python binding, when Ctrl-C arrives)
+//! creates a [`Cancel`] flag and makes every thread that works for the call carry it
+//! ([`Cancel::attach`]: the calling thread and the threads of a pool made for the call). The
+//! long loops of the core (Fisher–Yates, torch's `randperm`, the partition walk, the bucket
+//! shuffles, a mixture's leaves) look at the flag every few ten thousand steps and stop early
+//! once it is raised; what they leave behind is meaningless, and the caller that raised the
+//! flag discards it. A thread that carries no flag is never cancelled, and the flag never
+//! changes a result that is returned.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+thread_local! {
+    static FLAG: RefCell<Option<Arc<AtomicBool>>> = const { RefCell::new(None) };
+}
+
+/// A cancellation flag shared by the threads of one call.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    /// A flag not raised.
+    pub fn new() -> Self {
+        Cancel::default()
+    }
+
+    /// Asks every thread carrying this flag to stop.
+    pub fn raise(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`Cancel::raise`] was called.
+    pub fn is_raised(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Makes the current thread carry this flag (replacing any other) until [`Cancel::detach`].
+    pub fn attach(&self) {
+        FLAG.with(|f| *f.borrow_mut() = Some(Arc::clone(&self.0)));
+    }
+
+    /// Makes the current thread carry no flag.
+    pub fn detach() {
+        FLAG.with(|f| *f.borrow_mut() = None);
+    }
+}
+
+/// Whether the current thread's call was cancelled.
+#[inline]
+pub(crate) fn cancelled() -> bool {
+    FLAG.with(|f| {
+        f.borrow()
+            .as_ref()
+            .is_some_and(|a| a.load(Ordering::Relaxed))
+    })
+}
+
+/// Steps between two looks at the flag in a long loop.
+pub(crate) const CHECK_EVERY: usize = 1 << 16;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_raised_flag_stops_a_shuffle_early_and_only_on_threads_that_carry_it() {
+        let cancel = Cancel::new();
+        cancel.attach();
+        assert!(!cancelled());
+        cancel.raise();
+        assert!(cancelled());
+        let mut buf: Vec<u32> = (0..1 << 20).collect();
+        let mut stream = crate::stream::Stream::new(1, 2, crate::stream::Purpose::Permutation, 0);
+        crate::shuffle::fisher_yates::fisher_yates(&mut buf, &mut stream);
+        // Stopped at its first look: the top of the buffer is untouched.
+        assert!(buf[1..].iter().enumerate().all(|(i, &v)| v == i as u32 + 1));
+        Cancel::detach();
+        assert!(!cancelled());
+        std::thread::spawn(|| assert!(!cancelled())).join().unwrap();
+    }
+}
