@@ -118,7 +118,7 @@ def test_resume_at_every_batch_of_two_epochs_without_workers(kind):
 
 
 @pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("kind", ["distributed", "mixture", "buckets"])
+@pytest.mark.parametrize("kind", ["distributed", "mixture", "buckets", "sequential-buckets"])
 def test_resume_at_every_batch_with_two_workers(kind, persistent):
     # Workers prefetch prefetch_factor * num_workers = 4 batches ahead of training; the state
     # must name what training consumed, so a resume at batch 0 starts at batch 0.
