@@ -153,3 +153,17 @@ pub(crate) fn try_with_capacity_huge<T>(what: &'static str, n: u64) -> Result<Ve
     }
     Ok(v)
 }
+
+/// `n` zeros in a fresh buffer (huge pages as [`try_with_capacity_huge`]), written by all
+/// threads, so that the page faults of first touch are spread over the cores instead of
+/// paid on one.
+pub(crate) fn zeros_par<T: Index>(what: &'static str, n: u64) -> Result<Vec<T>> {
+    use rayon::prelude::*;
+    let mut v = try_with_capacity_huge::<T>(what, n)?;
+    v.spare_capacity_mut()[..n as usize]
+        .par_chunks_mut(1 << 18)
+        .for_each(|c| c.iter_mut().for_each(|x| _ = x.write(T::from_u64(0))));
+    // SAFETY: the first n elements were all written just above.
+    unsafe { v.set_len(n as usize) };
+    Ok(v)
+}

@@ -281,11 +281,38 @@ fn blocks_into<T: Index>(
     (seed, epoch): (u64, u64),
     values: &mut [T],
 ) {
+    let (c0, c1) = (classes.class(rank, j0), classes.class(rank, j1));
+    let offsets = class_offsets(classes, c0, c1);
+    debug_assert_eq!(Some(&(values.len() as u64)), offsets.last());
+    let mut segs = Vec::with_capacity(offsets.len() - 1);
+    let mut rest: &mut [T] = values;
+    for w in offsets.windows(2) {
+        let (seg, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) as usize);
+        segs.push(seg);
+        rest = tail;
+    }
+    blocks_into_segs(layout, classes, rank, (j0, j1), (seed, epoch), segs);
+}
+
+/// Rank `rank`'s blocks `[j0, j1)`, block `j0 + i` into `segs[i]` (exactly its length), in
+/// one walk of the partition.
+fn blocks_into_segs<T: Index>(
+    layout: &Layout,
+    classes: &RankClasses,
+    rank: u64,
+    (j0, j1): (u64, u64),
+    (seed, epoch): (u64, u64),
+    segs: Vec<&mut [T]>,
+) {
     let key = layout_key(layout);
     let base = partition_base(seed, epoch, key);
     let (c0, c1) = (classes.class(rank, j0), classes.class(rank, j1));
     let offsets = class_offsets(classes, c0, c1);
-    debug_assert_eq!(Some(&(values.len() as u64)), offsets.last());
+    debug_assert_eq!(segs.len() + 1, offsets.len());
+    debug_assert!(segs
+        .iter()
+        .zip(offsets.windows(2))
+        .all(|(s, w)| s.len() as u64 == w[1] - w[0]));
     let plans: Vec<Option<Plan<T>>> = offsets
         .windows(2)
         .enumerate()
@@ -295,27 +322,23 @@ fn blocks_into<T: Index>(
                 .then(|| Plan::new(&block_keys(seed, epoch, key, c0 + i as u64), len))
         })
         .collect();
-    let mut sinks = Vec::with_capacity(plans.len());
-    let mut rest: &mut [T] = &mut *values;
-    for (w, plan) in offsets.windows(2).zip(&plans) {
-        let (seg, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) as usize);
-        sinks.push(match plan {
+    let mut segs = segs;
+    let sinks: Vec<BlockSink<T>> = segs
+        .iter_mut()
+        .zip(&plans)
+        .map(|(seg, plan)| match plan {
             Some(plan) => BlockSink::Deal(Dealer::new(plan, seg)),
             None => BlockSink::Run(Run::new(seg)),
-        });
-        rest = tail;
-    }
+        })
+        .collect();
     class_values_into(layout.n(), classes, c0, c1, base, sinks);
     let mut short = Vec::with_capacity(plans.len());
     let mut long = Vec::new();
-    let mut rest: &mut [T] = &mut *values;
-    for (i, (w, plan)) in offsets.windows(2).zip(plans).enumerate() {
-        let (seg, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) as usize);
+    for (i, (seg, plan)) in segs.into_iter().zip(plans).enumerate() {
         match plan {
             Some(plan) => long.push((plan, seg)),
             None => short.push((c0 + i as u64, seg)),
         }
-        rest = tail;
     }
     short.into_par_iter().for_each(|(class, seg)| {
         let mut stream = Stream::new(seed, epoch, Purpose::ShareOrder, fold(key, class));
@@ -451,6 +474,96 @@ pub(crate) fn fast_share_into<T: Index>(
     Ok(())
 }
 
+/// Positions `[start, stop)` of rank `rank`'s sequence into `out` (`stop - start` long): what
+/// [`fast_share`] gives, without a buffer of the range's size. The blocks wholly inside the
+/// range are computed in place; a block only partly inside (at most the first and the last)
+/// goes through `scratch`, which the caller may reuse across calls.
+pub(crate) fn fast_share_range_into<T: Index>(
+    layout: &Layout,
+    rank: u64,
+    (seed, epoch): (u64, u64),
+    (start, stop): (u64, u64),
+    out: &mut [T],
+    scratch: &mut Vec<T>,
+) -> Result<()> {
+    layout.check_rank(rank)?;
+    layout.check_range(start, stop)?;
+    assert_eq!(out.len() as u64, stop - start, "out must hold the range");
+    let classes = RankClasses::new(layout)?;
+    let c = classes.share(rank);
+    let own_stop = stop.min(c);
+    if start < own_stop {
+        let (j0, j1) = (block_of(start), block_of(own_stop - 1) + 1);
+        let lo = block_start(c, j0);
+        if j1 == j0 + 1
+            && block_start(c, j1) - lo > BUCKETED_FROM
+            && own_stop - start <= RANDOM_ACCESS_MAX
+        {
+            let part: Vec<T> = block_range(
+                layout,
+                &classes,
+                rank,
+                j0,
+                (start - lo, own_stop - lo),
+                seed,
+                epoch,
+            );
+            out[..part.len()].copy_from_slice(&part);
+        } else {
+            let bounds: Vec<(u64, u64)> = (j0..j1)
+                .map(|j| (block_start(c, j), block_start(c, j + 1)))
+                .collect();
+            let partial = |&(a, b): &(u64, u64)| a < start || b > own_stop;
+            let scratch_len: u64 = bounds
+                .iter()
+                .filter(|b| partial(b))
+                .map(|(a, b)| b - a)
+                .sum();
+            scratch.clear();
+            scratch.resize(scratch_len as usize, T::from_u64(0));
+            {
+                let mut segs = Vec::with_capacity(bounds.len());
+                let (mut s_rest, mut o_rest): (&mut [T], &mut [T]) = (
+                    scratch.as_mut_slice(),
+                    &mut out[..(own_stop - start) as usize],
+                );
+                for b in &bounds {
+                    let len = (b.1 - b.0) as usize;
+                    if partial(b) {
+                        let (seg, tail) = std::mem::take(&mut s_rest).split_at_mut(len);
+                        segs.push(seg);
+                        s_rest = tail;
+                        // Its part of `out` is copied from the scratch below.
+                        let skip = (b.1.min(own_stop) - b.0.max(start)) as usize;
+                        o_rest = &mut std::mem::take(&mut o_rest)[skip..];
+                    } else {
+                        let (seg, tail) = std::mem::take(&mut o_rest).split_at_mut(len);
+                        segs.push(seg);
+                        o_rest = tail;
+                    }
+                }
+                blocks_into_segs(layout, &classes, rank, (j0, j1), (seed, epoch), segs);
+            }
+            let mut at = 0usize;
+            for b in bounds.iter().filter(|b| partial(b)) {
+                let (a, z) = (b.0.max(start), b.1.min(own_stop));
+                let from = at + (a - b.0) as usize;
+                out[(a - start) as usize..(z - start) as usize]
+                    .copy_from_slice(&scratch[from..from + (z - a) as usize]);
+                at += (b.1 - b.0) as usize;
+            }
+        }
+    }
+    if stop > c && start <= c {
+        // The padding position, as in `fast_share`.
+        let (n, w) = (layout.n(), layout.num_replicas());
+        let s = (rank + c * w - n) % n;
+        let head = blocks::<T>(layout, &classes, s % w, (0, 1), seed, epoch)?;
+        out[(c - start) as usize] = head[0];
+    }
+    Ok(())
+}
+
 /// Where the first call from `start` should stop: the end of the block holding `start`, or
 /// [`RANDOM_ACCESS_MAX`] positions on inside a bucketed block (read by random access).
 pub(crate) fn first_stop(layout: &Layout, rank: u64, start: u64) -> Result<u64> {
@@ -581,6 +694,35 @@ mod tests {
             }
             assert!(rank_range(&layout, r, true, Order::Fast, 9, 2, 5, 4).is_err());
             assert!(rank_range(&layout, r, true, Order::Fast, 9, 2, 0, ns + 1).is_err());
+        }
+    }
+
+    #[test]
+    fn ranges_into_a_buffer_equal_the_cut_of_the_share() {
+        // fast_share_range_into (whole blocks in place, partial ones through the scratch)
+        // against fast_share, over Fisher-Yates and bucketed blocks, padding and random access.
+        for (n, w, drop_last) in [
+            (50_001u64, 3u64, false),
+            (200_003, 2, false),
+            (130_000, 1, true),
+        ] {
+            let layout = Layout::new(n, w, drop_last).unwrap();
+            let ns = layout.num_samples();
+            let mut cuts = vec![0, 1, 1023, 1024, 1025, 4096, 65_535, 65_536, 65_600, 70_000];
+            cuts.extend([131_072, 131_100, ns - 64, ns - 1, ns]);
+            cuts.retain(|&c| c <= ns);
+            let mut scratch = vec![7u32; 3];
+            for r in [0, w - 1] {
+                let whole = fast_share::<u32>(&layout, r, 11, 3, 0, ns).unwrap();
+                for &a in &cuts {
+                    for &b in cuts.iter().filter(|&&b| b >= a) {
+                        let mut out = vec![0u32; (b - a) as usize];
+                        fast_share_range_into(&layout, r, (11, 3), (a, b), &mut out, &mut scratch)
+                            .unwrap();
+                        assert_eq!(out, whole[a as usize..b as usize], "n={n} r={r} [{a}, {b})");
+                    }
+                }
+            }
         }
     }
 

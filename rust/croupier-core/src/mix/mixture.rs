@@ -19,15 +19,20 @@
 //!
 //! A range of positions is computed leaf by leaf of the interleave: the root-to-leaf walks
 //! give each dataset's count before the range (where its stream stands) and in every leaf;
-//! the datasets' stream pieces for the range are read into one buffer, dataset by dataset, in
+//! the datasets' stream pieces for the range are read a batch of datasets at a time, in
 //! parallel (each pass share computed whole, as a `DistributedSampler` epoch is, or by random
-//! access for a few positions); then every leaf is shuffled and filled from it in parallel.
-//! The buffer is as long as the range: a whole epoch holds twice its output at its peak.
+//! access for a few positions), and copied into the output leaf by leaf, each leaf's region
+//! holding its datasets' segments one after another; then every leaf is shuffled and put in
+//! order inside its own region, in parallel. The batch buffer holds at most a sixteenth of the
+//! range or the largest dataset's piece, so a whole epoch of many datasets holds about 1.06
+//! times its output at its peak.
 //! Nothing depends on the number of threads.
 
 use crate::cancel::cancelled;
 use crate::error::{Error, Result};
-use crate::index::{index_bytes, try_with_capacity_huge, Index, Indices, MAX_LEN, U32_MAX_LEN};
+use crate::index::{
+    index_bytes, try_with_capacity_huge, zeros_par, Index, Indices, MAX_LEN, U32_MAX_LEN,
+};
 use crate::mix::counts::{phase_counts, probabilities};
 use crate::mix::interleave::{Counts, Interleave};
 use crate::mix::passes::Passes;
@@ -283,8 +288,9 @@ impl Mixture {
     }
 
     /// Bytes a [`Mixture::range`] of `[start, stop)` holds at its peak: the output, the
-    /// streams' buffer, a pass share being read per thread (at most the range again), the leaf
-    /// orders. An estimate, to refuse what cannot fit before any work.
+    /// streams' buffer (at most the range again when one dataset dominates), a partial pass
+    /// being read per thread, the leaf orders. An estimate, to refuse what cannot fit before
+    /// any work.
     pub fn range_bytes(&self, start: u64, stop: u64) -> u64 {
         let n = stop.saturating_sub(start);
         let leaf = (16 * self.datasets() as u64)
@@ -311,8 +317,7 @@ impl Mixture {
     }
 
     fn range_as<T: Index>(&self, epoch: u64, start: u64, stop: u64) -> Result<Vec<T>> {
-        let mut out = try_with_capacity_huge::<T>("a mixture's indices", stop - start)?;
-        out.resize((stop - start) as usize, T::from_u64(0));
+        let mut out = zeros_par::<T>("a mixture's indices", stop - start)?;
         if start == stop {
             return Ok(out);
         }
@@ -353,7 +358,7 @@ impl Mixture {
             let (a, b) = (s.max(lo), e.min(lo + c));
             if a < b {
                 let dst = &mut out[(a - s) as usize..(b - s) as usize];
-                self.read_stream(epoch, d, stream_at[d] + (a - lo), dst)?;
+                self.read_stream(epoch, d, stream_at[d] + (a - lo), dst, &mut Vec::new())?;
             }
             lo += c;
             if lo >= e {
@@ -364,7 +369,14 @@ impl Mixture {
     }
 
     /// Dataset `d`'s stream from position `from`, as many as `out` holds, as global indices.
-    fn read_stream<T: Index>(&self, epoch: u64, d: usize, from: u64, out: &mut [T]) -> Result<()> {
+    fn read_stream<T: Index>(
+        &self,
+        epoch: u64,
+        d: usize,
+        from: u64,
+        out: &mut [T],
+        scratch: &mut Vec<T>,
+    ) -> Result<()> {
         let passes = self.passes[d]
             .as_ref()
             .expect("a dataset that is drawn is not empty");
@@ -378,6 +390,7 @@ impl Mixture {
                 (within, within + m as u64),
                 self.offsets[d],
                 &mut out[done..done + m],
+                scratch,
             )?;
             pos += m as u64;
             done += m;
@@ -428,6 +441,12 @@ impl Mixture {
 
     /// Fills `out` with the leaves `first, first + 1, …` (`leaves`, with in-range counts
     /// `inside`), reading each dataset's stream from `at`.
+    ///
+    /// `out` itself holds the streams' values until the leaves are shuffled: leaf by leaf,
+    /// each leaf's region holds its datasets' stream segments one after another (in the
+    /// order of the leaf's counts), so that every leaf is then put in order inside its own
+    /// region with a leaf-sized scratch. The streams are read a batch of datasets at a time
+    /// into a buffer of at most `max(largest piece, range / 16)` and copied to their leaves.
     #[allow(clippy::too_many_arguments)]
     fn fill_leaves<T: Index>(
         &self,
@@ -439,72 +458,132 @@ impl Mixture {
         at: &[u64],
         out: &mut [T],
     ) -> Result<()> {
-        // Each dataset's piece of the stream, one after another in dataset order.
+        // Where each leaf entry's segment sits: in `out` (leaf-relative) and in its dataset's
+        // piece of the stream.
         let mut need = vec![0u64; self.datasets()];
+        let mut segments: Vec<Vec<Segment>> = Vec::with_capacity(leaves.len());
         for (counts, ins) in leaves.iter().zip(inside) {
-            for (&(d, _), &k) in counts.iter().zip(ins) {
-                need[d as usize] += k;
-            }
+            let mut off = 0u64;
+            segments.push(
+                counts
+                    .iter()
+                    .zip(ins)
+                    .map(|(&(d, _), &k)| {
+                        let seg = Segment {
+                            dataset: d,
+                            at: off,
+                            from: need[d as usize],
+                            len: k,
+                        };
+                        off += k;
+                        need[d as usize] += k;
+                        seg
+                    })
+                    .collect(),
+            );
         }
-        let mut start_of = vec![0u64; self.datasets()];
-        let mut total = 0u64;
-        for (d, &k) in need.iter().enumerate() {
-            start_of[d] = total;
-            total += k;
-        }
-        let mut vals = try_with_capacity_huge::<T>("a mixture's stream buffer", total)?;
-        vals.resize(total as usize, T::from_u64(0));
+        let total: u64 = need.iter().sum();
+        let largest = need.iter().copied().max().unwrap_or(0);
+        let budget = largest.max(total / 16);
+        let mut buf = try_with_capacity_huge::<T>("a mixture's stream buffer", budget)?;
+        // The leaves' regions of `out`, reused by every batch.
+        let mut regions: Vec<&mut [T]> = Vec::with_capacity(leaves.len());
         {
-            let mut pieces = Vec::new();
-            let mut rest: &mut [T] = &mut vals;
-            for (d, &k) in need.iter().enumerate() {
-                if k > 0 {
-                    let (piece, tail) = std::mem::take(&mut rest).split_at_mut(k as usize);
-                    pieces.push((d, at[d], piece));
-                    rest = tail;
-                }
+            let mut rest: &mut [T] = out;
+            for ins in inside {
+                let len: u64 = ins.iter().sum();
+                let (dst, tail) = std::mem::take(&mut rest).split_at_mut(len as usize);
+                regions.push(dst);
+                rest = tail;
             }
-            pieces
-                .into_par_iter()
-                .try_for_each(|(d, from, piece)| self.read_stream(epoch, d, from, piece))?;
         }
-        // Each leaf's cursors into `vals`, then the leaves in parallel.
-        let mut run = start_of;
-        let mut jobs = Vec::with_capacity(leaves.len());
-        let mut rest: &mut [T] = out;
-        for (i, (counts, ins)) in leaves.iter().zip(inside).enumerate() {
-            let cursors: Vec<u64> = counts
-                .iter()
-                .zip(ins)
-                .map(|(&(d, _), &k)| {
-                    let c = run[d as usize];
-                    run[d as usize] += k;
-                    c
-                })
-                .collect();
-            let len: u64 = ins.iter().sum();
-            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(len as usize);
-            rest = tail;
-            jobs.push((first + i as u64, counts, cursors, dst));
+        let mut d0 = 0usize;
+        while d0 < need.len() {
+            // The next batch of datasets: [d0, d1), their pieces one after another in `buf`.
+            let (mut d1, mut size) = (d0, 0u64);
+            while d1 < need.len() && (d1 == d0 || size + need[d1] <= budget) {
+                size += need[d1];
+                d1 += 1;
+            }
+            buf.clear();
+            buf.resize(size as usize, T::from_u64(0));
+            let mut piece_at = vec![0u64; d1 - d0];
+            {
+                let mut pieces = Vec::new();
+                let mut rest: &mut [T] = &mut buf;
+                let mut run = 0u64;
+                for d in d0..d1 {
+                    piece_at[d - d0] = run;
+                    run += need[d];
+                    if need[d] > 0 {
+                        let (piece, tail) =
+                            std::mem::take(&mut rest).split_at_mut(need[d] as usize);
+                        pieces.push((d, at[d], piece));
+                        rest = tail;
+                    }
+                }
+                pieces
+                    .into_par_iter()
+                    .try_for_each_init(Vec::new, |scratch, (d, from, piece)| {
+                        self.read_stream(epoch, d, from, piece, scratch)
+                    })?;
+            }
+            if cancelled() {
+                return Ok(()); // the caller discards the buffer
+            }
+            let (buf, piece_at) = (&buf, &piece_at);
+            regions
+                .par_iter_mut()
+                .zip(&segments)
+                .with_min_len(4)
+                .for_each(|(dst, segs)| {
+                    let lo = segs.partition_point(|g| (g.dataset as usize) < d0);
+                    for g in segs[lo..].iter().take_while(|g| (g.dataset as usize) < d1) {
+                        let src = (piece_at[g.dataset as usize - d0] + g.from) as usize;
+                        dst[g.at as usize..(g.at + g.len) as usize]
+                            .copy_from_slice(&buf[src..src + g.len as usize]);
+                    }
+                });
+            d0 = d1;
         }
-        let vals = &vals;
-        jobs.into_par_iter()
-            .for_each(|(l, counts, mut cursors, dst)| {
+        drop(buf);
+
+        // Every leaf in order, inside its own region.
+        regions
+            .into_par_iter()
+            .zip(leaves)
+            .zip(&segments)
+            .enumerate()
+            .for_each_init(Vec::new, |scratch, (i, ((dst, counts), segs))| {
                 if cancelled() {
                     return; // the caller discards the buffer
                 }
+                let l = first + i as u64;
                 let (lo, hi) = il.leaf_range(l);
                 let a = s.max(lo) - lo;
                 let order = il.leaf_order(l, counts);
                 let part = &order[a as usize..(e.min(hi) - lo) as usize];
+                scratch.clear();
+                scratch.extend_from_slice(dst);
+                let mut cursors: Vec<u64> = segs.iter().map(|g| g.at).collect();
                 for (o, &x) in dst.iter_mut().zip(part) {
                     let c = &mut cursors[x as usize];
-                    *o = vals[*c as usize];
+                    *o = scratch[*c as usize];
                     *c += 1;
                 }
             });
         Ok(())
     }
+}
+
+/// One dataset's run of positions in a leaf: `len` values of `dataset`'s stream piece from
+/// `from`, placed at `at` in the leaf's region before the leaf is shuffled.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    dataset: u32,
+    at: u64,
+    from: u64,
+    len: u64,
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //!
 //! Without shuffling every pass is the rank's strided `rank, rank + W, …` (mod `n`).
 
-use crate::deal::fast_share::{fast_share, fast_share_into};
+use crate::deal::fast_share::{fast_share_into, fast_share_range_into};
 use crate::deal::layout::Layout;
 use crate::error::Result;
 use crate::index::Index;
@@ -45,13 +45,15 @@ impl Passes {
     }
 
     /// Positions `[start, stop)` of the rank's share of pass `pass`, plus `offset`, into `out`
-    /// (`stop - start` long, `stop <= per_pass()`).
+    /// (`stop - start` long, `stop <= per_pass()`). `scratch` holds the blocks the range only
+    /// partly covers; the caller may reuse it across calls.
     pub(crate) fn read<T: Index>(
         &self,
         (seed, epoch, dataset, pass): (u64, u64, u64, u64),
         (start, stop): (u64, u64),
         offset: u64,
         out: &mut [T],
+        scratch: &mut Vec<T>,
     ) -> Result<()> {
         debug_assert!(start <= stop && stop <= self.per_pass());
         debug_assert_eq!(out.len() as u64, stop - start);
@@ -65,32 +67,25 @@ impl Passes {
         let pass_seed =
             Stream::new(seed, epoch, Purpose::MixPass, fold(fold(0, dataset), pass)).next_u64();
         if (start, stop) == (0, self.per_pass()) {
-            // A whole pass: dealt straight into place, then shifted by the offset.
+            // A whole pass: dealt straight into place.
             fast_share_into(&self.layout, rank, pass_seed, 0, out)?;
-            if offset > 0 {
-                out.par_iter_mut()
-                    .with_min_len(1 << 15)
-                    .for_each(|o| *o = T::from_u64(offset + o.to_u64()));
-            }
-            return Ok(());
-        }
-        // The dataset's own values fit its own element type; widen while adding the offset.
-        if n <= crate::index::U32_MAX_LEN {
-            let vals = fast_share::<u32>(&self.layout, rank, pass_seed, 0, start, stop)?;
-            add_offset(&vals, offset, out);
         } else {
-            let vals = fast_share::<u64>(&self.layout, rank, pass_seed, 0, start, stop)?;
-            add_offset(&vals, offset, out);
+            fast_share_range_into(
+                &self.layout,
+                rank,
+                (pass_seed, 0),
+                (start, stop),
+                out,
+                scratch,
+            )?;
+        }
+        if offset > 0 {
+            out.par_iter_mut()
+                .with_min_len(1 << 15)
+                .for_each(|o| *o = T::from_u64(offset + o.to_u64()));
         }
         Ok(())
     }
-}
-
-fn add_offset<S: Index, T: Index>(vals: &[S], offset: u64, out: &mut [T]) {
-    out.par_iter_mut()
-        .with_min_len(1 << 15)
-        .zip(vals)
-        .for_each(|(o, v)| *o = T::from_u64(offset + v.to_u64()));
 }
 
 #[cfg(test)]
@@ -101,8 +96,14 @@ mod tests {
     fn pass(n: u64, w: u64, r: u64, drop_last: bool, k: u64) -> Vec<u64> {
         let p = Passes::new(n, w, r, drop_last, true).unwrap();
         let mut out = vec![0u64; p.per_pass() as usize];
-        p.read((5, 1, 3, k), (0, p.per_pass()), 0, &mut out)
-            .unwrap();
+        p.read(
+            (5, 1, 3, k),
+            (0, p.per_pass()),
+            0,
+            &mut out,
+            &mut Vec::new(),
+        )
+        .unwrap();
         out
     }
 
@@ -143,7 +144,8 @@ mod tests {
             (0, 12_500),
         ] {
             let mut out = vec![0u64; (b - a) as usize];
-            p.read((5, 1, 3, 0), (a, b), 7, &mut out).unwrap();
+            p.read((5, 1, 3, 0), (a, b), 7, &mut out, &mut Vec::new())
+                .unwrap();
             let want: Vec<u64> = whole[a as usize..b as usize]
                 .iter()
                 .map(|v| v + 7)
@@ -156,7 +158,8 @@ mod tests {
     fn sequential_passes_follow_torch_striding() {
         let p = Passes::new(10, 4, 3, false, false).unwrap();
         let mut out = vec![0u32; 3];
-        p.read((0, 0, 0, 0), (0, 3), 100, &mut out).unwrap();
+        p.read((0, 0, 0, 0), (0, 3), 100, &mut out, &mut Vec::new())
+            .unwrap();
         assert_eq!(out, vec![103, 107, 101]);
     }
 }
