@@ -153,11 +153,14 @@ def _with(**changes):
         (_with(rank=4), ValueError, "state['rank'] must be in [0, 3], got 4"),
         (_with(num_replicas=0), ValueError, "state['num_replicas'] must be in [1,"),
         (
-            _with(num_replicas=8, position=2),
+            _with(elastic={"origin_num_replicas": 8}),
             ValueError,
-            "saved mid-epoch (position 2 of 13) with num_replicas=8, this sampler has "
-            "num_replicas=4: resuming mid-epoch on a different number of replicas is not "
-            "supported",
+            "state['elastic'] must be a mapping with keys 'origin_num_replicas' and 'offset'",
+        ),
+        (
+            _with(elastic={"origin_num_replicas": 8, "offset": 101}),
+            ValueError,
+            "state['elastic']['offset'] must be in [0, 100], got 101",
         ),
         (_with(num_replicas=8, position=14), ValueError, "state['position'] must be in [0, 13]"),
         (_with(drop_last=True), ValueError, "drop_last: state has True, this sampler has False"),

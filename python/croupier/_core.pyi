@@ -81,6 +81,15 @@ class Deal:
         first index soonest: in the fast shuffled order, the end of the block holding
         ``start``, or ``start + 64`` inside a long block (read by random access); else
         ``num_samples``."""
+    def elastic_len(self, origin: int, offset: int) -> int:
+        """Positions per rank for the rest of an epoch first dealt over ``origin`` ranks and
+        continued on this deal's ranks from global position ``offset``."""
+    def elastic_indices(
+        self, origin: int, offset: int, epoch: int, start: int = 0, stop: int | None = None
+    ) -> _Indices:
+        """Positions ``[start, stop)`` (default: to the end) of this rank's sequence for the
+        rest of ``epoch``, first dealt over ``origin`` ranks, continued from global position
+        ``offset`` with torch's padding or dropping on the remainder."""
 
 @final
 class Buckets:

@@ -11,6 +11,8 @@ rest, the same for every sampler:
 - ``state_dict``/``load_state_dict`` framing (version, configuration check, position, epoch,
   world size), states of documented foreign shapes (:class:`StateFormat`), and pickling as a
   checkpoint (DataLoader workers, ``copy.copy``);
+- elastic resume: a state saved mid-epoch on another number of ranks continues the epoch (the
+  rest of its global order dealt to this world size), for the samplers that supply the hooks;
 - read-only configuration: the attributes named in ``_config_names`` cannot be assigned after
   construction, so a checkpoint always describes what is iterated;
 - a cache of the current epoch's remaining items, and ``__repr__``.
@@ -152,6 +154,9 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         self._now: tuple[int, _Pending | _Cursor | None] = (0, None)
         # (epoch, first position, items from there to the end of that epoch) or None.
         self._cache: tuple[int, int, Seg] | None = None
+        # After an elastic resume: (epoch, origin world size, global offset, items per rank for
+        # the rest of that epoch); it applies to that epoch only.
+        self._elastic: tuple[int, int, int, int] | None = None
         self._sealed = True
 
     # -- what a sampler supplies ----------------------------------------------------------------
@@ -184,6 +189,37 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         """Raises ``ValueError`` if this sampler cannot iterate ``epoch`` (beyond the range
         check every sampler makes)."""
 
+    # -- elastic resume (optional) ----------------------------------------------------------------
+    #
+    # A sampler whose epoch is one global order dealt to the ranks with torch's arithmetic
+    # supports resuming mid-epoch on another number of ranks: what the old ranks consumed is a
+    # prefix of the global order, and the rest is dealt to the new ranks. It sets
+    # ``_elastic_supported`` and supplies the four hooks below.
+
+    #: Whether a state saved mid-epoch with another ``num_replicas`` continues the epoch.
+    _elastic_supported: ClassVar[bool] = False
+
+    def _global_end(self, origin: int) -> int:
+        """Global positions in an epoch first dealt over ``origin`` ranks (its samples, without
+        padding)."""
+        raise NotImplementedError
+
+    def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
+        """Items per rank for the rest of such an epoch from global position ``offset``, dealt
+        over ``num_replicas`` ranks."""
+        raise NotImplementedError
+
+    def _compute_elastic(
+        self, origin: int, offset: int, epoch: int, start: int, stop: int | None
+    ) -> Seg:
+        """This rank's items ``[start, stop)`` of the rest of ``epoch`` (first dealt over
+        ``origin`` ranks) from global position ``offset``."""
+        raise NotImplementedError
+
+    def _elastic_first_stop(self, start: int, length: int) -> int:
+        """Where the first piece of an elastic iteration from ``start`` should end."""
+        return length
+
     # -- configuration --------------------------------------------------------------------------
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -195,8 +231,33 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         object.__setattr__(self, name, value)
 
     def __len__(self) -> int:
-        """This rank's number of items per epoch."""
-        return self._length
+        """This rank's number of items per epoch. After an elastic resume (a state saved
+        mid-epoch on another number of ranks), until the next epoch: this rank's number of
+        items for the rest of that epoch."""
+        return self._len_of(self._now[0])
+
+    def _elastic_of(self, epoch: int) -> tuple[int, int, int, int] | None:
+        """``(epoch, origin, offset, length)`` of an elastic resume of ``epoch``, if any."""
+        el = self._elastic
+        if el is None or el[0] != epoch:
+            return None
+        return el
+
+    def _len_of(self, epoch: int) -> int:
+        """Items per rank in ``epoch`` (its rest after an elastic resume)."""
+        el = self._elastic_of(epoch)
+        return self._length if el is None else el[3]
+
+    def _items(self, epoch: int, start: int, stop: int | None) -> Seg:
+        """This rank's items ``[start, stop)`` of ``epoch``, elastic or not."""
+        el = self._elastic_of(epoch)
+        if el is None:
+            return self._compute(epoch, start, stop)
+        return self._compute_elastic(el[1], el[2], epoch, start, stop)
+
+    def _first_stop_of(self, epoch: int, start: int) -> int:
+        el = self._elastic_of(epoch)
+        return self._first_stop(start) if el is None else self._elastic_first_stop(start, el[3])
 
     # -- epoch and position ---------------------------------------------------------------------
 
@@ -228,15 +289,17 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         else:
             self._now = (epoch, None)
         self._cache = None
+        self._elastic = None  # an elastic resume belongs to its epoch
 
     def set_skip(self, skip: int) -> None:
         """Makes the next iteration skip the first ``skip`` items of this rank's epoch, in O(1).
 
-        ``skip`` counts from the start of the epoch and must be in ``[0, len(self)]``;
-        ``skip == len(self)`` leaves nothing to yield. A larger value is refused with
-        ``ValueError``: it would silently run into the next epoch's data.
+        ``skip`` counts from the start of the epoch (after an elastic resume, from the start of
+        this rank's rest of it) and must be in ``[0, len(self)]``; ``skip == len(self)``
+        leaves nothing to yield. A larger value is refused with ``ValueError``: it would
+        silently run into the next epoch's data.
         """
-        skip = check_int("skip", skip, 0, self._length)
+        skip = check_int("skip", skip, 0, len(self))
         self._now = (self._now[0], _Pending(skip, None))
 
     @staticmethod
@@ -267,7 +330,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         view = self._cached(epoch, start)
         if view is not None:
             return view
-        items = self._compute(epoch, start, None)
+        items = self._items(epoch, start, None)
         if epoch == self._now[0]:
             self._cache = (epoch, start, items)
         return items
@@ -281,19 +344,20 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         if view is not None:
             yield view
             return
+        length = self._len_of(epoch)
         window = self._window()
         if window is not None:
             lo = start
             size = min(window, _FIRST_WINDOW)
-            while lo < self._length:
-                hi = min(lo + size, self._length)
-                yield self._compute(epoch, lo, hi)
+            while lo < length:
+                hi = min(lo + size, length)
+                yield self._items(epoch, lo, hi)
                 lo, size = hi, window
             return
-        stop = self._first_stop(start)
-        if stop < self._length:
-            yield self._compute(epoch, start, stop)
-            if self._length - stop >= _BACKGROUND_FROM and self._cached(epoch, stop) is None:
+        stop = self._first_stop_of(epoch, start)
+        if stop < length:
+            yield self._items(epoch, start, stop)
+            if length - stop >= _BACKGROUND_FROM and self._cached(epoch, stop) is None:
                 yield from self._while_the_tail_computes(epoch, stop)
                 return
             start = stop
@@ -310,18 +374,19 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
 
         def work() -> None:
             try:
-                box.append(self._compute(epoch, start, None))
+                box.append(self._items(epoch, start, None))
             except BaseException as e:  # re-raised where the items are consumed
                 box.append(e)
             done.set()
 
         threading.Thread(target=work, name="croupier-tail", daemon=True).start()
         lo = start
+        length = self._len_of(epoch)
         while not done.is_set():
-            hi = self._first_stop(lo)
-            if hi >= self._length:
+            hi = self._first_stop_of(epoch, lo)
+            if hi >= length:
                 break
-            yield self._compute(epoch, lo, hi)
+            yield self._items(epoch, lo, hi)
             lo = hi
         done.wait()
         items = box[0]
@@ -378,6 +443,9 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         ahead of training saves this at the position training has consumed."""
         state = self._state_config()
         state.update(num_replicas=self.num_replicas, rank=self.rank, epoch=epoch, position=position)
+        el = self._elastic_of(epoch)
+        if el is not None:
+            state["elastic"] = {"origin_num_replicas": el[1], "offset": el[2]}
         return state
 
     def _start_position(self) -> int:
@@ -409,8 +477,15 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         past the end of the epoch, or a different configuration (the message lists each
         difference) raise ``ValueError`` (:class:`~croupier.StateError`; ``TypeError`` for
         wrong types) and leave the sampler unchanged. Ranks move in lockstep, so a state saved
-        on any rank loads on any rank. A state saved with a different ``num_replicas`` loads at
-        an epoch boundary (position 0, or the end of the epoch); mid-epoch it is refused.
+        on any rank loads on any rank.
+
+        A state saved with a different ``num_replicas`` loads at an epoch boundary (position 0,
+        or the end of the epoch). Mid-epoch, a sampler that supports elastic resume
+        (``DistributedSampler``) continues the epoch: what the old ranks consumed, ``position``
+        items each, is a prefix of the epoch's global order, and the rest of that order is
+        dealt to this sampler's ranks with torch's padding or dropping, so nothing consumed
+        comes again and nothing unconsumed is lost; until the next epoch ``len(self)`` is this
+        rank's share of that rest. Other samplers refuse such a state.
         """
         native = check_state(
             self._as_native(state),
@@ -422,24 +497,68 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         saved_w = check_int("state['num_replicas']", native["num_replicas"], 1, MAX_LEN)
         check_int("state['rank']", native["rank"], 0, saved_w - 1)
         position = native["position"]
-        saved_len = self._length if saved_w == self.num_replicas else self._epoch_length(saved_w)
+        origin, offset = self._saved_elastic(native, saved_w)
+        if (origin, offset) != (saved_w, 0):
+            saved_len = self._elastic_length(origin, offset, saved_w)
+        elif saved_w == self.num_replicas:
+            saved_len = self._length
+        else:
+            saved_len = self._epoch_length(saved_w)
         if position > saved_len:
             raise StateError(
-                f"state['position'] must be in [0, {saved_len}] ({self._unit} per rank and epoch "
-                f"with num_replicas={saved_w}), got {position}"
+                f"state['position'] must be in [0, {saved_len}] ({self._unit} per rank "
+                f"{'for the rest of the epoch' if offset else 'and epoch'} with "
+                f"num_replicas={saved_w}), got {position}"
             )
-        if saved_w != self.num_replicas:
-            if 0 < position < saved_len:
+        elastic: tuple[int, int, int, int] | None = None
+        if saved_w == self.num_replicas:
+            if (origin, offset) != (saved_w, 0):
+                elastic = (epoch, origin, offset, saved_len)
+        elif position == 0 and offset == 0:
+            pass  # the start of the epoch
+        elif not self._elastic_supported:
+            if position < saved_len:
                 raise StateError(
                     f"state was saved mid-epoch (position {position} of {saved_len}) with "
                     f"num_replicas={saved_w}, this sampler has num_replicas={self.num_replicas}: "
-                    "resuming mid-epoch on a different number of replicas is not supported; "
-                    "resume from a checkpoint taken at an epoch boundary"
+                    f"{type(self).__name__} does not resume mid-epoch on a different number of "
+                    "replicas; resume from a checkpoint taken at an epoch boundary"
                 )
-            position = 0 if position == 0 else self._length
-        if epoch != self._now[0]:
+            position = self._length
+        else:
+            # Consumed: the old ranks' positions of the global order (padding counts once).
+            end = self._global_end(origin)
+            consumed = offset + min(position * saved_w, end - offset)
+            if consumed >= end:
+                position = self._length  # the epoch is done
+            else:
+                position = 0
+                if consumed > 0:
+                    length = self._elastic_length(origin, consumed, self.num_replicas)
+                    elastic = (epoch, origin, consumed, length)
+        if epoch != self._now[0] or elastic != self._elastic:
             self._cache = None
+        self._elastic = elastic
         self._now = (epoch, _Pending(position, epoch))
+
+    def _saved_elastic(self, native: Mapping[str, Any], saved_w: int) -> tuple[int, int]:
+        """The ``(origin world size, global offset)`` a state records (``(saved_w, 0)`` for a
+        state of an epoch that never changed world size), checked."""
+        el = native.get("elastic")
+        if el is None:
+            return saved_w, 0
+        if not self._elastic_supported:
+            raise StateError(f"state has an 'elastic' entry; {type(self).__name__} has none")
+        if not isinstance(el, Mapping) or set(el) != {"origin_num_replicas", "offset"}:
+            raise StateError(
+                "state['elastic'] must be a mapping with keys 'origin_num_replicas' and 'offset'"
+            )
+        origin = check_int(
+            "state['elastic']['origin_num_replicas']", el["origin_num_replicas"], 1, MAX_LEN
+        )
+        end = self._global_end(origin)
+        offset = check_int("state['elastic']['offset']", el["offset"], 0, end)
+        return origin, offset
 
     # -- pickling (DataLoader workers, multiprocessing) and repr --------------------------------
 

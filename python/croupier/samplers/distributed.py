@@ -142,6 +142,31 @@ class DistributedSampler(IndexSampler):
     def _epoch_length(self, num_replicas: int) -> int:
         return _core.layout(self._n, num_replicas, self.drop_last)[0]
 
+    # Elastic resume: the epoch's global order (drawn for the world size it started with) from
+    # the consumed prefix on, dealt with torch's arithmetic (croupier_core::Elastic).
+    _elastic_supported = True
+
+    def _global_end(self, origin: int) -> int:
+        # The epoch's samples in its first world: n, or what drop_last keeps of them.
+        return min(self._n, _core.layout(self._n, origin, self.drop_last)[1])
+
+    def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
+        return _core.layout(self._global_end(origin) - offset, num_replicas, self.drop_last)[0]
+
+    def _compute_elastic(
+        self, origin: int, offset: int, epoch: int, start: int, stop: int | None
+    ) -> npt.NDArray[Any]:
+        arr = self._deal.elastic_indices(origin, offset, epoch, start, stop)
+        arr.flags.writeable = False
+        return arr
+
+    def _elastic_first_stop(self, start: int, length: int) -> int:
+        # Fast and shuffled: a short first piece reads a few positions of each old share it
+        # meets, so the first index comes before the rest of the epoch is computed.
+        if self.shuffle and self.order == "fast":
+            return min(start + 64, length)
+        return length
+
     def _check_epoch(self, epoch: int) -> None:
         # torch seeds its generator only to shuffle: unshuffled, any epoch is fine, as in torch.
         if self.order == "torch" and self.shuffle and self.seed + epoch > U64_MAX:

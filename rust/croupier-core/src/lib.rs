@@ -54,7 +54,7 @@ mod stream;
 mod testkit;
 
 pub use cancel::Cancel;
-pub use deal::{first_stop, rank_range, rank_range_bytes, Layout, Order};
+pub use deal::{first_stop, rank_range, rank_range_bytes, Elastic, Layout, Order};
 pub use error::{Error, Result};
 pub use index::{index_bytes, Index, Indices, MAX_LEN, U32_MAX_LEN};
 pub use mix::{Mixture, PhaseSpec};

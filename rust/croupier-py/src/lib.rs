@@ -382,6 +382,36 @@ impl Deal {
         ))
     }
 
+    /// Positions per rank for the rest of an epoch first dealt over `origin` ranks and
+    /// continued on this deal's ranks from global position `offset` (an elastic resume).
+    fn elastic_len(&self, origin: u64, offset: u64) -> PyResult<u64> {
+        Ok(self.elastic(origin, offset)?.num_samples())
+    }
+
+    /// Positions `[start, stop)` (default: to the end) of this rank's sequence for the rest of
+    /// `epoch`, first dealt over `origin` ranks, continued from global position `offset`.
+    #[pyo3(signature = (origin, offset, epoch, start=0, stop=None))]
+    fn elastic_indices<'py>(
+        &self,
+        py: Python<'py>,
+        origin: u64,
+        offset: u64,
+        epoch: u64,
+        start: u64,
+        stop: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let el = self.elastic(origin, offset)?;
+        let stop = stop.unwrap_or(el.num_samples());
+        let order = self.order.core();
+        let bytes = el.range_bytes(self.shuffle, order, start, stop.max(start));
+        check_memory(bytes, "this rank's indices after a change of world size")?;
+        let (rank, shuffle, seed) = (self.rank, self.shuffle, self.seed);
+        let out = interruptible(py, bytes, move || {
+            el.range(rank, shuffle, order, seed, epoch, start, stop)
+        })?;
+        Ok(to_numpy(py, out))
+    }
+
     fn __getnewargs__(&self) -> (u64, u64, u64, bool, u64, bool, Order) {
         (
             self.layout.n(),
@@ -405,6 +435,18 @@ impl Deal {
             if self.layout.drop_last() { "True" } else { "False" },
             self.order.name(),
         )
+    }
+}
+
+impl Deal {
+    fn elastic(&self, origin: u64, offset: u64) -> PyResult<croupier_core::Elastic> {
+        core(croupier_core::Elastic::new(
+            self.layout.n(),
+            origin,
+            self.layout.drop_last(),
+            offset,
+            self.layout.num_replicas(),
+        ))
     }
 }
 

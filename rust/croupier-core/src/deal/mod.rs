@@ -8,6 +8,8 @@
 //! - `rank`: the entry points ([`rank_range`], [`first_stop`], [`rank_range_bytes`]) that give
 //!   a rank's positions in either [`Order`]: without shuffling, in torch's order, or in the
 //!   fast order.
+//! - `elastic`: an epoch continued on a different number of ranks ([`Elastic`]): the rest of
+//!   the epoch's global order dealt to the new ranks.
 //! - `layout`: torch's `DistributedSampler` arithmetic ([`Layout`]: padding by repeating the
 //!   head, `drop_last`, rank `r` taking positions `r, r + W, …`), and a rank's share taken from
 //!   a whole global order.
@@ -23,6 +25,7 @@
 
 pub(crate) mod cell_rng;
 pub(crate) mod class_split;
+pub(crate) mod elastic;
 pub(crate) mod fast_share;
 pub(crate) mod hypergeom;
 pub(crate) mod layout;
@@ -30,5 +33,6 @@ pub(crate) mod prp;
 pub(crate) mod rank;
 pub(crate) mod seekable;
 
+pub use elastic::Elastic;
 pub use layout::Layout;
 pub use rank::{first_stop, rank_range, rank_range_bytes, Order};

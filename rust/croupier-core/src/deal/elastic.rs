@@ -1,0 +1,303 @@
+//! An epoch continued on a different number of ranks (an elastic resume).
+//!
+//! Every rank of a `DistributedSampler` takes positions `r, r + W, …` of one global order, and
+//! ranks advance in lockstep, so what `W` ranks consumed after `p` positions each is the
+//! global order's prefix of `p W` positions. An elastic epoch keeps the epoch's global order
+//! `π` (as drawn for the world size the epoch started with, `W₀`) and deals its positions
+//! `[O, E)` to the `W` new ranks with torch's arithmetic: rank `r` takes `O + r + k W`; with
+//! `drop_last` each rank takes `⌊(E - O) / W⌋`, otherwise `⌈(E - O) / W⌉` and the positions
+//! past `E` repeat the remainder's head, `O + (h mod (E - O))`, as torch pads. `E` is the
+//! epoch's end in the original world: `n`, or `W₀ ⌊n / W₀⌋` with `drop_last` (the values that
+//! world cut are not part of the epoch). A second change of world size continues the same
+//! `π` from a larger `O`, so a state needs only `(W₀, O)`.
+//!
+//! Reading `π` at a position: without shuffling it is the position itself; in torch's order
+//! the epoch's whole `randperm`; in the fast order position `g` is position `g div W₀` of old
+//! rank `g mod W₀`'s share. A new rank reads the old shares one at a time, only the range its
+//! positions fall in (`fast_share_range_into`), and picks every position it takes from it:
+//! O(N) time over all the old shares it meets, memory for its own share plus one old range.
+
+use crate::deal::fast_share::{fast_share, fast_share_range_into};
+use crate::deal::layout::Layout;
+use crate::deal::rank::Order;
+use crate::error::{Error, Result};
+use crate::index::{index_bytes, try_with_capacity_huge, zeros_par, Index, Indices, U32_MAX_LEN};
+use crate::shuffle::torch_randperm;
+
+/// An epoch of `n` samples drawn for `origin` ranks, continued from global position `offset`
+/// on a layout of `num_replicas` ranks.
+#[derive(Debug, Clone)]
+pub struct Elastic {
+    origin: Layout,
+    offset: u64,
+    end: u64,
+    rest: Layout,
+}
+
+impl Elastic {
+    /// The continuation of an epoch of `n` samples, first dealt over `origin` ranks, from
+    /// global position `offset` (at most the epoch's end), over `num_replicas` ranks.
+    pub fn new(
+        n: u64,
+        origin: u64,
+        drop_last: bool,
+        offset: u64,
+        num_replicas: u64,
+    ) -> Result<Self> {
+        let origin = Layout::new(n, origin, drop_last)?;
+        let end = n.min(origin.total_size());
+        if offset > end {
+            return Err(Error::out_of_range(
+                "offset",
+                format!("in [0, {end}] (the epoch's end)"),
+                offset,
+            ));
+        }
+        let rest = Layout::new(end - offset, num_replicas, drop_last)?;
+        Ok(Elastic {
+            origin,
+            offset,
+            end,
+            rest,
+        })
+    }
+
+    /// Positions per new rank for the rest of the epoch.
+    pub fn num_samples(&self) -> u64 {
+        self.rest.num_samples()
+    }
+
+    /// The global position new rank `rank` takes at its position `k`.
+    fn global(&self, rank: u64, k: u64) -> u64 {
+        let r = self.end - self.offset;
+        let h = rank + k * self.rest.num_replicas();
+        self.offset + if h < r { h } else { h % r }
+    }
+
+    /// Positions `[start, stop)` of new rank `rank`'s sequence.
+    #[allow(clippy::too_many_arguments)]
+    pub fn range(
+        &self,
+        rank: u64,
+        shuffle: bool,
+        order: Order,
+        seed: u64,
+        epoch: u64,
+        start: u64,
+        stop: u64,
+    ) -> Result<Indices> {
+        self.rest.check_rank(rank)?;
+        self.rest.check_range(start, stop)?;
+        Ok(if self.origin.n() <= U32_MAX_LEN {
+            Indices::U32(self.range_as(rank, shuffle, order, (seed, epoch), (start, stop))?)
+        } else {
+            Indices::U64(self.range_as(rank, shuffle, order, (seed, epoch), (start, stop))?)
+        })
+    }
+
+    /// Bytes a [`Elastic::range`] holds at its peak (an estimate, to refuse what cannot fit).
+    pub fn range_bytes(&self, shuffle: bool, order: Order, start: u64, stop: u64) -> u64 {
+        let elem = index_bytes(self.origin.n());
+        let out = stop.saturating_sub(start).saturating_mul(elem);
+        match (shuffle, order) {
+            (false, _) => out,
+            (true, Order::Torch(_)) => out.saturating_add(self.origin.n().saturating_mul(elem)),
+            // One old rank's range (about out * W / W0) and its partly read blocks (at most
+            // as much again).
+            (true, Order::Fast) => {
+                let w0 = self.origin.num_replicas();
+                let w = self.rest.num_replicas();
+                let old = stop.saturating_sub(start).saturating_mul(w) / w0 + 2;
+                out.saturating_add(old.saturating_mul(2 * elem))
+            }
+        }
+    }
+
+    fn range_as<T: Index>(
+        &self,
+        rank: u64,
+        shuffle: bool,
+        order: Order,
+        (seed, epoch): (u64, u64),
+        (start, stop): (u64, u64),
+    ) -> Result<Vec<T>> {
+        if !shuffle || start == stop {
+            let mut v = try_with_capacity_huge::<T>("a rank's indices", stop - start)?;
+            v.extend((start..stop).map(|k| T::from_u64(self.global(rank, k))));
+            return Ok(v);
+        }
+        match order {
+            Order::Torch(variant) => {
+                let perm = torch_randperm::randperm(
+                    self.origin.n(),
+                    torch_randperm::sampler_seed(seed, epoch)?,
+                    variant,
+                )?;
+                let mut v = try_with_capacity_huge::<T>("a rank's indices", stop - start)?;
+                match perm {
+                    Indices::U32(p) => v.extend(
+                        (start..stop).map(|k| T::from_u64(p[self.global(rank, k) as usize].into())),
+                    ),
+                    Indices::U64(p) => v.extend(
+                        (start..stop).map(|k| T::from_u64(p[self.global(rank, k) as usize])),
+                    ),
+                }
+                Ok(v)
+            }
+            Order::Fast => self.fast_range(rank, (seed, epoch), (start, stop)),
+        }
+    }
+
+    fn fast_range<T: Index>(
+        &self,
+        rank: u64,
+        (seed, epoch): (u64, u64),
+        (start, stop): (u64, u64),
+    ) -> Result<Vec<T>> {
+        let mut out = zeros_par::<T>("a rank's indices", stop - start)?;
+        let (w0, w) = (self.origin.num_replicas(), self.rest.num_replicas());
+        let r = self.end - self.offset;
+        // Positions [start, plain) of the new rank read the remainder in order; from `plain`
+        // on they are padding (at most W - 1 of them, read one by one).
+        let plain = stop.min(if rank < r { (r - rank).div_ceil(w) } else { 0 }.max(start));
+        if start < plain {
+            let g_first = self.global(rank, start);
+            let g_last = self.global(rank, plain - 1);
+            // The positions of one old rank recur every `w0 / gcd(w, w0)` new positions.
+            let step = w0 / gcd(w, w0);
+            let mut scratch: Vec<T> = Vec::new();
+            let mut buf: Vec<T> = Vec::new();
+            for k0 in start..plain.min(start + step) {
+                if crate::cancel::cancelled() {
+                    break; // the caller discards the buffer
+                }
+                let s = self.global(rank, k0) % w0;
+                // Old rank s's positions between the first and the last global position.
+                let j_lo = g_first / w0 + u64::from(g_first % w0 > s);
+                let j_hi = g_last / w0 + u64::from(g_last % w0 >= s);
+                buf.clear();
+                buf.resize((j_hi - j_lo) as usize, T::from_u64(0));
+                fast_share_range_into(
+                    &self.origin,
+                    s,
+                    (seed, epoch),
+                    (j_lo, j_hi),
+                    &mut buf,
+                    &mut scratch,
+                )?;
+                let mut k = k0;
+                while k < plain {
+                    let j = self.global(rank, k) / w0;
+                    out[(k - start) as usize] = buf[(j - j_lo) as usize];
+                    k += step;
+                }
+            }
+        }
+        for k in plain..stop {
+            let g = self.global(rank, k);
+            let v = fast_share::<T>(&self.origin, g % w0, seed, epoch, g / w0, g / w0 + 1)?;
+            out[(k - start) as usize] = v[0];
+        }
+        Ok(out)
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deal::rank::rank_range;
+    use crate::shuffle::torch_randperm::TorchRandperm;
+    use std::collections::HashMap;
+
+    /// The epoch's global order as the original world deals it, read back from its shares.
+    fn global_order(n: u64, w0: u64, drop_last: bool, shuffle: bool, order: Order) -> Vec<u64> {
+        let layout = Layout::new(n, w0, drop_last).unwrap();
+        let shares: Vec<Vec<u64>> = (0..w0)
+            .map(|s| {
+                rank_range(&layout, s, shuffle, order, 5, 2, 0, layout.num_samples())
+                    .unwrap()
+                    .to_u64_vec()
+            })
+            .collect();
+        let end = n.min(layout.total_size());
+        (0..end)
+            .map(|g| shares[(g % w0) as usize][(g / w0) as usize])
+            .collect()
+    }
+
+    #[test]
+    fn the_rest_is_dealt_once_with_torch_padding() {
+        let orders = [Order::Fast, Order::Torch(TorchRandperm::InsideOutForLargeN)];
+        for (n, w0, w) in [
+            (1u64, 1u64, 3u64),
+            (7, 3, 2),
+            (5, 8, 3),
+            (10_007, 8, 6),
+            (10_007, 6, 8),
+            (70_001, 4, 3),
+            (70_001, 1, 5),
+            (70_001, 5, 1),
+            (200_003, 2, 3),
+        ] {
+            for drop_last in [false, true] {
+                for (shuffle, order) in [(false, Order::Fast), (true, orders[0]), (true, orders[1])]
+                {
+                    let pi = global_order(n, w0, drop_last, shuffle, order);
+                    let end = pi.len() as u64;
+                    for offset in [0, 1, end / 2, end.saturating_sub(1), end]
+                        .into_iter()
+                        .filter(|&o| o <= end)
+                    {
+                        let el = Elastic::new(n, w0, drop_last, offset, w).unwrap();
+                        let ns = el.num_samples();
+                        let mut seen: HashMap<u64, u64> = HashMap::new();
+                        for r in 0..w {
+                            let got = el
+                                .range(r, shuffle, order, 5, 2, 0, ns)
+                                .unwrap()
+                                .to_u64_vec();
+                            assert_eq!(got.len() as u64, ns);
+                            // The global positions torch's arithmetic gives, read from π.
+                            let want: Vec<u64> =
+                                (0..ns).map(|k| pi[el.global(r, k) as usize]).collect();
+                            assert_eq!(got, want, "n={n} {w0}->{w} O={offset} r={r}");
+                            // A part read alone equals the cut of the whole.
+                            if ns > 2 {
+                                let part = el.range(r, shuffle, order, 5, 2, 1, ns - 1).unwrap();
+                                assert_eq!(part.to_u64_vec(), got[1..ns as usize - 1]);
+                            }
+                            for v in got {
+                                *seen.entry(v).or_default() += 1;
+                            }
+                        }
+                        // Every value of the remainder once (padding repeats at most W - 1).
+                        let rest = &pi[offset as usize..];
+                        let dropped = if drop_last { rest.len() as u64 % w } else { 0 };
+                        let extra: u64 = seen.values().map(|c| c - 1).sum();
+                        assert_eq!(seen.len() as u64 + dropped, rest.len() as u64);
+                        assert!(extra < w);
+                        let rest: std::collections::HashSet<u64> = rest.iter().copied().collect();
+                        assert!(seen.keys().all(|v| rest.contains(v)));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn offsets_past_the_end_are_refused() {
+        assert!(Elastic::new(10, 3, true, 9, 2).is_ok());
+        assert!(Elastic::new(10, 3, true, 10, 2).is_err());
+        assert!(Elastic::new(10, 3, false, 11, 2).is_err());
+        let el = Elastic::new(10, 3, false, 4, 2).unwrap();
+        assert!(el.range(2, true, Order::Fast, 0, 0, 0, 1).is_err());
+        assert!(el.range(0, true, Order::Fast, 0, 0, 0, 4).is_err());
+    }
+}
