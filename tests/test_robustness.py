@@ -186,7 +186,13 @@ import croupier
 call = {call!r}
 # Built before "started": it imports torch, and a SIGINT inside torch's import aborts the
 # process in torch's C++ (pybind11), which is not what this test is about.
-sampler = croupier.DistributedSampler(400_000_000, 1, 0, order="torch")
+if call == "torch-order share":
+    sampler = croupier.DistributedSampler(400_000_000, 1, 0, order="torch")
+elif call == "fast-order share":
+    sampler = croupier.DistributedSampler(2_000_000_000, 2, 0)
+elif call == "mixture":
+    sizes = [i * 20_000_000 for i in range(101)]
+    sampler = croupier.MixtureSampler(sizes, list(range(1, 101)), 2, 0)
 print("started", flush=True)
 try:
     if call == "permutation":
@@ -220,7 +226,9 @@ sys.exit(0)
 """
 
 
-@pytest.mark.parametrize("call", ["permutation", "torch-order share"])
+@pytest.mark.parametrize(
+    "call", ["permutation", "torch-order share", "fast-order share", "mixture"]
+)
 def test_ctrl_c_interrupts_a_long_call_promptly(call):
     # A long call waits for its result in slices of 50 ms, checking Python's signals: Ctrl-C
     # raises the call's cancellation flag, the core's loops stop at their next look at it,
@@ -229,9 +237,12 @@ def test_ctrl_c_interrupts_a_long_call_promptly(call):
     import time
 
     p = subprocess.Popen(
-        [sys.executable, "-c", _INTERRUPTED.format(call=call)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _INTERRUPTED.format(call=call)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    out = ""
+    out = err = ""
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "started"
         time.sleep(0.5)  # well inside the call (several seconds uninterrupted)
@@ -243,8 +254,10 @@ def test_ctrl_c_interrupts_a_long_call_promptly(call):
     finally:
         if p.poll() is None:
             p.kill()
-        out = p.communicate()[0]
+        out, err = p.communicate()
     assert line == "interrupted" and p.returncode == 3, (
-        f"KeyboardInterrupt reached the caller and nothing ran behind it ({line} {out})"
+        f"KeyboardInterrupt reached the caller and nothing ran behind it ({line} {out} {err})"
     )
+    # The stopped work says nothing: no panic message from a thread of the call.
+    assert "panicked" not in err, err
     assert waited < 1.0, f"KeyboardInterrupt came {waited:.2f} s after Ctrl-C"

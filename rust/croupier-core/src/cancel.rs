@@ -46,6 +46,12 @@ impl Cancel {
     pub fn detach() {
         FLAG.with(|f| *f.borrow_mut() = None);
     }
+
+    /// Whether the flag the current thread carries (if any) was raised: the work of this
+    /// thread is being abandoned, and whatever it computes is discarded.
+    pub fn current_is_raised() -> bool {
+        cancelled()
+    }
 }
 
 /// Whether the current thread's call was cancelled.

@@ -162,8 +162,17 @@ pub(crate) fn zeros_par<T: Index>(what: &'static str, n: u64) -> Result<Vec<T>> 
     let mut v = try_with_capacity_huge::<T>(what, n)?;
     v.spare_capacity_mut()[..n as usize]
         .par_chunks_mut(1 << 18)
-        .for_each(|c| c.iter_mut().for_each(|x| _ = x.write(T::from_u64(0))));
-    // SAFETY: the first n elements were all written just above.
+        .for_each(|c| {
+            if !crate::cancel::cancelled() {
+                c.iter_mut().for_each(|x| _ = x.write(T::from_u64(0)));
+            }
+        });
+    if crate::cancel::cancelled() {
+        // Touching gigabytes takes seconds: a cancelled call stops here (its caller discards
+        // whatever it returns, so an empty buffer does).
+        return Ok(Vec::new());
+    }
+    // SAFETY: the first n elements were all written just above (the call was not cancelled).
     unsafe { v.set_len(n as usize) };
     Ok(v)
 }

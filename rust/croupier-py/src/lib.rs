@@ -164,6 +164,22 @@ fn interruptible<T: Send + 'static>(
     }
 }
 
+/// Installs, once per process, a panic hook that says nothing for a thread whose call was
+/// cancelled (Ctrl-C): what such work computes after the flag is raised is meaningless (a loop
+/// stopped early leaves a buffer short or half-shuffled) and is discarded, so a check that
+/// fails on it is not news to the user. Every other panic is reported as before.
+fn quiet_panics_of_abandoned_work() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !croupier_core::Cancel::current_is_raised() {
+                report(info);
+            }
+        }));
+    });
+}
+
 /// A panic's payload as the `RuntimeError` Python sees.
 fn panic_error(panic: Box<dyn std::any::Any + Send>) -> PyErr {
     let msg = panic
@@ -1034,6 +1050,7 @@ fn load_numpy_api(py: Python<'_>) -> PyResult<()> {
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     load_numpy_api(m.py())?;
+    quiet_panics_of_abandoned_work();
     m.add_class::<Order>()?;
     m.add_class::<Deal>()?;
     m.add_class::<Mixture>()?;

@@ -28,6 +28,7 @@
 //! position. A whole epoch computes the permutation of every bucket holding one of its
 //! batches, one bucket at a time.
 
+use crate::deal::elastic::Elastic;
 use crate::deal::layout::Layout;
 use crate::deal::rank::{rank_range, Order};
 use crate::error::{Error, Result};
@@ -336,11 +337,48 @@ impl BucketPlan {
             (seed, epoch, shuffle && shuffle_batches),
             (start, stop),
         )?;
+        self.batches_of(&ids, (seed, epoch, shuffle))
+    }
+
+    /// An epoch continued on another number of ranks: batch order as `rank_batches_range`
+    /// deals it over `elastic`'s original ranks, the rest from its offset dealt to its new
+    /// ranks ([`Elastic`]; built over [`BucketPlan::batches`] batches). New rank `rank`'s
+    /// batches `[start, stop)` of that rest, as `rank_batches_range` returns them.
+    pub fn elastic_batches_range(
+        &self,
+        elastic: &Elastic,
+        rank: u64,
+        (seed, epoch): (u64, u64),
+        (shuffle, shuffle_batches): (bool, bool),
+        (start, stop): (u64, u64),
+    ) -> Result<(Indices, Vec<u64>)> {
+        let key = Stream::new(seed, epoch, Purpose::BucketOrder, 0).next_u64();
+        let ids = match elastic.range(
+            rank,
+            shuffle && shuffle_batches,
+            Order::Fast,
+            key,
+            0,
+            start,
+            stop,
+        )? {
+            Indices::U32(v) => v.into_iter().map(u64::from).collect(),
+            Indices::U64(v) => v,
+        };
+        self.batches_of(&ids, (seed, epoch, shuffle))
+    }
+
+    /// The batches `ids`: their indices one after another, and where each starts.
+    fn batches_of(
+        &self,
+        ids: &[u64],
+        (seed, epoch, shuffle): (u64, u64, bool),
+    ) -> Result<(Indices, Vec<u64>)> {
         Ok(if self.n <= U32_MAX_LEN {
-            let (flat, offsets) = self.fill::<u32>(&ids, (seed, epoch, shuffle))?;
+            let (flat, offsets) = self.fill::<u32>(ids, (seed, epoch, shuffle))?;
             (Indices::U32(flat), offsets)
         } else {
-            let (flat, offsets) = self.fill::<u64>(&ids, (seed, epoch, shuffle))?;
+            let (flat, offsets) = self.fill::<u64>(ids, (seed, epoch, shuffle))?;
             (Indices::U64(flat), offsets)
         })
     }

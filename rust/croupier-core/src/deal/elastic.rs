@@ -17,7 +17,7 @@
 //! positions fall in (`fast_share_range_into`), and picks every position it takes from it:
 //! O(N) time over all the old shares it meets, memory for its own share plus one old range.
 
-use crate::deal::fast_share::{fast_share, fast_share_range_into};
+use crate::deal::fast_share::{block_end, fast_share_range_into};
 use crate::deal::layout::Layout;
 use crate::deal::rank::Order;
 use crate::error::{Error, Result};
@@ -62,6 +62,26 @@ impl Elastic {
         })
     }
 
+    /// The continuation of an epoch in which each of `origin` ranks has a sequence of
+    /// `per_rank` items (a mixture's or a batch sampler's epoch): its global order is
+    /// position `t` of every old rank's sequence, rank after rank, then position `t + 1`, so
+    /// that what the old ranks consumed, `p` items each, is its first `p * origin` positions.
+    pub fn over_sequences(
+        origin: u64,
+        per_rank: u64,
+        drop_last: bool,
+        offset: u64,
+        num_replicas: u64,
+    ) -> Result<Self> {
+        let n = origin
+            .checked_mul(per_rank)
+            .filter(|&n| n <= crate::index::MAX_LEN)
+            .ok_or_else(|| {
+                Error::out_of_range("num_replicas * num_samples", "at most 2**63 - 1", "more")
+            })?;
+        Self::new(n, origin, drop_last, offset, num_replicas)
+    }
+
     /// Positions per new rank for the rest of the epoch.
     pub fn num_samples(&self) -> u64 {
         self.rest.num_samples()
@@ -102,13 +122,11 @@ impl Elastic {
         match (shuffle, order) {
             (false, _) => out,
             (true, Order::Torch(_)) => out.saturating_add(self.origin.n().saturating_mul(elem)),
-            // One old rank's range (about out * W / W0) and its partly read blocks (at most
-            // as much again).
+            // One old block (at most half an old share) and, for the first read of each old
+            // rank, the block it starts inside.
             (true, Order::Fast) => {
-                let w0 = self.origin.num_replicas();
-                let w = self.rest.num_replicas();
-                let old = stop.saturating_sub(start).saturating_mul(w) / w0 + 2;
-                out.saturating_add(old.saturating_mul(2 * elem))
+                let old_share = self.end.div_ceil(self.origin.num_replicas());
+                out.saturating_add(old_share.saturating_mul(elem))
             }
         }
     }
@@ -154,49 +172,84 @@ impl Elastic {
         (seed, epoch): (u64, u64),
         (start, stop): (u64, u64),
     ) -> Result<Vec<T>> {
+        let w0 = self.origin.num_replicas();
+        let mut scratch: Vec<T> = Vec::new();
+        // Old rank s holds ceil((E - s) / W0) distinct values; its blocks are read one at a
+        // time, so the peak is this rank's output plus one old block.
+        let end = self.end;
+        let piece_end = move |s: u64, j: u64| block_end((end - s).div_ceil(w0), j);
+        self.gather(
+            rank,
+            (start, stop),
+            piece_end,
+            |s, (a, b), buf: &mut Vec<T>| {
+                buf.clear();
+                buf.resize((b - a) as usize, T::from_u64(0));
+                fast_share_range_into(&self.origin, s, (seed, epoch), (a, b), buf, &mut scratch)?;
+                // A partly read block passes through the scratch; it is not kept for the next
+                // read, which is usually a whole block read in place.
+                scratch = Vec::new();
+                Ok(())
+            },
+        )
+    }
+
+    /// Positions `[start, stop)` of new rank `rank`'s sequence, read from the old ranks'
+    /// sequences: `read(s, (a, b), buf)` makes `buf` old rank `s`'s positions `[a, b)`;
+    /// `piece_end(s, a)` says where a read starting at `a` should end at the latest (the old
+    /// rank's unit of work, so that nothing is computed twice). Old ranks are read one at a
+    /// time, each a piece at a time: the peak is the output plus one piece.
+    pub fn gather<T: Index>(
+        &self,
+        rank: u64,
+        (start, stop): (u64, u64),
+        piece_end: impl Fn(u64, u64) -> u64,
+        mut read: impl FnMut(u64, (u64, u64), &mut Vec<T>) -> Result<()>,
+    ) -> Result<Vec<T>> {
+        self.rest.check_rank(rank)?;
+        self.rest.check_range(start, stop)?;
         let mut out = zeros_par::<T>("a rank's indices", stop - start)?;
         let (w0, w) = (self.origin.num_replicas(), self.rest.num_replicas());
         let r = self.end - self.offset;
         // Positions [start, plain) of the new rank read the remainder in order; from `plain`
-        // on they are padding (at most W - 1 of them, read one by one).
+        // on they are padding (at most one per rank, read one by one).
         let plain = stop.min(if rank < r { (r - rank).div_ceil(w) } else { 0 }.max(start));
-        if start < plain {
-            let g_first = self.global(rank, start);
-            let g_last = self.global(rank, plain - 1);
-            // The positions of one old rank recur every `w0 / gcd(w, w0)` new positions.
-            let step = w0 / gcd(w, w0);
-            let mut scratch: Vec<T> = Vec::new();
-            let mut buf: Vec<T> = Vec::new();
-            for k0 in start..plain.min(start + step) {
+        let mut buf: Vec<T> = Vec::new();
+        // The positions of one old rank recur every `w0 / gcd(w, w0)` new positions, and
+        // their old positions increase with them.
+        let step = w0 / gcd(w, w0);
+        for k0 in start..plain.min(start + step) {
+            let s = self.global(rank, k0) % w0;
+            let mut k = k0;
+            while k < plain {
                 if crate::cancel::cancelled() {
-                    break; // the caller discards the buffer
+                    return Ok(out); // the caller discards the buffer
                 }
-                let s = self.global(rank, k0) % w0;
-                // Old rank s's positions between the first and the last global position.
-                let j_lo = g_first / w0 + u64::from(g_first % w0 > s);
-                let j_hi = g_last / w0 + u64::from(g_last % w0 >= s);
-                buf.clear();
-                buf.resize((j_hi - j_lo) as usize, T::from_u64(0));
-                fast_share_range_into(
-                    &self.origin,
-                    s,
-                    (seed, epoch),
-                    (j_lo, j_hi),
-                    &mut buf,
-                    &mut scratch,
-                )?;
-                let mut k = k0;
+                let a = self.global(rank, k) / w0;
+                // The last old position this rank takes from s, and the piece holding `a`.
+                let last = {
+                    let k_last = k + (plain - 1 - k) / step * step;
+                    self.global(rank, k_last) / w0
+                };
+                let b = piece_end(s, a).clamp(a + 1, last + 1);
+                read(s, (a, b), &mut buf)?;
+                debug_assert_eq!(buf.len() as u64, b - a);
                 while k < plain {
                     let j = self.global(rank, k) / w0;
-                    out[(k - start) as usize] = buf[(j - j_lo) as usize];
+                    if j >= b {
+                        break;
+                    }
+                    out[(k - start) as usize] = buf[(j - a) as usize];
                     k += step;
                 }
             }
         }
+        drop(buf);
+        let mut one = Vec::new();
         for k in plain..stop {
             let g = self.global(rank, k);
-            let v = fast_share::<T>(&self.origin, g % w0, seed, epoch, g / w0, g / w0 + 1)?;
-            out[(k - start) as usize] = v[0];
+            read(g % w0, (g / w0, g / w0 + 1), &mut one)?;
+            out[(k - start) as usize] = one[0];
         }
         Ok(out)
     }

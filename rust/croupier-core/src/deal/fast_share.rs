@@ -51,7 +51,7 @@ use crate::deal::class_split::{
 use crate::deal::layout::Layout;
 use crate::deal::seekable::{Dealer, Plan, Seekable, Shape};
 use crate::error::{Error, Result};
-use crate::index::{keep_range, try_with_capacity, Index};
+use crate::index::{keep_range, try_with_capacity, zeros_par, Index};
 use crate::shuffle::fisher_yates::fisher_yates;
 use crate::stream::{fold, Purpose, Stream};
 use rayon::prelude::*;
@@ -122,6 +122,11 @@ pub(crate) fn block_of(p: u64) -> u64 {
     } else {
         1 + u64::from(63 - (p / FIRST_BLOCK).leading_zeros())
     }
+}
+
+/// Where the block holding position `p` of a share of `c` values ends.
+pub(crate) fn block_end(c: u64, p: u64) -> u64 {
+    block_start(c, block_of(p) + 1)
 }
 
 /// Where block `j` of a share of `c` values starts.
@@ -266,8 +271,10 @@ fn blocks<T: Index>(
 ) -> Result<Vec<T>> {
     let c = classes.share(rank);
     let total = block_start(c, j1) - block_start(c, j0);
-    let mut values = try_with_capacity::<T>("a rank's indices", total)?;
-    values.resize(total as usize, T::from_u64(0));
+    let mut values = zeros_par::<T>("a rank's indices", total)?;
+    if values.len() as u64 != total {
+        return Ok(values); // cancelled: the caller discards it
+    }
     blocks_into(layout, classes, rank, (j0, j1), (seed, epoch), &mut values);
     Ok(values)
 }

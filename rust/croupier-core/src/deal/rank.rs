@@ -6,6 +6,7 @@
 //! the rank's positions taken from it). Padding, `drop_last` and striding are torch's in every
 //! case ([`crate::deal::layout`]).
 
+use crate::cancel::cancelled;
 use crate::deal::fast_share;
 use crate::deal::layout::{sequential_share, take_rank_share, Layout};
 use crate::error::Result;
@@ -35,6 +36,9 @@ fn torch_share<T: Index>(
         torch_randperm::sampler_seed(seed, epoch)?,
         variant,
     )?;
+    if cancelled() {
+        return Ok(Vec::new()); // stopped early: the caller discards the result
+    }
     // The element type follows n in both places, so this conversion never copies in practice.
     let order: Vec<T> = match order {
         Indices::U32(v) => v.into_iter().map(|x| T::from_u64(x.into())).collect(),

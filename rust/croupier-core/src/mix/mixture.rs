@@ -29,6 +29,7 @@
 //! Nothing depends on the number of threads.
 
 use crate::cancel::cancelled;
+use crate::deal::Elastic;
 use crate::error::{Error, Result};
 use crate::index::{
     index_bytes, try_with_capacity_huge, zeros_par, Index, Indices, MAX_LEN, U32_MAX_LEN,
@@ -70,6 +71,7 @@ pub struct Mixture {
     offsets: Vec<u64>,
     total: u64,
     passes: Vec<Option<Passes>>,
+    num_replicas: u64,
     rank: u64,
     shuffle: bool,
     seed: u64,
@@ -158,6 +160,7 @@ impl Mixture {
             offsets,
             total,
             passes,
+            num_replicas,
             rank,
             shuffle,
             seed,
@@ -298,6 +301,93 @@ impl Mixture {
             .max(1 << 16);
         let threads = rayon::current_num_threads() as u64;
         (3 * n).saturating_mul(index_bytes(self.total)) + threads * leaf * 8
+    }
+
+    /// The same mixture on rank `rank` (of the same number of ranks).
+    pub fn for_rank(&self, rank: u64) -> Result<Self> {
+        let passes = self
+            .passes
+            .iter()
+            .map(|p| p.as_ref().map(|p| p.for_rank(rank)).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        if self.passes.iter().all(Option::is_none) || rank >= self.num_replicas {
+            return Err(Error::out_of_range(
+                "rank",
+                format!("in [0, num_replicas) = [0, {})", self.num_replicas),
+                rank,
+            ));
+        }
+        Ok(Mixture {
+            passes,
+            rank,
+            ..self.clone()
+        })
+    }
+
+    /// How an epoch of this mixture, dealt over its ranks, continues on `num_replicas` ranks
+    /// from global position `offset` ([`Elastic::over_sequences`]: the epoch's global order
+    /// takes position `t` of every rank's sequence, rank after rank, before position `t + 1`).
+    pub fn elastic(&self, offset: u64, num_replicas: u64, drop_last: bool) -> Result<Elastic> {
+        Elastic::over_sequences(
+            self.num_replicas,
+            self.length,
+            drop_last,
+            offset,
+            num_replicas,
+        )
+    }
+
+    /// New rank `rank`'s positions `[start, stop)` of the rest of `epoch` as `elastic` (from
+    /// [`Mixture::elastic`]) deals it: the old ranks' sequences from the offset on, read one
+    /// old rank at a time.
+    pub fn elastic_range(
+        &self,
+        elastic: &Elastic,
+        rank: u64,
+        epoch: u64,
+        start: u64,
+        stop: u64,
+    ) -> Result<Indices> {
+        let olds = (0..self.num_replicas)
+            .map(|s| self.for_rank(s))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(if self.total <= U32_MAX_LEN {
+            Indices::U32(Self::gather_olds(
+                &olds,
+                elastic,
+                rank,
+                epoch,
+                (start, stop),
+            )?)
+        } else {
+            Indices::U64(Self::gather_olds(
+                &olds,
+                elastic,
+                rank,
+                epoch,
+                (start, stop),
+            )?)
+        })
+    }
+
+    fn gather_olds<T: Index>(
+        olds: &[Mixture],
+        elastic: &Elastic,
+        rank: u64,
+        epoch: u64,
+        (start, stop): (u64, u64),
+    ) -> Result<Vec<T>> {
+        // An old rank's range is read whole: reading it in parts would compute the partly
+        // used pass blocks at every cut.
+        elastic.gather(
+            rank,
+            (start, stop),
+            |_, _| u64::MAX,
+            |s, (a, b), buf: &mut Vec<T>| {
+                *buf = olds[s as usize].range_as::<T>(epoch, a, b)?;
+                Ok(())
+            },
+        )
     }
 
     /// Positions `[start, stop)` of the rank's sequence in `epoch`.

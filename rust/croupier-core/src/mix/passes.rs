@@ -39,6 +39,15 @@ impl Passes {
         })
     }
 
+    /// The same passes as rank `rank` of the same ranks sees them.
+    pub(crate) fn for_rank(&self, rank: u64) -> Result<Self> {
+        self.layout.check_rank(rank)?;
+        Ok(Passes {
+            rank,
+            ..self.clone()
+        })
+    }
+
     /// Positions of one pass on one rank: the rank's share.
     pub(crate) fn per_pass(&self) -> u64 {
         self.layout.num_samples()
