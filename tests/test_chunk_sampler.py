@@ -4,7 +4,9 @@ and rounding, determinism, resume at every request and batch, bad input."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -12,6 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from croupier import ChunkSampler, StateError
+from croupier.bench._systems import SYSTEMS
+from croupier.cli import _parser
 from croupier.compat.annbatch import DistributedSampler, RandomSampler
 from croupier.samplers.chunk import read_request
 
@@ -187,6 +191,123 @@ def test_reading_a_memmap_with_the_requests(tmp_path):
     assert sorted(rows) == list(range(0, 1500, 3))
 
 
+def _batches(request):
+    """One request's batches as observation ids (croupier's or annbatch's keys)."""
+    slices = request["slices"] if "slices" in request else request["requests"]
+    loaded = [i for sl in slices for i in range(sl.start, sl.stop)]
+    return [[loaded[p] for p in split.tolist()] for split in request["splits"]]
+
+
+def _pass(sampler, n_obs):
+    """All batches of one sample() call as observation ids."""
+    return [b for req in sampler.sample(n_obs) for b in _batches(req)]
+
+
+def test_pickle_and_deepcopy_at_any_time():
+    def make():
+        return ChunkSampler(16, 4, 8, seed=1, num_replicas=2, rank=1)
+
+    full = _epoch(make(), 1000)
+    s = make()
+    s.n_iters(1000)  # builds (and caches) the core's plan
+    for clone in (pickle.loads(pickle.dumps(s)), copy.deepcopy(s)):
+        assert clone.state_dict() == s.state_dict()
+        assert _epoch(clone, 1000) == full
+    # Mid-pass, a copy is a checkpoint: it continues where the pass is, and so does the original.
+    it = s.sample(1000)
+    first = _batches(next(it))
+    clone = copy.deepcopy(s)
+    assert clone.state_dict() == s.state_dict()
+    # The copy also still knows the request handed out before it was made.
+    assert clone.state_dict(batches_consumed=1) == s.state_dict(batches_consumed=1)
+    assert clone.state_dict(batches_consumed=1)["position"] == 1
+    assert first + _epoch(clone, 1000) == full
+    assert first + [b for req in it for b in _batches(req)] == full
+
+
+@pytest.mark.parametrize(("w", "drop_last"), [(1, False), (3, False), (3, True)])
+def test_state_mid_request_resumes_at_every_batch(w, drop_last):
+    def make():
+        return ChunkSampler(12, 3, 4, seed=5, num_replicas=w, rank=w - 1, drop_last=drop_last)
+
+    n_obs = 431
+    full = _epoch(make(), n_obs)
+    s = make()
+    before = 0  # batches in the requests before the current one
+    resumed_somewhere = 0
+    for request in s.sample(n_obs):
+        batches = _batches(request)
+        assert s.state_dict(batches_consumed=len(batches)) == s.state_dict()
+        for k in range(len(batches) + 1):
+            state = json.loads(json.dumps(s.state_dict(batches_consumed=k)))
+            assert state["position"] == before + k
+            resumed = make()
+            resumed.load_state_dict(state)
+            rest = list(resumed.sample(n_obs))
+            if k < len(batches):
+                # the same request again, holding only its remaining batches
+                assert rest[0]["slices"] == request["slices"]
+                assert _batches(rest[0]) == batches[k:]
+            assert [b for req in rest for b in _batches(req)] == full[before + k :]
+            resumed_somewhere += 1
+        before += len(batches)
+    assert before == len(full) and resumed_somewhere == len(full) + len(list(s.sample(n_obs)))
+
+
+def test_state_inside_a_resumed_partial_request():
+    def make():
+        return ChunkSampler(10, 2, 5, seed=2, num_replicas=1, rank=0)
+
+    full = _epoch(make(), 100)  # 4 batches per request
+    s = make()
+    s.load_state_dict({**s.state_dict(), "position": 5, "n_obs": 100})
+    assert s.state_dict(batches_consumed=0)["position"] == 5
+    with pytest.raises(ValueError, match=r"batches_consumed must be in \[0, 0\]"):
+        s.state_dict(batches_consumed=1)
+    it = s.sample(100)
+    partial = next(it)
+    assert _batches(partial) == full[5:8]  # the rest of the second request
+    state = s.state_dict(batches_consumed=2)
+    assert state["position"] == 7
+    t = make()
+    t.load_state_dict(state)
+    assert _epoch(t, 100) == full[7:]
+
+
+@pytest.mark.parametrize(
+    ("value", "exc"), [(-1, ValueError), (5, ValueError), (1.0, TypeError), (True, TypeError)]
+)
+def test_bad_batches_consumed_is_refused(value, exc):
+    s = ChunkSampler(10, 2, 5, seed=0, num_replicas=1, rank=0)
+    it = s.sample(100)
+    next(it)  # a request of 4 batches
+    before = s.state_dict()
+    with pytest.raises(exc, match="batches_consumed"):
+        s.state_dict(batches_consumed=value)
+    assert s.state_dict() == before
+
+
+def test_a_position_without_n_obs_is_refused():
+    s = ChunkSampler(10, 2, 5, seed=0, num_replicas=1, rank=0)
+    fresh = s.state_dict()
+    assert fresh["n_obs"] == -1 and fresh["position"] == 0
+    for position in (1, 2**62):
+        with pytest.raises(StateError, match=r"state\['position'\] must be in \[0, 0\]"):
+            s.load_state_dict({**fresh, "position": position})
+        assert s.state_dict() == fresh
+    s.load_state_dict({**fresh, "epoch": 3})
+    assert s.state_dict() == {**fresh, "epoch": 3}
+    three = ChunkSampler(10, 2, 5, seed=0, num_replicas=1, rank=0)
+    three.set_epoch(3)
+    assert _epoch(s, 100) == _epoch(three, 100)
+
+
+def test_bench_help_lists_every_system():
+    text = "".join(_parser()._subparsers._group_actions[0].choices["bench"].format_help().split())
+    for system in SYSTEMS:
+        assert system.name in text
+
+
 # -- croupier.compat.annbatch -------------------------------------------------------------
 
 
@@ -227,3 +348,86 @@ def test_annbatch_distributed_shards_are_contiguous_and_rounded(enforce):
         assert counts == {per_rank // batch}
     with pytest.raises(ValueError, match="Unknown dist_info"):
         DistributedSampler(RandomSampler(16, 4, 32), dist_info="mpi")
+
+
+def test_annbatch_copies_pickle_and_keep_their_passes():
+    def make():
+        return RandomSampler(16, 4, 8, rng=np.random.default_rng(11))
+
+    reference = make()
+    passes = [_pass(reference, 1000) for _ in range(3)]
+    assert passes[0] != passes[1]
+    r = make()
+    r.n_iters(1000)
+    clone = copy.deepcopy(r)
+    assert clone.state_dict() == r.state_dict()
+    assert [_pass(clone, 1000) for _ in range(2)] == passes[:2]
+    assert _pass(r, 1000) == passes[0]
+    after_a_pass = pickle.loads(pickle.dumps(r))
+    assert _pass(after_a_pass, 1000) == passes[1] == _pass(r, 1000)
+
+
+def test_annbatch_set_epoch_and_loaded_states_after_a_pass():
+    def make():
+        return RandomSampler(16, 4, 8, rng=np.random.default_rng(12))
+
+    r = make()
+    list(r.sample(1000))
+    r.set_epoch(5)
+    five = make()
+    five.set_epoch(5)
+    assert _pass(r, 1000) == _pass(five, 1000), "set_epoch after a pass is honoured"
+    # A state saved at the end of a pass resumes with the next pass, not an empty one.
+    r = make()
+    first = _pass(r, 1000)
+    end = r.state_dict()
+    assert end["position"] == r.n_iters(1000) == len(first)
+    second = _pass(r, 1000)
+    resumed = make()
+    resumed.load_state_dict(end)
+    assert _pass(resumed, 1000) == second
+    # A state saved mid-pass loads into a sampler that finished a pass, and is honoured.
+    mid = make()
+    it = mid.sample(1000)
+    head = _batches(next(it))
+    state = mid.state_dict()
+    done = make()
+    list(done.sample(1000))
+    done.load_state_dict(state)
+    assert head + _pass(done, 1000) == first
+
+
+def test_annbatch_wrappers_of_one_sampler_do_not_interfere():
+    n_obs, world = 1000, 4
+    inner = RandomSampler(16, 4, 32, rng=np.random.default_rng(3))
+    before = inner.state_dict()
+    wrappers = [DistributedSampler(inner, dist_info=lambda r=r: (r, world)) for r in range(world)]
+    iterators = [w.sample(n_obs) for w in wrappers]  # all started before any is read
+    seen = [set() for _ in range(world)]
+    for requests in zip(*iterators, strict=True):  # read in lockstep
+        for r, req in enumerate(requests):
+            seen[r].update(i for b in _batches(req) for i in b)
+    per_rank = n_obs // world // 32 * 32
+    for r in range(world):
+        assert seen[r] == set(range(r * per_rank, (r + 1) * per_rank))
+        assert wrappers[r].mask == slice(r * per_rank, (r + 1) * per_rank)
+    assert inner.mask == slice(0, None) and inner.state_dict() == before, "inner untouched"
+
+
+def test_annbatch_wrapper_state_resumes_in_a_fresh_wrapper():
+    def make(rank):
+        inner = RandomSampler(16, 4, 8, rng=np.random.default_rng(4))
+        return DistributedSampler(inner, dist_info=lambda: (rank, 2))
+
+    full = _pass(make(1), 1000)
+    ds = make(1)
+    it = ds.sample(1000)
+    head = _batches(next(it))[:3]
+    state = json.loads(json.dumps(ds.state_dict(batches_consumed=3)))
+    resumed = make(1)
+    resumed.load_state_dict(state)
+    assert head + _pass(resumed, 1000) == full
+    other = make(0)
+    with pytest.raises(StateError, match="mask_start"):
+        other.load_state_dict(state)
+    assert other.mask == slice(0, None) and other.state_dict()["position"] == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 import threading
 
@@ -84,7 +85,7 @@ def test_group_size_bounds_memory():
     for b in range(1000):
         for _ in range(3):
             s.sample(list(range(100)), 4, 0, b, "t", "p")
-    assert s.save_checkpoint() == {"_states": {"p": {"t": {0: {}}}}}
+    assert s.save_checkpoint() == {"_states": {"p": {"t": {0: {}}}}, "_reads": {}}
 
 
 def test_seeded_shuffle_is_deterministic_and_uniformish():
@@ -128,3 +129,85 @@ def test_bad_sample_arguments():
         s.sample([1], 1, 0.5, 0, "t", "p")
     with pytest.raises(ValueError, match="batch_size"):
         s.sample([1], -1, 0, 0, "t", "p")
+
+
+@pytest.mark.parametrize("cls", [RankAwareSampler, Compat])
+def test_configured_instances_pickle_and_copy_with_their_cache(cls):
+    s = cls(group_size=3, shuffle=True, seed=7)
+    first = s.sample(list(range(50)), 4, 1, 0, "t", "p")
+    assert s.sample(list(range(50)), 4, 1, 0, "t", "p") == first  # two of three members read
+    for make_copy in (lambda x: pickle.loads(pickle.dumps(x)), copy.deepcopy, copy.copy):
+        clone = make_copy(s)
+        assert type(clone) is cls
+        assert (clone.group_size, clone.shuffle, clone.seed) == (3, True, 7)
+        assert clone.save_checkpoint() == s.save_checkpoint()
+        assert clone._lock is not s._lock
+        # the third member reads from the copy: served, then freed there only
+        assert clone.sample([], 4, 1, 0, "t", "p") == first
+        assert not clone.has_cached_result("p", "t", {"dp_rank": 1, "batch_index": 0})
+        assert s.has_cached_result("p", "t", {"dp_rank": 1, "batch_index": 0})
+        # a new key is sampled as the original samples it
+        assert clone.sample(list(range(50)), 4, 1, 1, "t", "p") == s.sample(
+            list(range(50)), 4, 1, 1, "t", "p"
+        )
+        s.clear_cache("other")  # the original's lock still works
+    assert pickle.loads(pickle.dumps(Compat())).save_checkpoint() == {"_states": {}}
+
+
+@pytest.mark.parametrize(
+    ("group_size", "read_before"), [(2, 1), (3, 1), (3, 2), (5, 1), (5, 2), (5, 4)]
+)
+def test_group_size_bound_holds_after_restore(group_size, read_before):
+    s = RankAwareSampler(group_size=group_size)
+    batch = s.sample(list(range(10)), 4, 0, 0, "t", "p")
+    for _ in range(read_before - 1):
+        s.sample([], 4, 0, 0, "t", "p")
+    state = pickle.loads(pickle.dumps(s.save_checkpoint()))
+    t = RankAwareSampler(group_size=group_size)
+    t.load_checkpoint(state)
+    for _ in range(group_size - read_before - 1):  # every member but the last
+        assert t.sample([], 4, 0, 0, "t", "p") == batch
+        assert t.has_cached_result("p", "t", {"dp_rank": 0, "batch_index": 0})
+    assert t.sample([], 4, 0, 0, "t", "p") == batch  # the last member
+    assert t.save_checkpoint() == {"_states": {"p": {"t": {0: {}}}}, "_reads": {}}
+
+
+@pytest.mark.parametrize("group_size", [2, 3])
+def test_checkpoints_without_read_counts_still_load(group_size):
+    upstream = {"_states": {"p": {"t": {0: {0: [0, 1, 2, 3]}, 1: {5: [4, 5]}}}}}  # the seed's
+    t = RankAwareSampler(group_size=group_size)
+    t.load_checkpoint(upstream)
+    # each cached batch counts as read once (by the member that sampled it)
+    for _ in range(group_size - 1):
+        assert t.has_cached_result("p", "t", {"dp_rank": 0, "batch_index": 0})
+        assert t.sample([], 4, 0, 0, "t", "p") == ([0, 1, 2, 3], [0, 1, 2, 3])
+    assert not t.has_cached_result("p", "t", {"dp_rank": 0, "batch_index": 0})
+    assert t.save_checkpoint() == {
+        "_states": {"p": {"t": {0: {}, 1: {5: [4, 5]}}}},
+        "_reads": {},
+    }
+    # and a sampler without group_size keeps TransferQueue's shape exactly
+    u = RankAwareSampler()
+    u.load_checkpoint(upstream)
+    assert u.save_checkpoint() == upstream
+
+
+@pytest.mark.parametrize(
+    ("reads", "exc", "match"),
+    [
+        ({"p": {"t": {0: {0: 0}}}}, ValueError, r"\[1, 2\]"),
+        ({"p": {"t": {0: {0: 3}}}}, ValueError, r"\[1, 2\]"),
+        ({"p": {"t": {0: {0: 1.0}}}}, TypeError, "_reads"),
+        ({"p": {"t": {0: {9: 1}}}}, ValueError, "no such batch"),
+        ({"q": {"t": {0: {0: 1}}}}, ValueError, "no such batch"),
+        ({"p": {"t": [1]}}, TypeError, "_reads"),
+        ([1], TypeError, "_reads"),
+    ],
+)
+def test_bad_read_counts_are_refused(reads, exc, match):
+    t = RankAwareSampler(group_size=3)
+    t.sample(list(range(8)), 2, 0, 0, "x", "y")
+    before = t.save_checkpoint()
+    with pytest.raises(exc, match=match):
+        t.load_checkpoint({"_states": {"p": {"t": {0: {0: [1, 2]}}}}, "_reads": reads})
+    assert t.save_checkpoint() == before

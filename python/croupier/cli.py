@@ -117,14 +117,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--rank", type=_count, default=3, help="the rank timed (default 3)")
     bench.add_argument("--seeds", nargs="+", type=_count, default=[0], help="seeds (default 0)")
     bench.add_argument("--repeats", type=int, default=1, help="runs per seed (default 1)")
+    from croupier.bench._systems import SYSTEMS  # stdlib only: keeps --help light
+
     bench.add_argument(
         "--systems",
         nargs="+",
         default=None,
-        help="which systems (default: all installed): croupier, torch-sampler, "
-        "torchdata-sampler, croupier-torch-order, croupier-mixture, kempnerforge-mixture, "
-        "croupier-buckets, python-buckets, numpy-argsort, croupier-permutation, "
-        "numpy-permutation, torch-randperm",
+        help="which systems (default: all installed): " + ", ".join(s.name for s in SYSTEMS),
     )
     bench.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     bench.add_argument("--out", default="croupier-bench", help="output folder")

@@ -9,22 +9,25 @@
 - :class:`DistributedSampler` ``(sampler, *, dist_info, enforce_equal_batches=True)``:
   annbatch's contiguous shards, ``n_obs // world_size`` observations per rank (rounded down to a
   multiple of ``batch_size`` by default, so every rank yields the same number of batches),
-  given to the wrapped sampler as its ``mask``.
+  given as its ``mask`` to the wrapper's own copy of the sampler (as annbatch does: the
+  sampler passed in is never changed, so several wrappers of one sampler are independent).
 
 Load requests carry the slices under annbatch's keys of both its releases, ``"requests"``
-(0.2 on) and ``"chunks"`` (before), with ``"splits"``. Beyond annbatch: ``state_dict`` and
-``load_state_dict`` (annbatch has no checkpointing). Not here: annbatch's sampling with
-replacement, ``num_samples``, and its sharding of requests across DataLoader workers.
+(0.2 on) and ``"chunks"`` (before), with ``"splits"``. Beyond annbatch: ``state_dict`` (also
+mid-request, with ``batches_consumed``), ``load_state_dict`` and pickling (annbatch has no
+checkpointing). Not here: annbatch's sampling with replacement, ``num_samples``, and its
+sharding of requests across DataLoader workers.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from croupier._validate import check_bool
+from croupier._validate import MAX_LEN, check_bool, check_int
 from croupier.samplers.chunk import ChunkSampler, LoadRequest
 
 __all__ = ["DistributedSampler", "RandomSampler"]
@@ -36,7 +39,12 @@ def _annbatch_request(request: LoadRequest) -> LoadRequest:
 
 
 class RandomSampler(ChunkSampler):
-    """annbatch's ``RandomSampler``: see the module documentation."""
+    """annbatch's ``RandomSampler``: see the module documentation.
+
+    Each :meth:`sample` call after a finished pass samples the next epoch. :meth:`set_epoch`
+    and :meth:`load_state_dict` choose what the next call samples (a loaded state saved at the
+    end of a pass continues with the next epoch).
+    """
 
     def __init__(
         self,
@@ -65,10 +73,25 @@ class RandomSampler(ChunkSampler):
         )
         self._finished = False
 
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch of the next :meth:`sample` (instead of the one after the pass
+        just finished)."""
+        super().set_epoch(epoch)
+        self._finished = False
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores a :meth:`state_dict` (see :meth:`ChunkSampler.load_state_dict`); the next
+        :meth:`sample` continues from it, or starts the next epoch if it marks a finished
+        pass."""
+        super().load_state_dict(state)
+        self._finished = False
+
     def _sample(self, n_obs: int) -> Iterator[LoadRequest]:
-        # annbatch draws a new order from its generator at every call: the next epoch here.
-        if self._finished:
-            self.set_epoch(self.epoch + 1)
+        # annbatch draws a new order from its generator at every call: the next epoch here,
+        # after a pass finished here or one a loaded state (or a pickled copy) marks as done.
+        epoch, at, pending, _ = self._at
+        if self._finished or (pending and 0 < int(self._plan(n_obs).batches) <= at):
+            self.set_epoch(epoch + 1)
         self._finished = False
         for request in super()._sample(n_obs):
             yield _annbatch_request(request)
@@ -77,7 +100,16 @@ class RandomSampler(ChunkSampler):
 
 class DistributedSampler:
     """annbatch's ``DistributedSampler(sampler, *, dist_info, enforce_equal_batches=True)``:
-    contiguous shards of the observations, one per rank; see the module documentation."""
+    contiguous shards of the observations, one per rank; see the module documentation.
+
+    The wrapper samples with its own copy of ``sampler`` (made at construction, as annbatch
+    does), started at the beginning of ``sampler``'s current epoch, over the whole range (the
+    copy's ``mask`` becomes this rank's shard once ``n_obs`` is known; ``sampler``'s own mask is
+    ignored). ``sampler`` itself is left unchanged, so changes made to it afterwards do not
+    reach the wrapper: use the wrapper's :meth:`set_epoch`, :meth:`state_dict` and
+    :meth:`load_state_dict`. A state records this rank's shard, so it loads into a wrapper of
+    the same rank and world size.
+    """
 
     def __init__(
         self,
@@ -105,7 +137,12 @@ class DistributedSampler:
             raise ValueError(f"dist_info gave rank {rank!r} of world size {world!r}")
         self._rank, self._world_size = rank, world
         self._enforce_equal_batches = check_bool("enforce_equal_batches", enforce_equal_batches)
-        self._sampler = sampler
+        # A copy: the shard is set as its mask, which must not reach the caller's sampler (or
+        # another wrapper of it). Positions count batches of the range sampled, so the copy
+        # starts its epoch afresh on the whole range.
+        self._sampler = copy.deepcopy(sampler)
+        self._sampler.mask = None
+        self._sampler._restart()
 
     @property
     def batch_size(self) -> int:
@@ -124,37 +161,70 @@ class DistributedSampler:
 
     @property
     def mask(self) -> slice:
-        """The wrapped sampler's observation range (this rank's shard once ``n_obs`` is known)."""
+        """The observation range sampled: this rank's shard once :meth:`sample`,
+        :meth:`validate` or :meth:`load_state_dict` knows ``n_obs`` (before, the whole
+        range)."""
         return self._sampler.mask
 
-    def _shard(self, n_obs: int) -> None:
+    @property
+    def epoch(self) -> int:
+        """The epoch the next :meth:`sample` yields."""
+        return self._sampler.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch of the next :meth:`sample` (see the wrapped sampler's
+        ``set_epoch``)."""
+        self._sampler.set_epoch(epoch)
+
+    def _shard(self, n_obs: int) -> tuple[int, int]:
+        """This rank's observations ``[start, stop)`` of ``n_obs``."""
+        n_obs = check_int("n_obs", n_obs, 0, MAX_LEN)
         per_rank = n_obs // self._world_size
         if self._enforce_equal_batches:
             per_rank -= per_rank % self._sampler.batch_size
         start = self._rank * per_rank
-        self._sampler.mask = slice(start, start + per_rank)
+        return start, start + per_rank
 
     def n_iters(self, n_obs: int) -> int:
         """Batches this rank yields over ``n_obs`` observations."""
-        self._shard(n_obs)
-        return self._sampler.n_iters(n_obs)
+        return int(self._sampler._plan_of(self._shard(n_obs)).batches)
 
     n_batches = n_iters
 
     def validate(self, n_obs: int) -> None:
-        """Raises ``ValueError`` if the wrapped sampler cannot sample this rank's shard."""
-        self._shard(n_obs)
-        self._sampler.validate(n_obs)
+        """Raises ``ValueError`` if the wrapped sampler cannot sample this rank's shard of
+        ``n_obs`` observations (which becomes :attr:`mask` otherwise)."""
+        shard = self._shard(n_obs)
+        mask = self._sampler.mask
+        self._sampler.mask = slice(*shard)
+        try:
+            self._sampler.validate(n_obs)
+        except BaseException:
+            self._sampler.mask = mask  # refused: nothing changes
+            raise
 
     def sample(self, n_obs: int) -> Iterator[LoadRequest]:
         """This rank's load requests over its shard of ``n_obs`` observations."""
         self.validate(n_obs)
         return self._sampler._sample(n_obs)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The wrapped sampler's state."""
-        return self._sampler.state_dict()
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
+        """The state of this rank's sampling, as :meth:`ChunkSampler.state_dict` (with
+        ``batches_consumed`` of the latest request)."""
+        return self._sampler.state_dict(batches_consumed)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restores the wrapped sampler's state."""
-        self._sampler.load_state_dict(state)
+        """Restores a :meth:`state_dict` of a wrapper of the same rank and world size (a state
+        of another shard is refused with ``ValueError``)."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")
+        n_obs = check_int("state['n_obs']", state.get("n_obs", -1), -1)
+        mask = self._sampler.mask
+        if n_obs >= 0:
+            # The state's mask is the shard of its n_obs: compare it with this rank's.
+            self._sampler.mask = slice(*self._shard(n_obs))
+        try:
+            self._sampler.load_state_dict(state)
+        except BaseException:
+            self._sampler.mask = mask  # a refused state changes nothing
+            raise

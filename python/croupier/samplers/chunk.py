@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
-from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int
+from croupier._validate import MAX_LEN, U64_MAX, as_int, check_bool, check_int
 from croupier.samplers._state import StateError, check_state
 
 __all__ = ["ChunkSampler", "LoadRequest", "read_request"]
@@ -60,9 +60,16 @@ class ChunkSampler:
 
     ``sample(n_obs)`` yields the current epoch's requests; as with torch's samplers, sampling
     again without :meth:`set_epoch` repeats the epoch. ``state_dict()`` records the epoch and
-    the batches handed out (whole requests while iterating; any batch position loads), so a
-    resume starts at the right request, with the batches of it already consumed left out, in
-    O(number of chunks) (one permutation of the chunk ids).
+    the batches handed out (whole requests while iterating);
+    ``state_dict(batches_consumed=k)`` records instead that only the first ``k`` batches of
+    the latest request handed out were consumed. Any batch position loads: a resume starts at
+    the request holding it, yielded with only its remaining batches, in O(number of chunks)
+    (one permutation of the chunk ids).
+
+    Pickling and ``copy.deepcopy`` work at any time and act as a checkpoint, like croupier's
+    other samplers: the copy has the same ``state_dict()``, and its next :meth:`sample`
+    continues from the position reached (a pass in progress is not restarted). The plan built
+    by the core is not copied; it is rebuilt on first use.
     """
 
     def __init__(
@@ -95,9 +102,10 @@ class ChunkSampler:
         self._seed = check_int("seed", seed, 0, U64_MAX)
         self._num_replicas, self._rank = resolve_ranks(num_replicas, rank, dist_info)
         self._mask = _check_mask(mask)
-        self._epoch = 0
-        # (epoch, batches handed out or pending start, whether it is a pending start)
-        self._at: tuple[int, int, bool] = (0, 0, False)
+        # (epoch, batches handed out or pending start, whether it is a pending start, where
+        # the latest request handed out starts), replaced in one store so that a state read at
+        # any instant is exact.
+        self._at: tuple[int, int, bool, int] = (0, 0, False, 0)
         self._n_obs: int | None = None
         self._plans: dict[tuple[int, int], Any] = {}
 
@@ -162,7 +170,7 @@ class ChunkSampler:
         its position; another epoch starts from its first request."""
         epoch = check_int("epoch", epoch, 0, U64_MAX)
         if epoch != self._at[0]:
-            self._at = (epoch, 0, False)
+            self._at = (epoch, 0, False, 0)
 
     # -- annbatch's protocol -------------------------------------------------------------------
 
@@ -178,7 +186,10 @@ class ChunkSampler:
 
     def _plan(self, n_obs: int) -> Any:
         n_obs = check_int("n_obs", n_obs, 0, MAX_LEN)
-        key = self._range(n_obs)
+        return self._plan_of(self._range(n_obs))
+
+    def _plan_of(self, key: tuple[int, int]) -> Any:
+        """The core's plan over observations ``[start, stop)`` (the latest one is kept)."""
         plan = self._plans.get(key)
         if plan is None:
             plan = _core.ChunkPlan(
@@ -222,12 +233,12 @@ class ChunkSampler:
 
     def _sample(self, n_obs: int) -> Iterator[LoadRequest]:
         plan = self._plan(n_obs)
-        epoch, at, pending = self._at
+        epoch, at, pending, _ = self._at
         start = at if pending else 0
         self._n_obs = n_obs
         per_request = int(plan.batches_per_request)
         total = int(plan.batches)
-        self._at = (epoch, start, False)
+        self._at = (epoch, start, False, start)
         if start >= total:
             return
         chunks = plan.rank_chunks(epoch)
@@ -238,9 +249,10 @@ class ChunkSampler:
             slices = [slice(a, b) for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
             cuts = offsets[1:-1].astype(np.intp)
             splits = np.split(positions, cuts)[skip:]
+            first = j * per_request + skip  # the position of this request's first batch
             skip = 0
             done = min((j + 1) * per_request, total)
-            self._at = (epoch, done, False)  # handed out, in one store
+            self._at = (epoch, done, False, first)  # handed out, in one store
             yield {"slices": slices, "splits": splits}
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -259,11 +271,34 @@ class ChunkSampler:
             "mask_stop": -1 if stop is None else stop,
         }
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
         """The configuration, ``num_replicas``, ``rank``, ``epoch``, ``position`` (batches of
-        the epoch handed out: whole requests while iterating) and ``n_obs`` (of the latest
-        :meth:`sample`, ``-1`` before one). JSON-serialisable, exact at any instant."""
-        epoch, at, _ = self._at
+        the epoch consumed) and ``n_obs`` (of the latest :meth:`sample`, ``-1`` before one).
+        JSON-serialisable, exact at any instant.
+
+        Args:
+            batches_consumed: how many batches (``splits``) of the latest load request handed
+                out have been consumed, in ``[0, len(request["splits"])]``. ``None`` (the
+                default): all of them, so ``position`` counts whole requests while iterating.
+                With ``k``, the state is the one to resume after the request's ``k``-th batch:
+                loading it yields that request again with only its batches from ``k`` on (its
+                ``slices`` unchanged), then the rest of the epoch. Before a request is handed
+                out (or after :meth:`load_state_dict` or :meth:`set_epoch`) only ``0`` is
+                accepted, which gives the same state as ``None``.
+
+        Raises:
+            TypeError: ``batches_consumed`` is not an integer.
+            ValueError: ``batches_consumed`` is outside that range.
+        """
+        epoch, at, _, first = self._at
+        if batches_consumed is not None:
+            k = as_int("batches_consumed", batches_consumed)
+            if not 0 <= k <= at - first:
+                raise ValueError(
+                    f"batches_consumed must be in [0, {at - first}] (the batches of the latest "
+                    f"load request handed out), got {k}"
+                )
+            at = first + k
         return {
             **self._config(),
             "num_replicas": self._num_replicas,
@@ -277,7 +312,9 @@ class ChunkSampler:
         """Restores a :meth:`state_dict`: the next :meth:`sample` starts at its ``position``
         (any batch: the request holding it is yielded without the batches before it). A state
         of another configuration or world size is refused (``ValueError`` naming each
-        difference), and nothing changes."""
+        difference), as is one whose ``position`` is past the epoch's batches for its ``n_obs``
+        (or not ``0`` when ``n_obs`` is ``-1``: nothing was sampled before it was saved), and
+        nothing changes."""
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")
         config = {**self._config(), "num_replicas": self._num_replicas}
@@ -291,8 +328,31 @@ class ChunkSampler:
                 raise StateError(
                     f"state['position'] must be in [0, {total}] (batches per epoch), got {position}"
                 )
+        elif position != 0:
+            # A state records n_obs from its first sample() on: before one, nothing was handed out.
+            raise StateError(
+                f"state['position'] must be in [0, 0] when state['n_obs'] is -1 (saved before any "
+                f"sample()), got {position}"
+            )
         self._n_obs = None if n_obs < 0 else n_obs
-        self._at = (epoch, position, True)
+        self._at = (epoch, position, True, position)
+
+    def _restart(self) -> None:
+        """Forgets the position and ``n_obs``: the next :meth:`sample` starts the current epoch
+        (for a wrapper that changes the range sampled, which positions are counted in)."""
+        self._n_obs = None
+        self._at = (self._at[0], 0, False, 0)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickling (and copy.deepcopy) is a checkpoint, as for croupier's other samplers: the
+        # core's plan is not picklable and is rebuilt on demand, and a pass in progress becomes
+        # a pending start at the position it reached, so the copy continues it.
+        state = self.__dict__.copy()
+        state["_plans"] = {}
+        epoch, at, pending, first = self._at
+        if not pending and at > 0:
+            state["_at"] = (epoch, at, True, first)
+        return state
 
     def __repr__(self) -> str:
         return (

@@ -43,7 +43,13 @@ class RankAwareSampler:
 
     Thread-safe: one lock guards the cache, so concurrent members of a group never sample
     twice. :meth:`save_checkpoint`/:meth:`load_checkpoint` use TransferQueue's format
-    (``{"_states": {partition_id: {task_name: {dp_rank: {batch_index: [indices]}}}}}``).
+    (``{"_states": {partition_id: {task_name: {dp_rank: {batch_index: [indices]}}}}}``); with
+    a ``group_size``, the checkpoint also has ``"_reads"``, the same nesting with how many
+    members have read each cached batch, so an entry is still freed after a restore.
+
+    Picklable (TransferQueue's controller, a Ray actor, receives sampler instances) and
+    copyable: the copy has the configuration and a snapshot of the cache and read counts, taken
+    under the lock, and a lock of its own.
     """
 
     def __init__(self, *, group_size: int | None = None, shuffle: bool = False, seed: int = 0):
@@ -99,7 +105,9 @@ class RankAwareSampler:
                 return sampled, sampled
             sampled = batches[batch_index]
             if self.group_size is not None:
-                reads = self._reads.get(key, 0) + 1
+                # A cached batch was read at least by the member that sampled it (a checkpoint
+                # without read counts, such as TransferQueue's, gives no more).
+                reads = self._reads.get(key, 1) + 1
                 if reads >= self.group_size:
                     del batches[batch_index]
                     self._reads.pop(key, None)
@@ -136,14 +144,76 @@ class RankAwareSampler:
 
     def save_checkpoint(self) -> dict[str, Any]:
         """A snapshot of the cache in TransferQueue's format (a deep copy, consistent even
-        while other threads sample)."""
+        while other threads sample). With a ``group_size`` it also holds ``"_reads"``:
+        ``{partition_id: {task_name: {dp_rank: {batch_index: reads}}}}``, the members that
+        have read each cached batch (the one that sampled it included)."""
         with self._lock:
-            return {"_states": copy.deepcopy(self._states)}
+            checkpoint: dict[str, Any] = {"_states": copy.deepcopy(self._states)}
+            if self.group_size is not None:
+                reads: dict[Any, Any] = {}
+                for (partition_id, task_name, dp_rank, batch_index), n in self._reads.items():
+                    tasks = reads.setdefault(partition_id, {}).setdefault(task_name, {})
+                    tasks.setdefault(dp_rank, {})[batch_index] = n
+                checkpoint["_reads"] = reads
+            return checkpoint
 
     def load_checkpoint(self, state: Mapping[str, Any]) -> None:
-        """Replaces the cache with a :meth:`save_checkpoint` (or TransferQueue's own)."""
+        """Replaces the cache with a :meth:`save_checkpoint` (or TransferQueue's own).
+
+        Read counts (``"_reads"``) are restored when this sampler has a ``group_size``;
+        a cached batch without one (a checkpoint of TransferQueue's or of a sampler without
+        ``group_size``) counts as read once, by the member that sampled it, so it is freed
+        after ``group_size - 1`` more reads. Raises ``TypeError`` for a state of the wrong
+        shape and ``ValueError`` for a read count outside ``[1, group_size - 1]`` or of a batch
+        not in the cache; nothing changes then.
+        """
         if not isinstance(state, Mapping) or not isinstance(state.get("_states"), Mapping):
             raise TypeError("state must be a save_checkpoint() dict with a '_states' mapping")
+        states = copy.deepcopy(dict(state["_states"]))
+        reads = {} if self.group_size is None else _checked_reads(state, states, self.group_size)
         with self._lock:
-            self._states = copy.deepcopy(dict(state["_states"]))
-            self._reads = {}
+            self._states = states
+            self._reads = reads
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The lock is not picklable: the copy gets its own. The cache is copied under the lock,
+        # as a checkpoint is, so a copy taken while other threads sample is consistent.
+        with self._lock:
+            state = self.__dict__.copy()
+            state["_states"] = copy.deepcopy(self._states)
+            state["_reads"] = dict(self._reads)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
+
+def _mapping(name: str, value: object) -> Mapping[Any, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _checked_reads(
+    state: Mapping[str, Any], states: Mapping[Any, Any], group_size: int
+) -> dict[tuple[Any, Any, int, Any], int]:
+    """``state["_reads"]`` (absent: none) as flat read counts, each of a batch cached in
+    ``states`` and in ``[1, group_size - 1]`` (a batch read by the whole group is freed)."""
+    out: dict[tuple[Any, Any, int, Any], int] = {}
+    where = "state['_reads']"
+    for partition_id, tasks in _mapping(where, state.get("_reads", {})).items():
+        for task_name, groups in _mapping(f"{where}[{partition_id!r}]", tasks).items():
+            at = f"{where}[{partition_id!r}][{task_name!r}]"
+            for dp_rank, batches in _mapping(at, groups).items():
+                for batch_index, n in _mapping(f"{at}[{dp_rank!r}]", batches).items():
+                    name = f"{at}[{dp_rank!r}][{batch_index!r}]"
+                    cached: object = states
+                    for k in (partition_id, task_name, dp_rank):
+                        cached = cached.get(k) if isinstance(cached, Mapping) else None
+                    if not isinstance(cached, Mapping) or batch_index not in cached:
+                        raise ValueError(f"{name}: no such batch in state['_states']")
+                    key = (partition_id, task_name, dp_rank, batch_index)
+                    out[key] = check_int(name, n, 1, max(1, group_size - 1))
+    return out
