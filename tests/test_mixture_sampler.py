@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from croupier import MixtureSampler, StateError
+from croupier.compat import kempnerforge
 from test_robustness import _in_child
 
 
@@ -88,6 +90,67 @@ def test_counts_within_one_of_the_tempered_quota(temperature):
     assert counts.sum() == len(s)
     assert np.all(np.abs(counts - quota) < 1)
     assert counts[4] == 0
+
+
+def _tempered_counts(weights, temperature, length):
+    """The documented counts from their definition, independently of the sampler: ``p_i =
+    w_i ** (1/T) / sum_j w_j ** (1/T)`` in numpy float64, ``floor(p_i * length)`` plus one for
+    the largest remainders, ties to the lower index. Checks that the answer does not hang on
+    the last bits of ``p`` (which another evaluation order may change): every quota is more
+    than 1e-9 from an integer, and remainders on the two sides of the cut differ by more than
+    1e-9 unless their weights are equal (bit-identical quotas in any evaluation)."""
+    w = np.asarray(weights, dtype=np.float64)
+    scaled = np.where(w > 0, w ** (1.0 / temperature), 0.0)
+    quota = scaled / scaled.sum() * length
+    counts = np.floor(quota).astype(np.int64)
+    rem = quota - counts
+    positive = [i for i in range(len(w)) if w[i] > 0]
+    order = sorted(positive, key=lambda i: (-rem[i], i))
+    left = length - int(counts.sum())
+    given, kept = order[:left], order[left:]
+    counts[given] += 1
+    assert all(1e-9 < rem[i] < 1 - 1e-9 for i in positive)
+    assert all(rem[a] - rem[b] > 1e-9 for a in given for b in kept if w[a] != w[b])
+    return counts.tolist()
+
+
+@pytest.mark.parametrize(
+    ("weights", "temperature", "length"),
+    [
+        ([0.1, 2.0, 5.0, 0.7, 0.0], 0.5, 9_999),
+        ([0.1, 2.0, 5.0, 0.7, 0.0], 0.25, 9_999),
+        ([0.1, 2.0, 5.0, 0.7, 0.0], 2.0, 9_999),
+        ([0.1, 2.0, 5.0, 0.7, 0.0], 7.5, 9_999),
+        ([1, 2, 3, 4, 5, 6, 7], 0.3, 1234),
+        ([1, 2, 3, 4, 5, 6, 7], 1 / 3, 1234),
+        ([9, 1], 100.0, 777),
+        ([3, 3, 1], 2.0, 50),  # the equal weights tie at the cut
+        ([5, 2, 5, 0, 1], 3.0, 62),  # the same, not adjacent
+    ],
+)
+def test_tempered_counts_are_exact_integers(weights, temperature, length):
+    want = _tempered_counts(weights, temperature, length)
+    assert sum(want) == length
+    if (1 / temperature).is_integer():  # p_i is rational: Hamilton's method on exact fractions
+        k = int(1 / temperature)
+        assert want == _largest_remainder([Fraction(w) ** k for w in weights], length)
+    for a, b in itertools.combinations(range(len(weights)), 2):
+        if weights[a] == weights[b] > 0:  # a tie goes to the lower index, as documented
+            assert want[a] - want[b] in (0, 1)
+    cum, w = _cum([3000] * len(weights)), 3
+    for r in range(w):
+        s = MixtureSampler(cum, weights, w, r, seed=r, temperature=temperature, num_samples=length)
+        assert s.counts() == want
+        got = np.bincount(_which(cum, s.indices()), minlength=len(weights)).tolist()
+        assert got == want
+
+
+def test_tempered_ties_reach_the_cut():
+    # The two tie cases above do split their equal weights (so the rule is exercised).
+    counts = _tempered_counts([3, 3, 1], 2.0, 50)
+    assert counts[0] == counts[1] + 1
+    counts = _tempered_counts([5, 2, 5, 0, 1], 3.0, 62)
+    assert counts[0] == counts[2] + 1
 
 
 def test_higher_temperature_flattens():
@@ -314,6 +377,117 @@ def test_kempnerforge_state_loads_as_the_start_of_its_epoch():
         s.load_state_dict({"epoch": 3, "seed": 2, "num_replicas": 2, "rank": 1})
 
 
+@pytest.mark.parametrize(("w_from", "w_to"), [(4, 2), (2, 4), (4, 3), (1, 8)])
+@pytest.mark.parametrize("finished", [False, True])
+def test_epoch_boundary_states_load_on_another_number_of_ranks(w_from, w_to, finished):
+    cum = [0, 1000, 3000]
+    src = MixtureSampler(cum, [1, 2], w_from, w_from - 1, seed=1)
+    src.set_epoch(2)
+    if finished:
+        list(src)
+    state = json.loads(json.dumps(src.state_dict()))
+    for rank in {0, w_to - 1}:
+        moved = MixtureSampler(cum, [5, 1], w_to, rank, seed=1)  # the state's weights win
+        moved.load_state_dict(state)
+        assert moved.epoch == 2
+        again = MixtureSampler(cum, [1, 2], w_to, rank, seed=1)
+        again.load_state_dict(moved.state_dict())
+        assert again.state_dict() == moved.state_dict()
+        ref = MixtureSampler(cum, [1, 2], w_to, rank, seed=1)
+        ref.set_epoch(2)
+        assert list(moved) == ([] if finished else list(ref))  # a finished epoch stays done
+        moved.set_epoch(3)
+        ref.set_epoch(3)
+        assert list(moved) == list(ref)
+
+
+def test_schedule_starts_move_with_the_epoch_length_across_world_sizes():
+    # Per-rank epoch lengths (sums of shares): 250 + 500 = 750 on 4 ranks, 1500 on 2,
+    # 333 + 666 = 999 on 3. A start s moves to s * new // old.
+    cum = [0, 1000, 3000]
+    schedule = [(0, [1.0, 2.0], 1.0), (600, [0.0, 1.0], 1.0), (700, [1.0, 0.0], 2.0)]
+    src = MixtureSampler(cum, [1, 2], 4, 0, seed=1)
+    src.set_schedule(schedule)
+    for finished in (False, True):
+        if finished:
+            list(src)
+        state = src.state_dict()
+        for w, length in [(2, 1500), (3, 999)]:
+            moved = MixtureSampler(cum, [1, 2], w, w - 1, seed=1)
+            assert len(moved) == length
+            moved.load_state_dict(state)
+            want = [(start * length // 750, weights, t) for start, weights, t in schedule]
+            assert moved.schedule == want
+            ref = MixtureSampler(cum, [1, 2], w, w - 1, seed=1)
+            ref.set_schedule(want)
+            assert list(moved) == ([] if finished else list(ref))
+            moved.set_epoch(1)
+            ref.set_epoch(1)
+            assert list(moved) == list(ref)
+    # and back: 1200 and 1400 of 1500 are 600 and 700 of 750 again
+    wide = MixtureSampler(cum, [1, 2], 2, 1, seed=1)
+    wide.set_schedule([(0, [1, 2]), (1200, [0, 1]), (1400, [1, 0], 2.0)])
+    narrow = MixtureSampler(cum, [1, 2], 4, 3, seed=1)
+    narrow.load_state_dict(wide.state_dict())
+    assert narrow.schedule == schedule
+
+
+def test_schedule_phases_left_empty_by_the_move_are_dropped():
+    cum = _cum([16, 16])  # 32 positions per rank on 1 rank, 4 on 8 ranks
+    src = MixtureSampler(cum, [1, 1], 1, 0, seed=2)
+    src.set_schedule([(0, [1, 1]), (3, [1, 2]), (5, [1, 3]), (20, [1, 4]), (31, [1, 5])])
+    moved = MixtureSampler(cum, [1, 1], 8, 5, seed=2)
+    moved.load_state_dict(src.state_dict())
+    # starts 0, 3 * 4 // 32 = 0, 5 * 4 // 32 = 0, 20 * 4 // 32 = 2, 31 * 4 // 32 = 3: of the
+    # phases now starting at 0 the last one is in force there
+    assert moved.schedule == [(0, [1.0, 3.0], 1.0), (2, [1.0, 4.0], 1.0), (3, [1.0, 5.0], 1.0)]
+    assert len(list(moved)) == 4
+
+
+def test_schedule_with_a_fixed_length_keeps_its_starts_across_world_sizes():
+    cum = [0, 1000, 3000]
+    src = MixtureSampler(cum, [1, 2], 4, 0, seed=1, num_samples=600)
+    src.set_schedule([(0, [1, 2]), (450, [0, 1])])
+    moved = MixtureSampler(cum, [1, 2], 2, 1, seed=1, num_samples=600)
+    moved.load_state_dict(src.state_dict())
+    assert moved.schedule == src.schedule
+    assert np.all(_which(cum, moved.indices()[450:]) == 1)
+
+
+def test_mid_epoch_refusal_names_num_replicas_among_other_differences():
+    cum = _cum([3000, 2000])
+    mid = {**MixtureSampler(cum, [1, 2], 2, 1, seed=1).state_dict(), "position": 5}
+    target = MixtureSampler(cum, [1, 2], 4, 1, seed=2)
+    before = target.state_dict()
+    with pytest.raises(StateError, match="seed") as e:
+        target.load_state_dict(mid)
+    assert "num_replicas: state has 2, this sampler has 4" in str(e.value)
+    # at an epoch boundary another num_replicas is no difference
+    with pytest.raises(StateError, match="seed") as e:
+        target.load_state_dict({**mid, "position": 0})
+    assert "num_replicas" not in str(e.value)
+    assert target.state_dict() == before
+
+
+def test_num_samples_difference_is_named():
+    cum = _cum([1000, 2000])
+    fixed = MixtureSampler(cum, [1, 2], 4, 1, seed=1, num_samples=100).state_dict()
+    default = MixtureSampler(cum, [1, 2], 4, 1, seed=1).state_dict()
+    for state, kwargs in [(fixed, {}), (default, {"num_samples": 100})]:
+        target = MixtureSampler(cum, [1, 2], 4, 1, seed=1, **kwargs)
+        before = target.state_dict()
+        with pytest.raises(StateError, match="num_samples: state has") as e:
+            target.load_state_dict(state)
+        assert "missing" not in str(e.value)
+        assert target.state_dict() == before
+    with pytest.raises(StateError, match="num_samples: state has 100") as e:
+        MixtureSampler(cum, [1, 2], 4, 1, seed=2).load_state_dict({**fixed, "position": 7})
+    assert "seed" in str(e.value) and "num_replicas" not in str(e.value)
+    with pytest.raises(StateError, match="num_samples: state has 100") as e:
+        MixtureSampler(cum, [1, 2], 2, 1).load_state_dict({**fixed, "position": 7})
+    assert "num_replicas: state has 4, this sampler has 2" in str(e.value)
+
+
 # -- schedules ------------------------------------------------------------------------------------
 
 
@@ -328,6 +502,57 @@ def test_update_weights_takes_effect_at_the_next_iteration():
     assert counts == [6000, 6000]
     assert np.bincount(_which(cum, list(s)), minlength=2).tolist() == [3000, 9000]
     assert s.state_dict()["schedule"] == [[0, [1.0, 3.0], 1.0]]
+
+
+@pytest.mark.parametrize("through", ["state_dict", "pickle"])
+def test_update_weights_during_an_iteration_resumes_like_the_uninterrupted_run(through):
+    cum = _cum([200, 400])  # 600 positions on one rank
+    weights = [1, 2]
+
+    def make():
+        return MixtureSampler(cum, weights, 1, 0, seed=3)
+
+    run = make()
+    it = iter(run)
+    head = [next(it) for _ in range(150)]
+    run.update_weights([1, 0])
+    if through == "state_dict":
+        state = json.loads(json.dumps(run.state_dict()))
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert resumed.state_dict() == state
+    else:
+        resumed = pickle.loads(pickle.dumps(run))
+    rest = list(it)
+    run.set_epoch(1)
+    following = list(run)
+    # the uninterrupted run: this epoch under the old weights, the next under the new ones
+    assert np.bincount(_which(cum, head + rest)).tolist() == _largest_remainder(weights, 600)
+    assert np.all(_which(cum, following) == 0) and len(following) == 600
+    iter(resumed)  # DataLoader calls iter() twice and drops the first iterator
+    assert head + list(resumed) == head + rest
+    resumed.set_epoch(1)
+    assert resumed.indices().tolist() == following
+    assert list(resumed) == following
+
+
+def test_update_weights_during_an_iteration_then_skip_resumes_like_the_uninterrupted_run():
+    # In the running process a set_skip after the change applies it from the skip position;
+    # a resume from a checkpoint taken before the skip does the same.
+    cum = _cum([200, 400])
+    run = MixtureSampler(cum, [1, 2], 1, 0, seed=3)
+    it = iter(run)
+    for _ in range(150):
+        next(it)
+    run.update_weights([1, 0])
+    state = run.state_dict()
+    run.set_skip(300)
+    spliced = list(run)
+    assert np.all(_which(cum, spliced) == 0) and len(spliced) == 300
+    resumed = MixtureSampler(cum, [1, 2], 1, 0, seed=3)
+    resumed.load_state_dict(state)
+    resumed.set_skip(300)
+    assert list(resumed) == spliced
 
 
 def test_refused_update_leaves_the_weights_in_force():
@@ -445,6 +670,51 @@ def test_bad_input_is_refused_naming_the_argument(kwargs, exc, match):
     args = {"cumulative_sizes": [0, 10, 20], "weights": [1.0, 1.0], **kwargs}
     with pytest.raises(exc, match=match):
         MixtureSampler(**args)
+
+
+@pytest.mark.parametrize("cls", [MixtureSampler, kempnerforge.MixtureSampler])
+@pytest.mark.parametrize(
+    ("kwargs", "kind", "match"),
+    [
+        ({"weights": [0.0, 0.0]}, ZeroDivisionError, "weights"),
+        ({"weights": [1.0, -1.0]}, ZeroDivisionError, r"weights\[1\]"),  # they sum to 0
+        ({"temperature": 0.0}, ZeroDivisionError, "temperature"),
+        ({"num_replicas": 0}, ZeroDivisionError, "num_replicas"),
+        ({"weights": []}, IndexError, "weights"),
+        ({"weights": [1.0]}, IndexError, "weights"),
+    ],
+)
+def test_kempnerforges_exception_types(cls, kwargs, kind, match):
+    # kempnerforge's sampler raises these types here; code catching them keeps working, and
+    # the exception is still croupier's ValueError naming the argument.
+    args = {"cumulative_sizes": [0, 10, 20], "weights": [1.0, 1.0], "num_replicas": 1}
+    with pytest.raises(kind, match=match) as e:
+        cls(**{**args, "rank": 0, **kwargs})
+    assert isinstance(e.value, ValueError)
+
+
+@pytest.mark.parametrize("cls", [MixtureSampler, kempnerforge.MixtureSampler])
+@pytest.mark.parametrize(
+    ("weights", "temperature", "kind", "match"),
+    [
+        ([0, 0], 1.0, ZeroDivisionError, "^weights"),
+        ([1, -1], 1.0, ZeroDivisionError, r"^weights\[1\]"),
+        ([1, 1], 0.0, ZeroDivisionError, "^temperature"),
+        ([1], 1.0, ValueError, "weights"),  # kempnerforge: ValueError for a wrong count
+        ([], 1.0, ValueError, "weights"),
+        ([float("nan"), 1], 1.0, ValueError, r"^weights\[0\]"),
+        ([1, 1], -1.0, ValueError, "^temperature"),
+    ],
+)
+def test_update_weights_errors_name_weights_and_temperature(cls, weights, temperature, kind, match):
+    s = cls([0, 10, 20], [1, 3], 1, 0)
+    before = s.indices().tolist()
+    with pytest.raises(kind, match=match) as e:
+        s.update_weights(weights, temperature)
+    assert isinstance(e.value, ValueError) and "schedule" not in str(e.value)
+    if kind is ValueError:
+        assert not isinstance(e.value, (ZeroDivisionError, IndexError))
+    assert s.schedule == [(0, [1.0, 3.0], 1.0)] and s.indices().tolist() == before
 
 
 def test_dataset_smaller_than_the_world_needs_weight_zero_with_drop_last():

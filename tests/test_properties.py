@@ -3,12 +3,14 @@ suite and a deeper one marked slow (``pytest -m slow``).
 
 - every index of the epoch is dealt exactly once across the ranks (padding aside);
 - a resume from any position continues exactly;
-- a state saved at an epoch boundary loads on any other number of ranks;
+- a state saved at an epoch boundary loads on any other number of ranks (for
+  ``MixtureSampler`` too, its schedule's starts moved with the epoch length);
 - a state survives JSON and a load unchanged.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 
@@ -16,7 +18,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from croupier import DistributedSampler
+from croupier import DistributedSampler, MixtureSampler
 
 configs = st.fixed_dictionaries(
     {
@@ -111,6 +113,66 @@ def round_trip(cfg: dict, epoch: int, where: float) -> None:
     assert again.state_dict() == state
 
 
+mixture_configs = st.fixed_dictionaries(
+    {
+        # at least 12 samples each: every dataset has a share on up to 12 ranks
+        "sizes": st.lists(st.integers(12, 400), min_size=1, max_size=5),
+        "raw": st.lists(st.integers(0, 9), min_size=5, max_size=5),
+        "w": st.integers(1, 12),
+        "drop_last": st.booleans(),
+        "shuffle": st.booleans(),
+        "seed": st.integers(0, 2**64 - 1),
+        "num_samples": st.one_of(st.none(), st.integers(0, 600)),
+        "split": st.floats(0, 1),  # where the schedule's second phase starts
+    }
+)
+
+
+def mixture(cfg: dict, rank: int, w: int) -> MixtureSampler:
+    weights = [*cfg["raw"][: len(cfg["sizes"]) - 1], 1]
+    return MixtureSampler(
+        [0, *itertools.accumulate(cfg["sizes"])],
+        weights,
+        w,
+        rank,
+        shuffle=cfg["shuffle"],
+        seed=cfg["seed"],
+        drop_last=cfg["drop_last"],
+        num_samples=cfg["num_samples"],
+    )
+
+
+def mixture_schedule(cfg: dict, second: int) -> list:
+    """Weights as configured, then reversed from position ``second`` (0: reversed only)."""
+    weights = [*cfg["raw"][: len(cfg["sizes"]) - 1], 1]
+    return [(0, weights[::-1])] if second == 0 else [(0, weights), (second, weights[::-1])]
+
+
+def mixture_boundary_on_other_world_sizes(cfg: dict, epoch: int, w2: int, finished: bool) -> None:
+    s = mixture(cfg, 0, cfg["w"])
+    length = len(s)
+    second = 1 + int(cfg["split"] * (length - 2)) if length >= 2 else 0
+    s.set_schedule(mixture_schedule(cfg, second))
+    s.set_epoch(epoch)
+    if finished:
+        list(s)
+    state = s.state_dict()
+    for rank in {0, w2 - 1}:
+        moved = mixture(cfg, rank, w2)
+        moved.load_state_dict(state)
+        moved.set_epoch(epoch)
+        ref = mixture(cfg, rank, w2)
+        # the documented move: a start s of an epoch of length L starts at s * L' // L
+        ref.set_schedule(mixture_schedule(cfg, second * len(ref) // length if length else 0))
+        ref.set_epoch(epoch)
+        assert moved.schedule == ref.schedule
+        done = finished and length > 0
+        assert list(moved) == ([] if done else list(ref))
+        moved.set_epoch(epoch + 1)
+        ref.set_epoch(epoch + 1)
+        assert list(moved) == list(ref)
+
+
 fractions = st.floats(0, 1)
 world_sizes = st.integers(1, 12)
 
@@ -139,6 +201,12 @@ def test_state_round_trip(cfg, epoch, where):
     round_trip(cfg, epoch, where)
 
 
+@settings(max_examples=40, deadline=None)
+@given(cfg=mixture_configs, epoch=epochs, w2=world_sizes, finished=st.booleans())
+def test_mixture_epoch_boundaries_load_on_other_world_sizes(cfg, epoch, w2, finished):
+    mixture_boundary_on_other_world_sizes(cfg, epoch, w2, finished)
+
+
 deep_configs = configs.map(lambda c: {**c, "n": c["n"] * 20})
 
 
@@ -161,3 +229,10 @@ def test_resume_anywhere_deep(cfg, epoch, where):
 @given(cfg=deep_configs, epoch=epochs, w2=world_sizes, finished=st.booleans())
 def test_epoch_boundaries_load_on_other_world_sizes_deep(cfg, epoch, w2, finished):
     boundary_on_other_world_sizes(cfg, epoch, w2, finished)
+
+
+@pytest.mark.slow
+@settings(max_examples=400, deadline=None)
+@given(cfg=mixture_configs, epoch=epochs, w2=world_sizes, finished=st.booleans())
+def test_mixture_epoch_boundaries_load_on_other_world_sizes_deep(cfg, epoch, w2, finished):
+    mixture_boundary_on_other_world_sizes(cfg, epoch, w2, finished)

@@ -18,9 +18,9 @@ import numpy.typing as npt
 
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
-from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int
-from croupier.samplers._base import IndexSampler, _Pending
-from croupier.samplers._state import KEMPNERFORGE, StateError
+from croupier._validate import MAX_LEN, U64_MAX, as_int, check_bool, check_int
+from croupier.samplers._base import IndexSampler, _Cursor, _Pending
+from croupier.samplers._state import KEMPNERFORGE, StateError, check_state
 
 __all__ = ["MixtureSampler"]
 
@@ -28,6 +28,76 @@ __all__ = ["MixtureSampler"]
 _Phase = tuple[int, int, tuple[float, ...], float]
 # A schedule entry: (start, weights, temperature).
 _Entry = tuple[int, tuple[float, ...], float]
+
+
+class _ZeroDivisionValueError(ValueError, ZeroDivisionError):
+    """Refused input on which kempnerforge's ``MixtureSampler`` raises ``ZeroDivisionError``
+    (weights summing to 0, ``temperature=0``, ``num_replicas=0``): a ``ValueError`` with
+    croupier's message that ``except ZeroDivisionError`` clauses written for it still catch."""
+
+
+class _IndexValueError(ValueError, IndexError):
+    """Refused input on which kempnerforge's ``MixtureSampler`` raises ``IndexError`` (empty
+    or too few weights): a ``ValueError`` that ``except IndexError`` clauses still catch."""
+
+
+def _kempnerforge_kind(
+    cumulative_sizes: object,
+    weights: object,
+    temperature: object,
+    num_replicas: object = None,
+    *,
+    update: bool = False,
+) -> type[ValueError] | None:
+    """The exception type to raise where kempnerforge's ``MixtureSampler`` raises
+    ``ZeroDivisionError`` or ``IndexError`` on these arguments (``None`` where it raises
+    something else or nothing), found by following its documented arithmetic in its order:
+    at temperature 1 it divides every weight by their sum, otherwise every log-weight by the
+    temperature and then takes their maximum; then it divides every dataset's size by
+    ``num_replicas``; then it reads one probability per dataset (rounding a NaN one first).
+    ``update=True``: ``update_weights``, which first refuses a wrong count with ``ValueError``.
+    """
+    try:
+        datasets = len(cumulative_sizes) - 1  # type: ignore[arg-type]
+        arr = np.asarray(weights, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    if arr.ndim != 1 or isinstance(temperature, (bool, np.bool_)):
+        return None
+    if not isinstance(temperature, numbers.Real):
+        return None
+    ws = arr.tolist()
+    if update and len(ws) != datasets:
+        return None
+    if float(temperature) != 1.0:
+        if not ws:
+            return None  # max() of no log-weights: ValueError
+        if float(temperature) == 0.0:
+            return _ZeroDivisionValueError
+    elif ws and sum(ws) == 0:
+        return _ZeroDivisionValueError
+    if not update and not isinstance(num_replicas, (bool, np.bool_)) and num_replicas == 0:
+        return _ZeroDivisionValueError
+    if len(ws) < datasets and all(map(math.isfinite, ws)) and not math.isnan(temperature):
+        return _IndexValueError  # (NaN probabilities fail their rounding first)
+    return None
+
+
+def _rescaled(entries: tuple[_Entry, ...], old: int, new: int) -> tuple[_Entry, ...]:
+    """Schedule entries for an epoch of ``old`` positions, moved to one of ``new`` positions
+    (the default epoch length follows ``num_replicas``): a phase starting at ``s`` starts at
+    ``s * new // old``, and a phase left empty (its start now equal to the next one's) is
+    dropped."""
+    if old == new:
+        return entries
+    out: list[_Entry] = []
+    for start, weights, temperature in entries:
+        moved = start * new // old if old else 0
+        if out and out[-1][0] == moved:
+            out[-1] = (moved, weights, temperature)
+        else:
+            out.append((moved, weights, temperature))
+    return tuple(out)
 
 
 def _sizes(cumulative_sizes: object) -> list[int]:
@@ -186,14 +256,27 @@ class MixtureSampler(IndexSampler):
         num_samples: int | None = None,
         dist_info: DistInfo = None,
     ) -> None:
-        sizes = _sizes(cumulative_sizes)
-        weights_t = _weights(weights, len(sizes))
-        temperature_f = _temperature(temperature)
-        self.shuffle = check_bool("shuffle", shuffle)
-        self.drop_last = check_bool("drop_last", drop_last)
-        self.seed = check_int("seed", seed, 0, U64_MAX)
-        length = None if num_samples is None else check_int("num_samples", num_samples, 0, MAX_LEN)
-        num_replicas, rank = resolve_ranks(num_replicas, rank, dist_info)
+        try:
+            sizes = _sizes(cumulative_sizes)
+            weights_t = _weights(weights, len(sizes))
+            temperature_f = _temperature(temperature)
+            shuffle = check_bool("shuffle", shuffle)
+            drop_last = check_bool("drop_last", drop_last)
+            seed = check_int("seed", seed, 0, U64_MAX)
+            length = (
+                None if num_samples is None else check_int("num_samples", num_samples, 0, MAX_LEN)
+            )
+            num_replicas, rank = resolve_ranks(num_replicas, rank, dist_info)  # the last check
+        except ValueError as e:
+            # Where kempnerforge's sampler raises ZeroDivisionError or IndexError, so does this
+            # ValueError (the issue: code written against it keeps its except clauses).
+            kind = _kempnerforge_kind(cumulative_sizes, weights, temperature, num_replicas)
+            if kind is None or isinstance(e, kind):
+                raise
+            raise kind(*e.args) from None
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.seed = seed
         self._sizes = sizes
         self._fixed_length = length
         self.cumulative_sizes = tuple(np.cumsum([0, *sizes], dtype=object).tolist())
@@ -210,6 +293,10 @@ class MixtureSampler(IndexSampler):
         self._schedule: tuple[_Entry, ...] = ((0, weights_t, temperature_f),)
         # Changes wait for the next iteration; the phases of the epoch being iterated.
         self._pending = False
+        # The start (a loaded position, or an iterator from it not yet started) at which the
+        # next iteration continues an iteration checkpointed while it was running: it keeps
+        # that iteration's phases, and a pending schedule waits for the iteration after it.
+        self._continuing: _Pending | _Cursor | None = None
         self._phases = self._fresh(self._schedule)
         self._active = self._mixture(self._phases, num_replicas, rank)
         super().__init__(num_replicas, rank, length)
@@ -257,6 +344,13 @@ class MixtureSampler(IndexSampler):
         return self._phases
 
     def _checked_schedule(self, entries: object) -> tuple[_Entry, ...]:
+        schedule = self._parsed_schedule(entries, self.num_samples)
+        self._mixture(self._fresh(schedule))  # the core's checks (datasets a rank cannot draw)
+        return schedule
+
+    def _parsed_schedule(self, entries: object, length: int) -> tuple[_Entry, ...]:
+        """``entries`` checked as a schedule for an epoch of ``length`` positions (without the
+        core's checks, which need this sampler's length)."""
         if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
             raise TypeError(
                 "schedule must be a list of (start, weights) or (start, weights, temperature) "
@@ -275,7 +369,7 @@ class MixtureSampler(IndexSampler):
                     f"schedule[{i}] must be (start, weights) or (start, weights, temperature), "
                     f"got {entry!r:.80}"
                 )
-            limit = max(self.num_samples - 1, 0)
+            limit = max(length - 1, 0)
             start = check_int(f"schedule[{i}] start", entry[0], 0, limit)
             if i == 0 and start != 0:
                 raise ValueError(f"schedule[0] must start at 0, got {start}")
@@ -287,9 +381,7 @@ class MixtureSampler(IndexSampler):
             weights = _weights(entry[1], len(self._sizes), f"schedule[{i}] weights")
             temperature = _temperature(entry[2]) if len(entry) == 3 else 1.0
             out.append((start, weights, temperature))
-        schedule = tuple(out)
-        self._mixture(self._fresh(schedule))  # the core's checks (datasets a rank cannot draw)
-        return schedule
+        return tuple(out)
 
     def set_schedule(self, schedule: Sequence[Sequence[Any]]) -> None:
         """Sets the weights by position: ``[(start, weights), (start, weights, temperature),
@@ -302,22 +394,46 @@ class MixtureSampler(IndexSampler):
         and the schedule applies to every epoch from the next iteration on. If that iteration
         resumes mid-epoch (after :meth:`set_skip` or :meth:`load_state_dict`), the positions
         before the resume keep the phases they were yielded with, and the schedule applies
-        from the resume position on (the phase in force there starts at it).
+        from the resume position on (the phase in force there starts at it). An iteration
+        already running keeps its phases to its end; a checkpoint taken meanwhile
+        (:meth:`state_dict`, pickling) records both, so a resume from it continues that
+        iteration unchanged and the next iteration (the next epoch) uses the new schedule,
+        exactly as the uninterrupted run does.
+
+        Starts are positions, so they depend on the epoch length. With the default length
+        (which follows ``num_replicas``), a state loaded on another number of ranks (at an
+        epoch boundary) moves every start in proportion: ``start * new_len // old_len``
+        (rounded down; a phase left empty by the rounding is dropped). With ``num_samples``
+        the length, and so every start, stays as it is.
 
         Refused input (``TypeError``/``ValueError`` naming the entry) leaves the schedule in
         force unchanged. The schedule is part of :meth:`state_dict`.
         """
-        self._schedule = self._checked_schedule(schedule)
+        self._set_schedule(self._checked_schedule(schedule))
+
+    def _set_schedule(self, schedule: tuple[_Entry, ...]) -> None:
+        self._schedule = schedule
         self._pending = True
+        # A change made after a load (before iterating) applies from the resume position.
+        self._continuing = None
 
     def update_weights(
         self, weights: Sequence[float] | npt.NDArray[Any], temperature: float = 1.0
     ) -> None:
         """Replaces the weights (and temperature) from the next iteration on, as kempnerforge's
         ``update_weights`` does: the same as ``set_schedule([(0, weights, temperature)])``,
-        including its mid-epoch rule. Bad weights raise ``ValueError``/``TypeError`` and leave
-        the previous weights in force."""
-        self.set_schedule([(0, weights, temperature)])
+        including its mid-epoch rule. Bad weights raise ``ValueError``/``TypeError`` naming
+        ``weights`` or ``temperature`` and leave the previous weights in force; where
+        kempnerforge raises ``ZeroDivisionError`` (weights summing to 0, ``temperature=0``)
+        the ``ValueError`` is also one."""
+        try:
+            entry = (0, _weights(weights, len(self._sizes)), _temperature(temperature))
+        except ValueError as e:
+            kind = _kempnerforge_kind(self.cumulative_sizes, weights, temperature, update=True)
+            if kind is None or isinstance(e, kind):
+                raise
+            raise kind(*e.args) from None
+        self._set_schedule(self._checked_schedule([entry]))
 
     @property
     def schedule(self) -> list[tuple[int, list[float], float]]:
@@ -334,10 +450,24 @@ class MixtureSampler(IndexSampler):
 
     # -- iteration -----------------------------------------------------------------------------
 
-    def _activate(self, start: int) -> None:
-        phases = self._phases_for(start)
-        if start == 0 or (self._pending and start < self.num_samples):
-            self._pending = False
+    def _continues(self, at: _Pending | _Cursor | None) -> bool:
+        """Whether the next iteration, from ``at``, continues an iteration checkpointed while
+        it was running (see ``_continuing``)."""
+        return at is not None and at is self._continuing and not getattr(at, "started", False)
+
+    def _running(self, at: _Pending | _Cursor | None) -> bool:
+        """Whether a checkpoint at ``at`` is taken inside a running iteration (one that has
+        started handing out indices, or the continuation of one)."""
+        return (isinstance(at, _Cursor) and at.started) or self._continues(at)
+
+    def _activate(self, start: int, continuing: bool = False) -> None:
+        if continuing:
+            # The checkpointed iteration goes on under its phases; the schedule still waits.
+            phases = self._phases
+        else:
+            phases = self._phases_for(start)
+            if start == 0 or (self._pending and start < self.num_samples):
+                self._pending = False
         if phases != self._phases:
             self._phases = phases
             self._cache = None
@@ -345,15 +475,20 @@ class MixtureSampler(IndexSampler):
 
     def __iter__(self) -> Iterator[int]:
         _, at = self._now
-        self._activate(self._next_start(at))
-        return super().__iter__()
+        continuing = self._continues(at)
+        self._activate(self._next_start(at), continuing)
+        it = super().__iter__()
+        # An iterator that hands out nothing leaves its start pending (DataLoader calls iter()
+        # twice): the next one from it still continues the checkpointed iteration.
+        self._continuing = self._now[1] if continuing else None
+        return it
 
     def indices(self) -> npt.NDArray[Any]:
         """What the next iteration yields, as a read-only numpy array (``uint32`` while the
         datasets total at most ``2**32`` samples, else ``int64``), without a copy."""
         epoch, at = self._now
         start = self._next_start(at)
-        phases = self._phases_for(start)
+        phases = self._phases if self._continues(at) else self._phases_for(start)
         if phases == self._phases:
             return super().indices()
         arr = self._mixture(phases).indices(epoch, start, None)
@@ -392,16 +527,27 @@ class MixtureSampler(IndexSampler):
         """The checkpoint state: the base keys (configuration, ``num_replicas``, ``rank``,
         ``epoch``, ``position``), plus ``schedule`` (the schedule for fresh epochs, as
         ``[[start, weights, temperature], ...]``), ``schedule_pending`` (whether it still waits
-        for the next iteration) and ``phases`` (the current epoch's phases, ``[[start,
-        nominal_length, weights, temperature], ...]``). JSON-serialisable; its size grows with
-        the number of datasets and phases only."""
+        for the next iteration), ``schedule_deferred`` (whether it waits for the iteration
+        after the one being resumed: it was set while that iteration ran, which keeps its
+        phases) and ``phases`` (the current epoch's phases, ``[[start, nominal_length,
+        weights, temperature], ...]``). JSON-serialisable; its size grows with the number of
+        datasets and phases only."""
         return super().state_dict()
 
     def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
         state = super()._state_at(epoch, position)
         state["schedule"] = [[s, list(w), t] for s, w, t in self._schedule]
         state["schedule_pending"] = self._pending
+        state["schedule_deferred"] = self._pending and self._running(self._now[1])
         state["phases"] = [[s, n, list(w), t] for s, n, w, t in self._phases]
+        return state
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickling is a checkpoint (the base freezes a running iterator into a loaded start):
+        # a copy taken while an iteration runs continues it, as a state_dict() does.
+        state = super().__getstate__()
+        running = self._pending and self._running(self._now[1])
+        state["_continuing"] = state["_now"][1] if running else None
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -409,35 +555,110 @@ class MixtureSampler(IndexSampler):
         continues with exactly the next index. Refuses (``ValueError``, naming each
         difference) a state of other dataset sizes, seed, shuffle, drop_last or
         ``num_samples``; loads a kempnerforge state as the start of its epoch, keeping the
-        weights in force. Nothing changes if the state is refused."""
+        weights in force. Nothing changes if the state is refused.
+
+        A state saved with another ``num_replicas`` loads at an epoch boundary (position 0,
+        or the end of the epoch). With the default epoch length, which follows
+        ``num_replicas``, its schedule's starts move in proportion to the length (see
+        :meth:`set_schedule`)."""
+        self._check_differences(state)
         saved = (self._now, self._cache)
         super().load_state_dict(state)
         try:
             if isinstance(state, Mapping) and "version" in state:
-                schedule, pending, phases = self._checked_extras(state)
+                schedule, pending, deferred, phases = self._checked_extras(state)
             else:
-                schedule, pending, phases = self._schedule, self._pending, self._phases
+                schedule, pending, deferred, phases = (
+                    self._schedule, self._pending, False, self._phases
+                )  # fmt: skip
         except BaseException:
             self._now, self._cache = saved
             raise
         self._schedule, self._pending = schedule, pending
         _, at = self._now
-        if isinstance(at, _Pending) and at.position == 0:
+        if isinstance(at, _Pending) and at.position == 0 and not deferred:
             phases = self._fresh(schedule)
         self._phases = phases
         self._active = self._mixture(phases)
         self._cache = None
+        self._continuing = at if deferred else None
+
+    def _check_differences(self, state: object) -> None:
+        """Refuses a state of this sampler's own shape whose configuration differs, naming
+        every difference in words the base's check does not have: ``num_samples`` (a fixed
+        length against the default one) and, with anything else, ``num_replicas`` of a state
+        saved mid-epoch (which the base names only when it is the one difference)."""
+        if not isinstance(state, Mapping) or "version" not in state:
+            return
+        config = self._state_config()
+        probe = dict(state)
+        extra: list[str] = []
+        mode = state.get("length")
+        if mode != config["length"] and (
+            mode == "sum of pass shares" or (mode == "num_samples" and "num_samples" in state)
+        ):
+            theirs = state["num_samples"] if mode == "num_samples" else None
+            extra.append(
+                f"num_samples: state has {_length_words(theirs)}, this sampler has "
+                f"{_length_words(self._fixed_length)}"
+            )
+            probe.pop("num_samples", None)
+            probe.update({k: config[k] for k in ("length", "num_samples") if k in config})
+        try:
+            check_state(probe, ints=(), config=config)
+            differ = ""
+        except StateError as e:
+            differ = str(e)
+            if not differ.startswith(_DIFFERENT):
+                return  # missing keys: the base's check says so
+        except TypeError:
+            return  # the base's check says so
+        if not (differ or extra):
+            return
+        moved = self._mid_epoch_world(state)
+        if moved is not None and not self._elastic_supported:
+            extra.append(moved)
+        if differ:
+            extra.insert(0, differ.removeprefix(_DIFFERENT))
+        raise StateError(_DIFFERENT + "; ".join(extra))
+
+    def _mid_epoch_world(self, state: Mapping[str, Any]) -> str | None:
+        """``num_replicas`` in words, if ``state`` was saved mid-epoch on another number."""
+        try:
+            saved_w = as_int("num_replicas", state.get("num_replicas"))
+            position = as_int("position", state.get("position"))
+            if state.get("length") == "num_samples":
+                length = as_int("num_samples", state.get("num_samples"))
+            else:
+                length = sum(_core.pass_shares(self._sizes, saved_w, self.drop_last))
+        except (TypeError, ValueError, OverflowError):
+            return None
+        if saved_w == self.num_replicas or not 0 < position < length:
+            return None
+        return (
+            f"num_replicas: state has {saved_w}, this sampler has {self.num_replicas} (the "
+            f"state was saved mid-epoch, at position {position} of {length}, and loads only on "
+            "the same number of replicas)"
+        )
 
     def _checked_extras(
         self, state: Mapping[str, Any]
-    ) -> tuple[tuple[_Entry, ...], bool, tuple[_Phase, ...]]:
+    ) -> tuple[tuple[_Entry, ...], bool, bool, tuple[_Phase, ...]]:
         for key in ("schedule", "schedule_pending", "phases"):
             if key not in state:
                 raise StateError(
                     f"state is missing key {key!r}; is it a MixtureSampler state_dict()?"
                 )
-        schedule = self._checked_schedule(state["schedule"])
+        saved_w = as_int("state['num_replicas']", state["num_replicas"])  # checked by the base
+        length = self.num_samples
+        saved_len = length if saved_w == self.num_replicas else self._epoch_length(saved_w)
+        schedule = self._parsed_schedule(state["schedule"], saved_len)
         pending = check_bool("state['schedule_pending']", state["schedule_pending"])
+        # Absent from states saved before it existed (they resumed the pending schedule).
+        deferred = (
+            check_bool("state['schedule_deferred']", state.get("schedule_deferred", False))
+            and pending
+        )
         raw = state["phases"]
         if not isinstance(raw, Sequence) or not raw:
             raise StateError(
@@ -457,10 +678,42 @@ class MixtureSampler(IndexSampler):
                     _temperature(p[3]),
                 )
             )
-        try:
-            self._mixture(tuple(phases))
-        except ValueError as e:
+        if saved_len != length:
+            # Saved on another number of ranks at an epoch boundary: the phases are checked
+            # against the length they were made for, then moved with the schedule.
+            _check_layout(phases, saved_len, saved_w)
+            schedule = _rescaled(schedule, saved_len, length)
+            entries = tuple((s, w, t) for s, _, w, t in phases)
+            phases = list(self._fresh(_rescaled(entries, saved_len, length)))
+        for what, checked in (("schedule", self._fresh(schedule)), ("phases", tuple(phases))):
+            try:
+                self._mixture(checked)
+            except ValueError as e:
+                raise StateError(
+                    f"state[{what!r}] is not a valid schedule for this sampler: {e}"
+                ) from None
+        return schedule, pending, deferred, tuple(phases)
+
+
+_DIFFERENT = "state comes from a different configuration: "
+
+
+def _length_words(num_samples: object) -> str:
+    if num_samples is None:
+        return "None (the default length: the sum of the datasets' shares per rank)"
+    return repr(num_samples)
+
+
+def _check_layout(phases: Sequence[_Phase], length: int, num_replicas: int) -> None:
+    """The core's rules for phases of an epoch of ``length`` positions: the first starts at
+    0, starts increase and stay below ``length``, and a phase's nominal length reaches the
+    next one's start (or the end)."""
+    for i, (start, nominal, _, _) in enumerate(phases):
+        end = phases[i + 1][0] if i + 1 < len(phases) else length
+        ok_start = start == 0 if i == 0 else phases[i - 1][0] < start < length
+        if not ok_start or nominal < end - start:
             raise StateError(
-                f"state['phases'] is not a valid schedule for this sampler: {e}"
-            ) from None
-        return schedule, pending, tuple(phases)
+                f"state['phases'] is not a valid schedule for an epoch of {length} positions "
+                f"(num_replicas={num_replicas}): phase {i} starts at {start} with nominal "
+                f"length {nominal}"
+            )
