@@ -132,6 +132,25 @@ class Buckets:
         stop: int,
     ) -> tuple[_Indices, npt.NDArray[np.uint64]]:
         """Rank ``rank``'s batches ``[start, stop)`` of ``epoch``: ``(indices, offsets)``."""
+    def elastic_batches(self, origin: int, offset: int, num_replicas: int, drop_last: bool) -> int:
+        """Batches per rank for the rest of an epoch first dealt over ``origin`` ranks,
+        continued on ``num_replicas`` ranks from global batch position ``offset``."""
+    def elastic_range(
+        self,
+        origin: int,
+        offset: int,
+        num_replicas: int,
+        rank: int,
+        drop_last: bool,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        shuffle_batches: bool,
+        start: int,
+        stop: int,
+    ) -> tuple[_Indices, npt.NDArray[np.uint64]]:
+        """New rank ``rank``'s batches ``[start, stop)`` of such a rest: ``(indices,
+        offsets)``."""
 
 @final
 class SequentialBuckets:
@@ -222,6 +241,20 @@ class Mixture:
         """Positions ``[start, stop)`` (default: to the end) of this rank's sequence in
         ``epoch``, as global indices: ``uint32`` while the datasets total at most ``2**32``
         samples, else ``int64``."""
+    def elastic_len(self, offset: int, num_replicas: int, drop_last: bool) -> int:
+        """Positions per rank for the rest of an epoch of this mixture continued on
+        ``num_replicas`` ranks from global position ``offset``."""
+    def elastic_indices(
+        self,
+        offset: int,
+        num_replicas: int,
+        rank: int,
+        drop_last: bool,
+        epoch: int,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> _Indices:
+        """New rank ``rank``'s positions ``[start, stop)`` of such a rest."""
     def first_stop(self, start: int) -> int:
         """Where an :meth:`indices` call starting at ``start`` should stop to hand out its
         first index soonest."""

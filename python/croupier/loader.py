@@ -167,7 +167,6 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         self.source = source
         # Sampler items per batch: indices, or 1 for a batch sampler (its items are batches).
         self._per_batch = batch_size
-        self._source_len = len(source)
         self._progress = _Progress(0, 0, 0, 0)
         self._loaded_skip: int | None = None
 
@@ -220,7 +219,9 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
     def _consumed_items(self, p: _Progress) -> int:
         """The sampler position (indices, or batches for a batch sampler) training has
         consumed: the iteration's start plus the batches handed out since."""
-        return min(p.start + p.since * self._per_batch, self._source_len)
+        # len() of the sampler, not of the epoch it started with: after an elastic resume it is
+        # this rank's share of the rest of that epoch.
+        return min(p.start + p.since * self._per_batch, len(self.source))
 
     def state_dict(self) -> dict[str, Any]:
         """``{"epoch", "batches_yielded", "sampler"}``: the epoch, the batches of it handed to
@@ -251,18 +252,25 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
             )
         epoch = check_int("state['epoch']", state["epoch"], 0, U64_MAX)
         batches = check_int("state['batches_yielded']", state["batches_yielded"], 0)
-        per_epoch = len(self)
-        if batches > per_epoch:
-            raise StateError(
-                f"state['batches_yielded'] must be in [0, {per_epoch}] (batches per epoch of "
-                f"this loader), got {batches}"
-            )
         sampler_state = state.get("sampler")
         if sampler_state is not None and not isinstance(sampler_state, Mapping):
             raise TypeError(
                 f"state['sampler'] must be a mapping, got {type(sampler_state).__name__}"
             )
         positional = sampler_state is not None and any(k in sampler_state for k in _POSITION_KEYS)
+        # batches_yielded must fit this loader's epoch, unless the sampler state says it was
+        # counted in another world (another num_replicas, or the rest of an epoch continued
+        # on another one: an elastic resume), where epochs had another number of batches.
+        other_world = sampler_state is not None and (
+            "elastic" in sampler_state
+            or sampler_state.get("num_replicas", self._source_replicas) != self._source_replicas
+        )
+        per_epoch = len(self)
+        if not other_world and batches > per_epoch:
+            raise StateError(
+                f"state['batches_yielded'] must be in [0, {per_epoch}] (batches per epoch of "
+                f"this loader), got {batches}"
+            )
         skip = None if positional else min(batches * self._per_batch, len(self.source))
         if skip is not None and not (
             isinstance(self.source, StatefulSampler) or hasattr(self.source, "set_skip")
@@ -280,6 +288,11 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
             self._loaded_skip = skip
             start = skip or 0
         self._progress = _Progress(epoch, batches, start, 0)
+
+    @property
+    def _source_replicas(self) -> int | None:
+        """``num_replicas`` of the sampler, if it has one."""
+        return getattr(self.source, "num_replicas", None)
 
     def __repr__(self) -> str:
         p = self._progress

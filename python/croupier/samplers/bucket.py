@@ -238,6 +238,42 @@ class BucketBatchSampler(BatchSampler):
     def _first_stop(self, start: int) -> int:
         return min(start + 1, self._length)
 
+    # Elastic resume: the epoch's batch order as the world it started in dealt it, from the
+    # batches its ranks consumed on, dealt to this world's ranks with torch's arithmetic.
+    _elastic_supported = True
+
+    def _global_end(self, origin: int) -> int:
+        batches = int(self._plan.batches)
+        return min(batches, _core.layout(batches, origin, self.drop_last)[1])
+
+    def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
+        return int(self._plan.elastic_batches(origin, offset, num_replicas, self.drop_last))
+
+    def _compute_elastic(
+        self, origin: int, offset: int, epoch: int, start: int, stop: int | None
+    ) -> Batches:
+        if stop is None:
+            stop = self._elastic_length(origin, offset, self.num_replicas)
+        flat, offsets = self._plan.elastic_range(
+            origin,
+            offset,
+            self.num_replicas,
+            self.rank,
+            self.drop_last,
+            self.seed,
+            epoch,
+            self.shuffle,
+            self.bucket_order == "shuffled",
+            start,
+            stop,
+        )
+        flat.flags.writeable = False
+        offsets.flags.writeable = False
+        return Batches(flat, offsets)
+
+    def _elastic_first_stop(self, start: int, length: int) -> int:
+        return min(start + 1, length)
+
     def __getstate__(self) -> dict[str, Any]:
         # The plan is rebuilt from the lengths in the new process rather than shipped.
         state = super().__getstate__()

@@ -299,6 +299,10 @@ class MixtureSampler(IndexSampler):
         self._continuing: _Pending | _Cursor | None = None
         self._phases = self._fresh(self._schedule)
         self._active = self._mixture(self._phases, num_replicas, rank)
+        # After an elastic resume: the phases of the epoch in the world it started in (its
+        # rest keeps them), and that world's mixture, built on demand.
+        self._origin_phases: tuple[_Phase, ...] | None = None
+        self._origin_mix: tuple[tuple[int, tuple[_Phase, ...]], Any] | None = None
         super().__init__(num_replicas, rank, length)
 
     # -- schedule ------------------------------------------------------------------------------
@@ -489,7 +493,7 @@ class MixtureSampler(IndexSampler):
         epoch, at = self._now
         start = self._next_start(at)
         phases = self._phases if self._continues(at) else self._phases_for(start)
-        if phases == self._phases:
+        if phases == self._phases or self._elastic_of(epoch) is not None:
             return super().indices()
         arr = self._mixture(phases).indices(epoch, start, None)
         arr.flags.writeable = False
@@ -521,6 +525,46 @@ class MixtureSampler(IndexSampler):
     def _first_stop(self, start: int) -> int:
         return int(self._active.first_stop(start))
 
+    # Elastic resume: the epoch's global order is position t of every old rank's sequence,
+    # rank after rank, then position t + 1 (what W ranks consumed, p each, is its first p W
+    # positions); the rest is dealt to this world's ranks with torch's arithmetic, each old
+    # rank's sequence read from the core under the phases the epoch was iterated with.
+    _elastic_supported = True
+
+    def _global_end(self, origin: int) -> int:
+        return origin * self._epoch_length(origin)
+
+    def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
+        rest = self._global_end(origin) - offset
+        return int(_core.layout(rest, num_replicas, self.drop_last)[0]) if rest else 0
+
+    def _origin_mixture(self, origin: int) -> Any:
+        phases = self._origin_phases
+        if phases is None:  # an elastic state always brings its phases
+            raise RuntimeError("an elastic resume without its phases")
+        key = (origin, phases)
+        if self._origin_mix is None or self._origin_mix[0] != key:
+            mix = _core.Mixture(
+                self._sizes, origin, 0, self.drop_last, self.shuffle, self.seed,
+                self._epoch_length(origin), [(s, n, list(ws), t) for s, n, ws, t in phases],
+            )  # fmt: skip
+            self._origin_mix = (key, mix)
+        return self._origin_mix[1]
+
+    def _compute_elastic(
+        self, origin: int, offset: int, epoch: int, start: int, stop: int | None
+    ) -> npt.NDArray[Any]:
+        arr = self._origin_mixture(origin).elastic_indices(
+            offset, self.num_replicas, self.rank, self.drop_last, epoch, start, stop
+        )
+        arr.flags.writeable = False
+        return arr  # type: ignore[no-any-return]
+
+    def _elastic_first_stop(self, start: int, length: int) -> int:
+        # A few positions read a few old ranks' sequences there: the first index comes
+        # before the rest is computed.
+        return min(start + 4, length)
+
     # -- checkpoints -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -539,7 +583,10 @@ class MixtureSampler(IndexSampler):
         state["schedule"] = [[s, list(w), t] for s, w, t in self._schedule]
         state["schedule_pending"] = self._pending
         state["schedule_deferred"] = self._pending and self._running(self._now[1])
-        state["phases"] = [[s, n, list(w), t] for s, n, w, t in self._phases]
+        # During an elastic rest, the phases of the epoch as its first world iterated it.
+        phases = self._origin_phases if "elastic" in state else self._phases
+        assert phases is not None
+        state["phases"] = [[s, n, list(w), t] for s, n, w, t in phases]
         return state
 
     def __getstate__(self) -> dict[str, Any]:
@@ -562,18 +609,25 @@ class MixtureSampler(IndexSampler):
         ``num_replicas``, its schedule's starts move in proportion to the length (see
         :meth:`set_schedule`)."""
         self._check_differences(state)
-        saved = (self._now, self._cache)
+        saved = (self._now, self._cache, self._elastic)
         super().load_state_dict(state)
+        origin_phases = None
         try:
             if isinstance(state, Mapping) and "version" in state:
                 schedule, pending, deferred, phases = self._checked_extras(state)
+                if self._elastic_of(self._now[0]) is not None:
+                    # The rest of the epoch keeps the phases it was iterated with (in its
+                    # first world); this world's own phases start with the next epoch.
+                    origin_phases, phases = phases, self._fresh(schedule)
+                    self._origin_mixture_check(origin_phases)
             else:
                 schedule, pending, deferred, phases = (
                     self._schedule, self._pending, False, self._phases
                 )  # fmt: skip
         except BaseException:
-            self._now, self._cache = saved
+            self._now, self._cache, self._elastic = saved
             raise
+        self._origin_phases = origin_phases
         self._schedule, self._pending = schedule, pending
         _, at = self._now
         if isinstance(at, _Pending) and at.position == 0 and not deferred:
@@ -583,11 +637,23 @@ class MixtureSampler(IndexSampler):
         self._cache = None
         self._continuing = at if deferred else None
 
+    def _origin_mixture_check(self, phases: tuple[_Phase, ...]) -> None:
+        """Refuses phases the core refuses for the first world of an elastic rest."""
+        el = self._elastic
+        assert el is not None
+        try:
+            _core.Mixture(
+                self._sizes, el[1], 0, self.drop_last, self.shuffle, self.seed,
+                self._epoch_length(el[1]), [(s, n, list(ws), t) for s, n, ws, t in phases],
+            )  # fmt: skip
+        except ValueError as e:
+            raise StateError(f"state['phases'] is not a valid schedule: {e}") from None
+
     def _check_differences(self, state: object) -> None:
         """Refuses a state of this sampler's own shape whose configuration differs, naming
         every difference in words the base's check does not have: ``num_samples`` (a fixed
-        length against the default one) and, with anything else, ``num_replicas`` of a state
-        saved mid-epoch (which the base names only when it is the one difference)."""
+        length against the default one). Another ``num_replicas`` is no difference: at an
+        epoch boundary the state starts or ends its epoch, mid-epoch it resumes elastically."""
         if not isinstance(state, Mapping) or "version" not in state:
             return
         config = self._state_config()
@@ -615,31 +681,9 @@ class MixtureSampler(IndexSampler):
             return  # the base's check says so
         if not (differ or extra):
             return
-        moved = self._mid_epoch_world(state)
-        if moved is not None and not self._elastic_supported:
-            extra.append(moved)
         if differ:
             extra.insert(0, differ.removeprefix(_DIFFERENT))
         raise StateError(_DIFFERENT + "; ".join(extra))
-
-    def _mid_epoch_world(self, state: Mapping[str, Any]) -> str | None:
-        """``num_replicas`` in words, if ``state`` was saved mid-epoch on another number."""
-        try:
-            saved_w = as_int("num_replicas", state.get("num_replicas"))
-            position = as_int("position", state.get("position"))
-            if state.get("length") == "num_samples":
-                length = as_int("num_samples", state.get("num_samples"))
-            else:
-                length = sum(_core.pass_shares(self._sizes, saved_w, self.drop_last))
-        except (TypeError, ValueError, OverflowError):
-            return None
-        if saved_w == self.num_replicas or not 0 < position < length:
-            return None
-        return (
-            f"num_replicas: state has {saved_w}, this sampler has {self.num_replicas} (the "
-            f"state was saved mid-epoch, at position {position} of {length}, and loads only on "
-            "the same number of replicas)"
-        )
 
     def _checked_extras(
         self, state: Mapping[str, Any]
@@ -652,6 +696,12 @@ class MixtureSampler(IndexSampler):
         saved_w = as_int("state['num_replicas']", state["num_replicas"])  # checked by the base
         length = self.num_samples
         saved_len = length if saved_w == self.num_replicas else self._epoch_length(saved_w)
+        # The phases are the epoch's in the world it started in: the state's own, or the
+        # first world of an elastic rest (the base checked the entry).
+        el = state.get("elastic")
+        first_w = saved_w if el is None else as_int("origin", el["origin_num_replicas"])
+        first_len = self._epoch_length(first_w)
+        elastic = self._elastic_of(self._now[0]) is not None
         schedule = self._parsed_schedule(state["schedule"], saved_len)
         pending = check_bool("state['schedule_pending']", state["schedule_pending"])
         # Absent from states saved before it existed (they resumed the pending schedule).
@@ -678,13 +728,18 @@ class MixtureSampler(IndexSampler):
                     _temperature(p[3]),
                 )
             )
-        if saved_len != length:
+        if elastic:
+            # An elastic rest: the phases stay those of the first world (checked there).
+            _check_layout(phases, first_len, first_w)
+            schedule = _rescaled(schedule, saved_len, length)
+            return schedule, pending, deferred, tuple(phases)
+        if first_len != length:
             # Saved on another number of ranks at an epoch boundary: the phases are checked
             # against the length they were made for, then moved with the schedule.
-            _check_layout(phases, saved_len, saved_w)
+            _check_layout(phases, first_len, first_w)
             schedule = _rescaled(schedule, saved_len, length)
             entries = tuple((s, w, t) for s, _, w, t in phases)
-            phases = list(self._fresh(_rescaled(entries, saved_len, length)))
+            phases = list(self._fresh(_rescaled(entries, first_len, length)))
         for what, checked in (("schedule", self._fresh(schedule)), ("phases", tuple(phases))):
             try:
                 self._mixture(checked)

@@ -602,6 +602,74 @@ impl Buckets {
         })?;
         Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
     }
+
+    /// Batches per rank for the rest of an epoch first dealt over `origin` ranks, continued
+    /// on `num_replicas` ranks from global batch position `offset` (an elastic resume).
+    fn elastic_batches(
+        &self,
+        origin: u64,
+        offset: u64,
+        num_replicas: u64,
+        drop_last: bool,
+    ) -> PyResult<u64> {
+        Ok(self.elastic(origin, offset, num_replicas, drop_last)?.num_samples())
+    }
+
+    /// New rank `rank`'s batches `[start, stop)` of the rest of `epoch` (first dealt over
+    /// `origin` ranks, continued on `num_replicas` from global batch position `offset`):
+    /// `(indices, offsets)` as `range` gives them.
+    #[pyo3(signature = (origin, offset, num_replicas, rank, drop_last, seed, epoch, shuffle, shuffle_batches, start, stop))]
+    #[allow(clippy::too_many_arguments)]
+    fn elastic_range<'py>(
+        &self,
+        py: Python<'py>,
+        origin: u64,
+        offset: u64,
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        seed: u64,
+        epoch: u64,
+        shuffle: bool,
+        shuffle_batches: bool,
+        start: u64,
+        stop: u64,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let el = self.elastic(origin, offset, num_replicas, drop_last)?;
+        let per_batch = self.plan.len() / self.plan.batches().max(1) + 1;
+        let bytes = per_batch
+            .saturating_mul(stop.saturating_sub(start))
+            .saturating_mul(8);
+        let plan = std::sync::Arc::clone(&self.plan);
+        let (flat, offsets) = interruptible(py, bytes, move || {
+            plan.elastic_batches_range(
+                &el,
+                rank,
+                (seed, epoch),
+                (shuffle, shuffle_batches),
+                (start, stop),
+            )
+        })?;
+        Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
+    }
+}
+
+impl Buckets {
+    fn elastic(
+        &self,
+        origin: u64,
+        offset: u64,
+        num_replicas: u64,
+        drop_last: bool,
+    ) -> PyResult<croupier_core::Elastic> {
+        core(croupier_core::Elastic::new(
+            self.plan.batches(),
+            origin,
+            drop_last,
+            offset,
+            num_replicas,
+        ))
+    }
 }
 
 /// A rank's chunked reading plan (`croupier_core::chunk::ChunkPlan`): chunk order and load
@@ -901,6 +969,45 @@ impl Mixture {
         check_memory(bytes, "this rank's mixture indices")?;
         let mixture = std::sync::Arc::clone(&self.mixture);
         let out = interruptible(py, bytes, move || mixture.range(epoch, start, stop))?;
+        Ok(to_numpy(py, out))
+    }
+
+    /// Positions per rank for the rest of an epoch of this mixture (dealt over its ranks),
+    /// continued on `num_replicas` ranks from global position `offset` (an elastic resume).
+    fn elastic_len(&self, offset: u64, num_replicas: u64, drop_last: bool) -> PyResult<u64> {
+        Ok(core(self.mixture.elastic(offset, num_replicas, drop_last))?.num_samples())
+    }
+
+    /// New rank `rank`'s positions `[start, stop)` (default: to the end) of the rest of
+    /// `epoch` of this mixture, continued on `num_replicas` ranks from global position
+    /// `offset`: the old ranks' sequences, position after position, dealt with torch's
+    /// arithmetic.
+    #[pyo3(signature = (offset, num_replicas, rank, drop_last, epoch, start=0, stop=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn elastic_indices<'py>(
+        &self,
+        py: Python<'py>,
+        offset: u64,
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        epoch: u64,
+        start: u64,
+        stop: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let el = core(self.mixture.elastic(offset, num_replicas, drop_last))?;
+        let stop = stop.unwrap_or(el.num_samples());
+        // The output, and one old rank's range (about as long) with its own working memory.
+        let old = stop.saturating_sub(start).saturating_mul(num_replicas) / self.args.1.max(1);
+        let bytes = self
+            .mixture
+            .range_bytes(0, old.min(self.mixture.len()))
+            .saturating_add(stop.saturating_sub(start).saturating_mul(8));
+        check_memory(bytes, "this rank's mixture indices after a change of world size")?;
+        let mixture = std::sync::Arc::clone(&self.mixture);
+        let out = interruptible(py, bytes, move || {
+            mixture.elastic_range(&el, rank, epoch, start, stop)
+        })?;
         Ok(to_numpy(py, out))
     }
 

@@ -569,4 +569,50 @@ mod tests {
         let plan = BucketPlan::new(&lengths, &[], l).unwrap();
         assert_eq!(plan.buckets()[0].1, 96); // 100 rounded down to a multiple of 8
     }
+
+    #[test]
+    fn an_elastic_rest_deals_the_old_batch_order_from_its_offset() {
+        let lengths: Vec<u64> = (0..7001u64).map(|i| 1 + (i * 7919) % 300).collect();
+        let bounds = [50u64, 100, 200];
+        let plan = BucketPlan::new(&lengths, &bounds, limits(Some(16), Some(2048))).unwrap();
+        for (w0, w) in [(4u64, 3u64), (3, 5), (1, 2), (6, 1)] {
+            for drop_last in [false, true] {
+                let olds: Vec<Vec<Vec<u64>>> =
+                    (0..w0).map(|r| all(&plan, w0, r, drop_last, 5)).collect();
+                let layout = Layout::new(plan.batches(), w0, drop_last).unwrap();
+                let end = plan.batches().min(layout.total_size());
+                for offset in [0, 1, end / 2, end - 1, end] {
+                    let el = Elastic::new(plan.batches(), w0, drop_last, offset, w).unwrap();
+                    let ns = el.num_samples();
+                    let mut got_all: Vec<Vec<u64>> = Vec::new();
+                    for r in 0..w {
+                        let (flat, offs) = plan
+                            .elastic_batches_range(&el, r, (5, 1), (true, true), (0, ns))
+                            .unwrap();
+                        let flat = flat.to_u64_vec();
+                        let got: Vec<Vec<u64>> = offs
+                            .windows(2)
+                            .map(|o| flat[o[0] as usize..o[1] as usize].to_vec())
+                            .collect();
+                        let rest = end - offset;
+                        let want: Vec<Vec<u64>> = (0..ns)
+                            .map(|k| {
+                                let h = r + k * w;
+                                let g = offset + if h < rest { h } else { h % rest };
+                                olds[(g % w0) as usize][(g / w0) as usize].clone()
+                            })
+                            .collect();
+                        assert_eq!(got, want, "{w0}->{w} offset {offset} rank {r}");
+                        got_all.extend(got);
+                    }
+                    // Equal batch counts, and every batch not consumed comes once (padding
+                    // repeats fewer than W of them).
+                    assert_eq!(got_all.len() as u64, w * ns);
+                    let distinct: std::collections::HashSet<&Vec<u64>> = got_all.iter().collect();
+                    let dropped = if drop_last { (end - offset) % w } else { 0 };
+                    assert_eq!(distinct.len() as u64 + dropped, end - offset);
+                }
+            }
+        }
+    }
 }

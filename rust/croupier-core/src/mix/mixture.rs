@@ -834,4 +834,65 @@ mod tests {
         )
         .is_ok());
     }
+
+    #[test]
+    fn an_elastic_rest_reads_the_old_ranks_sequences_in_global_order() {
+        let sizes = [3000u64, 500, 12_345, 7];
+        let weights = [1.0, 3.0, 2.0, 0.5];
+        for (w0, w) in [(4u64, 3u64), (3, 4), (1, 3), (5, 1), (2, 2)] {
+            let olds: Vec<Mixture> = (0..w0)
+                .map(|r| mixture(&sizes, w0, r, &weights, None))
+                .collect();
+            let l = olds[0].len();
+            let seqs: Vec<Vec<u64>> = olds.iter().map(|m| all(m, 2)).collect();
+            let end = w0 * l;
+            for drop_last in [false, true] {
+                for offset in [0, 1, end / 3, end - 1, end] {
+                    let el = olds[0].elastic(offset, w, drop_last).unwrap();
+                    let ns = el.num_samples();
+                    let rest = end - offset;
+                    let want_ns = if drop_last {
+                        rest / w
+                    } else {
+                        rest.div_ceil(w)
+                    };
+                    assert_eq!(ns, want_ns);
+                    let mut got_all = Vec::new();
+                    for r in 0..w {
+                        let got = olds[1 % w0 as usize]
+                            .elastic_range(&el, r, 2, 0, ns)
+                            .unwrap()
+                            .to_u64_vec();
+                        // torch's arithmetic on the rest: h = r + k W, padded from its head.
+                        let want: Vec<u64> = (0..ns)
+                            .map(|k| {
+                                let h = r + k * w;
+                                let g = offset + if h < rest { h } else { h % rest };
+                                seqs[(g % w0) as usize][(g / w0) as usize]
+                            })
+                            .collect();
+                        assert_eq!(got, want, "{w0}->{w} offset {offset} rank {r}");
+                        if ns > 2 {
+                            let part = olds[0].elastic_range(&el, r, 2, 1, ns - 1).unwrap();
+                            assert_eq!(part.to_u64_vec(), got[1..ns as usize - 1]);
+                        }
+                        got_all.extend(got);
+                    }
+                    // What the old ranks had not consumed, each once (plus torch's padding).
+                    let mut want_rest: Vec<u64> = (offset..end)
+                        .map(|g| seqs[(g % w0) as usize][(g / w0) as usize])
+                        .collect();
+                    if drop_last {
+                        want_rest.truncate((w * ns) as usize);
+                    } else {
+                        let head = want_rest.clone();
+                        want_rest.extend(head.iter().cycle().take((w * ns - rest) as usize));
+                    }
+                    got_all.sort_unstable();
+                    want_rest.sort_unstable();
+                    assert_eq!(got_all, want_rest);
+                }
+            }
+        }
+    }
 }
