@@ -612,7 +612,9 @@ impl Buckets {
         num_replicas: u64,
         drop_last: bool,
     ) -> PyResult<u64> {
-        Ok(self.elastic(origin, offset, num_replicas, drop_last)?.num_samples())
+        Ok(self
+            .elastic(origin, offset, num_replicas, drop_last)?
+            .num_samples())
     }
 
     /// New rank `rank`'s batches `[start, stop)` of the rest of `epoch` (first dealt over
@@ -1003,7 +1005,10 @@ impl Mixture {
             .mixture
             .range_bytes(0, old.min(self.mixture.len()))
             .saturating_add(stop.saturating_sub(start).saturating_mul(8));
-        check_memory(bytes, "this rank's mixture indices after a change of world size")?;
+        check_memory(
+            bytes,
+            "this rank's mixture indices after a change of world size",
+        )?;
         let mixture = std::sync::Arc::clone(&self.mixture);
         let out = interruptible(py, bytes, move || {
             mixture.elastic_range(&el, rank, epoch, start, stop)
