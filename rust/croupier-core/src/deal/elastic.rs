@@ -17,7 +17,9 @@
 //! positions fall in (`fast_share_range_into`), and picks every position it takes from it:
 //! O(N) time over all the old shares it meets, memory for its own share plus one old range.
 
-use crate::deal::fast_share::{block_end, fast_share_range_into};
+use crate::deal::fast_share::{
+    block_end, block_of, block_start, fast_share_range_into, RANDOM_ACCESS_MAX,
+};
 use crate::deal::layout::Layout;
 use crate::deal::rank::Order;
 use crate::error::{Error, Result};
@@ -174,28 +176,59 @@ impl Elastic {
     ) -> Result<Vec<T>> {
         let w0 = self.origin.num_replicas();
         let mut scratch: Vec<T> = Vec::new();
-        // Old rank s holds ceil((E - s) / W0) distinct values; its blocks are read one at a
-        // time, so the peak is this rank's output plus one old block.
+        // Old rank s holds ceil((E - s) / W0) distinct values. Its blocks are read whole (from
+        // a block's start, in place) in at most two pieces of at most about half its share, so
+        // the peak is this rank's output plus one piece; a short read (the first index) is
+        // read by random access.
         let end = self.end;
-        let piece_end = move |s: u64, j: u64| block_end((end - s).div_ceil(w0), j);
+        let share = move |s: u64| (end - s).div_ceil(w0);
+        // A read is one walk of the partition, whose upper levels cost the same for a small
+        // block as for a large one: the blocks before an old share's last one (together about
+        // as long as it, blocks doubling) are read in one walk, the last one in another.
+        let piece_end = move |s: u64, j: u64| {
+            let c = share(s);
+            let last = block_start(c, block_of(c.saturating_sub(1)));
+            if j < last {
+                last
+            } else {
+                c
+            }
+        };
         self.gather(
             rank,
             (start, stop),
             piece_end,
             |s, (a, b), buf: &mut Vec<T>| {
-                buf.clear();
-                buf.resize((b - a) as usize, T::from_u64(0));
-                fast_share_range_into(&self.origin, s, (seed, epoch), (a, b), buf, &mut scratch)?;
-                // A partly read block passes through the scratch; it is not kept for the next
-                // read, which is usually a whole block read in place.
-                scratch = Vec::new();
-                Ok(())
+                // Whole blocks, computed in place (a block cut at either end would be computed
+                // whole in a scratch beside the buffer); a few positions by random access.
+                let (from, to) = if b - a <= RANDOM_ACCESS_MAX {
+                    (a, b)
+                } else {
+                    (
+                        block_start(share(s), block_of(a)),
+                        block_end(share(s), b - 1),
+                    )
+                };
+                // A fresh buffer per read: the previous one is gone before this one's work.
+                *buf = Vec::new();
+                buf.resize((to - from) as usize, T::from_u64(0));
+                fast_share_range_into(
+                    &self.origin,
+                    s,
+                    (seed, epoch),
+                    (from, to),
+                    buf,
+                    &mut scratch,
+                )?;
+                Ok(from)
             },
         )
     }
 
     /// Positions `[start, stop)` of new rank `rank`'s sequence, read from the old ranks'
-    /// sequences: `read(s, (a, b), buf)` makes `buf` old rank `s`'s positions `[a, b)`;
+    /// sequences: `read(s, (a, b), buf)` makes `buf` old rank `s`'s positions `[f, t)` for
+    /// some `f <= a`, `t >= b` (a reader's unit of work may reach beyond the range: it keeps
+    /// all of it) and returns `f`;
     /// `piece_end(s, a)` says where a read starting at `a` should end at the latest (the old
     /// rank's unit of work, so that nothing is computed twice). Old ranks are read one at a
     /// time, each a piece at a time: the peak is the output plus one piece.
@@ -204,7 +237,7 @@ impl Elastic {
         rank: u64,
         (start, stop): (u64, u64),
         piece_end: impl Fn(u64, u64) -> u64,
-        mut read: impl FnMut(u64, (u64, u64), &mut Vec<T>) -> Result<()>,
+        mut read: impl FnMut(u64, (u64, u64), &mut Vec<T>) -> Result<u64>,
     ) -> Result<Vec<T>> {
         self.rest.check_rank(rank)?;
         self.rest.check_range(start, stop)?;
@@ -232,14 +265,14 @@ impl Elastic {
                     self.global(rank, k_last) / w0
                 };
                 let b = piece_end(s, a).clamp(a + 1, last + 1);
-                read(s, (a, b), &mut buf)?;
-                debug_assert_eq!(buf.len() as u64, b - a);
+                let from = read(s, (a, b), &mut buf)?;
+                debug_assert!(from <= a && buf.len() as u64 >= b - from);
                 while k < plain {
                     let j = self.global(rank, k) / w0;
                     if j >= b {
                         break;
                     }
-                    out[(k - start) as usize] = buf[(j - a) as usize];
+                    out[(k - start) as usize] = buf[(j - from) as usize];
                     k += step;
                 }
             }
@@ -248,8 +281,9 @@ impl Elastic {
         let mut one = Vec::new();
         for k in plain..stop {
             let g = self.global(rank, k);
-            read(g % w0, (g / w0, g / w0 + 1), &mut one)?;
-            out[(k - start) as usize] = one[0];
+            let (s, j) = (g % w0, g / w0);
+            let from = read(s, (j, j + 1), &mut one)?;
+            out[(k - start) as usize] = one[(j - from) as usize];
         }
         Ok(out)
     }

@@ -385,7 +385,7 @@ impl Mixture {
             |_, _| u64::MAX,
             |s, (a, b), buf: &mut Vec<T>| {
                 *buf = olds[s as usize].range_as::<T>(epoch, a, b)?;
-                Ok(())
+                Ok(a)
             },
         )
     }
