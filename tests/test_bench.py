@@ -111,6 +111,22 @@ def test_reads_family_reads_the_rank_share_both_ways():
     assert "| 6,000 | random-reads |" in text and "MB/s" in text
 
 
+def test_elastic_family_resumes_on_three_quarters_of_the_ranks():
+    pytest.importorskip("torch")
+    cfg = BenchConfig(ns=(10_007,), ranks=8, rank=7, systems=("croupier-elastic", "torch-elastic"))
+    results = run(cfg)
+    rows = {r["system"]: r for r in results["rows"]}
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    # Half of every old share (ceil(10007 / 8) = 1251 -> 625 each, 5000 in all) consumed; the
+    # remaining 5007 dealt to 6 ranks: ceil(5007 / 6) = 835 for the last new rank (rank 5).
+    assert rows["croupier-elastic"]["runs"][0]["count"] == 835
+    assert rows["croupier-elastic"]["runs"][0]["new_ranks"] == 6
+    assert rows["croupier-elastic"]["checks_ok"]
+    assert rows["torch-elastic"]["runs"][0]["count"] == len(range(10_007)[5000:][5::6])
+    text = table(results)
+    assert "resume mid-epoch on 6 of 8 ranks" in text and "its share of an epoch" in text
+
+
 def test_repeats_go_round_robin_over_systems():
     lines: list[str] = []
     cfg = BenchConfig(ns=(3000,), repeats=2, systems=("croupier-permutation", "numpy-permutation"))

@@ -265,6 +265,66 @@ def _measure_reads(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def elastic_world(ranks: int, rank: int) -> tuple[int, int]:
+    """The world an elastic resume moves to, and the rank timed there: 3/4 of the ranks."""
+    new = max(1, ranks * 3 // 4)
+    return new, min(rank, new - 1)
+
+
+def _measure_elastic(spec: dict[str, Any]) -> dict[str, Any]:
+    system, n, ranks, rank, seed = (spec[k] for k in ("system", "n", "ranks", "rank", "seed"))
+    new_ranks, new_rank = elastic_world(ranks, rank)
+    epoch = 1
+    out: dict[str, Any] = {"new_ranks": new_ranks}
+    if system == "croupier-elastic":
+        from croupier import DistributedSampler
+
+        # The checkpoint: every old rank consumed half its share (untimed, O(1)).
+        old = DistributedSampler(n, num_replicas=ranks, rank=0, seed=seed)
+        old.set_epoch(epoch)
+        old.set_skip(len(old) // 2)
+        state = old.state_dict()
+        del old
+
+        def resumed() -> Any:
+            s = DistributedSampler(n, num_replicas=new_ranks, rank=new_rank, seed=seed)
+            s.set_epoch(epoch)
+            s.load_state_dict(state)
+            return s
+
+        t0 = time.perf_counter()
+        first = next(iter(resumed()))
+        out["resume_s"] = time.perf_counter() - t0
+        _reset_peak()
+        t0 = time.perf_counter()
+        rest = resumed().indices()
+        out["epoch_s"] = time.perf_counter() - t0
+        out["peak_mib"] = _status_mib("VmHWM")
+        out["count"] = len(rest)
+        out["first_ok"] = bool(len(rest)) and first == int(rest[0])
+        # This rank's share of a whole epoch on the new world, the memory yardstick.
+        share = len(DistributedSampler(n, num_replicas=new_ranks, rank=new_rank))
+        out["share_mib"] = share * (4 if n <= 2**32 else 8) / 2**20
+        return out
+    if system == "torch-elastic":
+        import torch
+
+        # What a job does without croupier: the epoch's global order as torch draws it, the
+        # positions W ranks consumed (p each) cut off, the rest strided over the new ranks.
+        per_rank = -(-n // ranks)
+        consumed = per_rank // 2 * ranks
+        t0 = time.perf_counter()
+        g = torch.Generator().manual_seed(seed + epoch)
+        perm = torch.randperm(n, generator=g)
+        rest = perm[consumed:][new_rank::new_ranks].clone()
+        del perm
+        out["resume_s"] = out["epoch_s"] = time.perf_counter() - t0
+        out["peak_mib"] = _status_mib("VmHWM")
+        out["count"] = len(rest)
+        return out
+    raise ValueError(f"not an elastic system: {system}")
+
+
 def _measure_permutation(spec: dict[str, Any]) -> dict[str, Any]:
     system, n, seed = spec["system"], spec["n"], spec["seed"]
     out: dict[str, Any] = {}
@@ -299,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     # Imports first, untimed: every system pays them once per process anyway.
     for module in spec["needs"]:
         __import__(module)
-    if spec["family"] in ("sampler", "batches", "reads") and spec["system"].startswith("croupier"):
+    if spec["family"] != "permutation" and spec["system"].startswith("croupier"):
         # croupier's samplers load lazily (they import torch when it is installed); the
         # baselines import torch untimed above, so croupier's must not pay it in "first index".
         __import__("croupier.samplers")
@@ -309,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         "batches": _measure_batches,
         "reads": _measure_reads,
         "permutation": _measure_permutation,
+        "elastic": _measure_elastic,
     }[spec["family"]]
     result = measure(spec)
     result["rss_base_mib"] = base

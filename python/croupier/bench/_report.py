@@ -37,6 +37,10 @@ def _mem(row: dict[str, Any]) -> str:
     if peak is None:
         return "-"
     added = f", +{peak - base:,.0f}" if base is not None else ""
+    share = row.get("share_mib")
+    if share and base is not None:
+        # An elastic resume's memory against the rank's share of a whole epoch.
+        added += f" ({(peak - base) / share:.2f}x its share of an epoch)"
     return f"{peak:,.0f}{added}"
 
 
@@ -57,6 +61,7 @@ def table(results: dict[str, Any]) -> str:
     perms = [r for r in rows if r["family"] == "permutation"]
     batches = [r for r in rows if r["family"] == "batches"]
     reads = [r for r in rows if r["family"] == "reads"]
+    elastic = [r for r in rows if r["family"] == "elastic"]
     lines: list[str] = []
     if samplers:
         lines += [
@@ -84,6 +89,16 @@ def table(results: dict[str, Any]) -> str:
             "| --- | --- | --- | --- | --- |",
         ]
         lines += [_line(r, results, ("epoch_s", "mb_s")) for r in reads]
+    if elastic:
+        if lines:
+            lines.append("")
+        w = results["config"]["ranks"]
+        lines += [
+            f"| N | resume mid-epoch on {max(1, w * 3 // 4)} of {w} ranks | first index | "
+            "the rest of the epoch | peak RSS MiB (+ above imports) |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        lines += [_line(r, results, ("resume_s", "epoch_s")) for r in elastic]
     if perms:
         if lines:
             lines.append("")

@@ -20,7 +20,16 @@ from croupier.bench._systems import SYSTEMS, System, by_name
 __all__ = ["BenchConfig", "machine", "run"]
 
 DEFAULT_NS = (1_000_000, 10_000_000, 100_000_000)
-METRICS = ("first_s", "epoch_s", "resume_s", "peak_mib", "setup_s", "efficiency", "mb_s")
+METRICS = (
+    "first_s",
+    "epoch_s",
+    "resume_s",
+    "peak_mib",
+    "setup_s",
+    "efficiency",
+    "mb_s",
+    "share_mib",
+)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """What ``croupier bench`` compares: each system, what it measures and how much memory it needs.
 
-Four families. *Sampler* systems produce one rank's epoch of a ``DistributedSampler`` or, for the
+Five families. *Sampler* systems produce one rank's epoch of a ``DistributedSampler`` or, for the
 mixture systems, of a 100-dataset ``MixtureSampler`` over the same N (time to the first index,
 to the whole epoch, to the first index after resuming at mid-epoch).
 *Batches* systems produce one rank's epoch of token-budget batches over N log-normal lengths
@@ -8,8 +8,10 @@ to the whole epoch, to the first index after resuming at mid-epoch).
 padding efficiency), ``numpy.argsort`` alone being the yardstick. *Reads* systems read one
 rank's epoch of N rows of 16 bytes from a memory-mapped ``.npy`` file (time to read them all
 and the throughput in MB/s): in ``ChunkSampler`` load requests, or row by row in shuffled
-order as a map-style dataset is read. *Permutation* systems produce a full permutation of
-``[0, N)`` (time to the whole of it).
+order as a map-style dataset is read. *Elastic* systems resume an epoch checkpointed at its
+middle on W ranks on ``W' = max(1, 3W/4)`` ranks (8 -> 6) and produce one new rank's rest of
+the epoch (time to its first index after loading the state, to the whole rest, peak memory).
+*Permutation* systems produce a full permutation of ``[0, N)`` (time to the whole of it).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class System:
     """One benchmarked implementation."""
 
     name: str
-    family: str  # "sampler", "batches", "reads" or "permutation"
+    family: str  # "sampler", "batches", "reads", "elastic" or "permutation"
     label: str
     needs: tuple[str, ...]  # importable modules it needs
     bytes_per_index: float  # working memory per sample of N (per share sample if per_rank)
@@ -143,6 +145,25 @@ SYSTEMS: tuple[System, ...] = (
         bytes_per_index=40,
         per_rank=True,
         baseline_for="croupier-chunks",
+    ),
+    System(
+        "croupier-elastic",
+        "elastic",
+        "croupier.DistributedSampler resumed mid-epoch on 3/4 of the ranks",
+        ("croupier",),
+        # the rest of the epoch on the new rank (u32) and one old share's piece (about half
+        # an old share), per sample of the share
+        bytes_per_index=8,
+        per_rank=True,
+    ),
+    System(
+        "torch-elastic",
+        "elastic",
+        "consumed-samples arithmetic over torch.randperm (Megatron's way, done by hand)",
+        ("torch",),
+        # the whole permutation (int64) and the rank's slice of the rest
+        bytes_per_index=10,
+        baseline_for="croupier-elastic",
     ),
     System(
         "croupier-permutation",
