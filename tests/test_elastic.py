@@ -390,3 +390,230 @@ def test_mixture_elastic_state_pickles_and_next_epoch_is_whole():
     assert np.array_equal(t.indices(), s.indices())
     s.set_epoch(4)
     assert len(s) == len(make(3, 0)) and "elastic" not in s.state_dict()
+
+
+# -- StatefulDataLoader ---------------------------------------------------------------------------
+#
+# Per-rank loaders in one process (explicit num_replicas and rank): every rank consumes some
+# batches, and rank 0's loader state goes through JSON into every loader of the next world.
+
+
+class _Ids:
+    """A map-style dataset whose sample ``i`` is ``i``: batches are the indices dealt."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+_WORKERS = {
+    "main": {},
+    "workers": {"num_workers": 2, "multiprocessing_context": "fork"},
+    "persistent": {"num_workers": 2, "multiprocessing_context": "fork", "persistent_workers": True},
+}
+
+
+def _loaders(kind):
+    """``make(w, r, **opts)``, the loader of rank ``r`` of ``w``, and whether the sampler's
+    items (ids; batches for buckets) come once per epoch (the mixture's oversampled dataset
+    comes in two passes)."""
+    pytest.importorskip("torch")
+    from croupier import StatefulDataLoader
+
+    if kind == "distributed":
+        # 240 = 4 * 60: the uninterrupted 4-rank epoch has no padding of its own.
+        def make(w, r, **opts):
+            sampler = DistributedSampler(240, num_replicas=w, rank=r, seed=3)
+            return StatefulDataLoader(_Ids(240), 8, sampler=sampler, **opts)
+
+        return make, True
+    if kind == "buckets":
+        lengths = np.random.default_rng(2).integers(1, 300, size=400)
+
+        def make(w, r, **opts):
+            sampler = BucketBatchSampler(
+                lengths, max_tokens=1500, buckets=6, num_replicas=w, rank=r, seed=3
+            )
+            return StatefulDataLoader(_Ids(400), batch_sampler=sampler, **opts)
+
+        return make, True
+
+    # 200 of the 400 samples from the first dataset's 100: two passes over it. drop_last=True.
+    def make(w, r, **opts):
+        sampler = MixtureSampler([0, 100, 250, 400], [0.5, 0.2, 0.3], w, r, seed=3)
+        return StatefulDataLoader(_Ids(400), 7, sampler=sampler, **opts)
+
+    return make, False
+
+
+def _loader_items(kind, batches):
+    """The sampler's items in ``batches``: ids for an index sampler, batches for buckets."""
+    if kind == "buckets":
+        return [tuple(b) for b in batches]
+    return [i for b in batches for i in b]
+
+
+def _same_but_rank(a, b):
+    return {**a, "sampler": {**a["sampler"], "rank": 0}} == {
+        **b,
+        "sampler": {**b["sampler"], "rank": 0},
+    }
+
+
+def _loader_run(make, worlds, counts, opts):
+    """One epoch of per-rank loaders through ``worlds``: in world ``i`` every rank consumes
+    ``counts[i]`` batches (``None``: to the end), then rank 0's state goes to the next world.
+    Returns the batches per world (a list per rank), the state after each world, and the
+    sampler's length in each world (after the load: the rank's share of the rest)."""
+    consumed, states, lengths = [], [], []
+    state = None
+    for w, k in zip(worlds, counts, strict=True):
+        loaders = [make(w, r, **opts) for r in range(w)]
+        if state is not None:
+            for loader in loaders:
+                loader.load_state_dict(json.loads(json.dumps(state)))
+                assert loader.state_dict()["batches_yielded"] == state["batches_yielded"]
+        assert len({len(loader) for loader in loaders}) == 1, f"unequal batch counts on {w} ranks"
+        assert len({len(loader.source) for loader in loaders}) == 1
+        lengths.append(len(loaders[0].source))
+        batches = len(loaders[0])
+        its = [iter(loader) for loader in loaders]
+        took = [[b.tolist() for b in itertools.islice(it, k)] for it in its]
+        if k is None:
+            assert all(len(t) == batches for t in took), "a rank yields other than len(loader)"
+        # Ranks move in lockstep: any rank's state will do, and all ranks' agree.
+        now = [loader.state_dict() for loader in loaders]
+        assert all(_same_but_rank(s, now[0]) for s in now)
+        del its
+        state = now[0]
+        consumed.append(took)
+        states.append(state)
+    return consumed, states, lengths
+
+
+def _check_loader_cover(kind, unique, full, consumed, lengths, worlds):
+    """The batches of the worlds together against ``full``, the uninterrupted epoch's items
+    (the last world ran to the end of the epoch)."""
+    items = [[_loader_items(kind, batches) for batches in world] for world in consumed]
+    got = Counter(x for world in items for r in world for x in r)
+    full = Counter(full)
+    if unique:
+        # drop_last=False: nothing lost, nothing consumed comes again, and each world's rest
+        # is the remainder padded to a multiple of its ranks (fewer than W' repeats).
+        assert set(got) == set(full), f"{len(set(full) - set(got))} items lost"
+        seen = set()
+        for i, world in enumerate(items):
+            mine = {x for r in world for x in r}
+            assert not (mine & seen), f"world {i} repeats items consumed before it"
+            if i:
+                remainder = len(full) - len(seen)
+                assert lengths[i] == -(-remainder // worlds[i]), (i, lengths[i], remainder)
+            seen |= mine
+        padding = sum(got.values()) - len(got)
+        assert padding == lengths[-1] * worlds[-1] - remainder < worlds[-1]
+    else:
+        # drop_last=True: the uninterrupted epoch's multiset (so each pass of the oversampled
+        # dataset as it was), less fewer than W' items of the tail of the last world's rest
+        # (a world that did not reach the end hands its whole rest on).
+        taken = 0
+        for i, world in enumerate(items):
+            if i:
+                remainder = sum(full.values()) - taken
+                assert lengths[i] == remainder // worlds[i], (i, lengths[i], remainder)
+            taken += sum(len(r) for r in world)
+        assert not (got - full), "items the uninterrupted epoch does not have"
+        assert sum((full - got).values()) == remainder % worlds[-1]
+
+
+def _uninterrupted(make, kind, w):
+    return [x for r in range(w) for x in _loader_items(kind, [b.tolist() for b in make(w, r)])]
+
+
+@pytest.mark.parametrize("workers", list(_WORKERS))
+@pytest.mark.parametrize("kind", ["distributed", "buckets", "mixture"])
+def test_loader_resumes_on_fewer_ranks_twice(kind, workers):
+    make, unique = _loaders(kind)
+    full = _uninterrupted(make, kind, 4)
+    worlds, counts = [4, 3, 2], [2, 3, None]
+    consumed, states, lengths = _loader_run(make, worlds, counts, _WORKERS[workers])
+    _check_loader_cover(kind, unique, full, consumed, lengths, worlds)
+    # batches_yielded counts the epoch's batches, whatever world consumed them.
+    assert [s["batches_yielded"] for s in states[:2]] == [2, 5]
+    assert "elastic" not in states[0]["sampler"]
+    assert states[1]["sampler"]["num_replicas"] == 3
+    assert states[1]["sampler"]["elastic"]["origin_num_replicas"] == 4
+    per_batch = {"distributed": 8, "mixture": 7, "buckets": 1}[kind]
+    assert states[1]["sampler"]["position"] == 3 * per_batch
+    # The epoch ran to its end on 2 ranks: the state names the next epoch, a whole one there.
+    assert states[2]["epoch"] == 1 and states[2]["batches_yielded"] == 0
+    assert "elastic" not in states[2]["sampler"]
+    after, plain = make(2, 1), make(2, 1)
+    after.load_state_dict(json.loads(json.dumps(states[2])))
+    plain.set_epoch(1)
+    assert len(after) == len(plain)
+    assert [b.tolist() for b in after] == [b.tolist() for b in plain]
+
+
+@pytest.mark.parametrize("workers", ["main", "persistent"])
+@pytest.mark.parametrize("kind", ["distributed", "buckets", "mixture"])
+def test_loader_resumes_on_more_ranks(kind, workers):
+    make, unique = _loaders(kind)
+    full = _uninterrupted(make, kind, 4)
+    worlds = [4, 6]
+    consumed, _, lengths = _loader_run(make, worlds, [3, None], _WORKERS[workers])
+    _check_loader_cover(kind, unique, full, consumed, lengths, worlds)
+
+
+@pytest.mark.parametrize("kind", ["distributed", "buckets", "mixture"])
+def test_loader_changes_world_again_before_a_batch(kind):
+    # 3 ranks take the rest and consume nothing before the next change: 2 ranks take all of it.
+    make, unique = _loaders(kind)
+    full = _uninterrupted(make, kind, 4)
+    worlds = [4, 3, 2]
+    consumed, states, lengths = _loader_run(make, worlds, [2, 0, None], {})
+    _check_loader_cover(kind, unique, full, consumed, lengths, worlds)
+    assert states[1]["sampler"]["position"] == 0 and states[1]["batches_yielded"] == 2
+
+
+@pytest.mark.parametrize("kind", ["distributed", "buckets", "mixture"])
+def test_loader_state_right_after_an_elastic_load_loads_again(kind):
+    make, _ = _loaders(kind)
+    _, states, _ = _loader_run(make, [4], [2], {})
+    for r in range(3):
+        loader = make(3, r)
+        loader.load_state_dict(json.loads(json.dumps(states[0])))
+        again = loader.state_dict()
+        assert again["sampler"]["elastic"]["origin_num_replicas"] == 4
+        assert again["sampler"]["position"] == 0 and again["batches_yielded"] == 2
+        fresh = make(3, r)
+        fresh.load_state_dict(json.loads(json.dumps(again)))
+        assert fresh.state_dict() == again
+        assert len(fresh) == len(loader)
+        assert [b.tolist() for b in fresh] == [b.tolist() for b in loader]
+
+
+def test_loader_holding_a_rest_counts_its_batches_and_loads_any_state():
+    make, _ = _loaders("distributed")
+    _, on4, _ = _loader_run(make, [4], [5], {})
+    _, on3, _ = _loader_run(make, [3], [9], {})
+    loader = make(3, 0)
+    loader.load_state_dict(on4[0])
+    assert len(loader) < 9  # the rest: 4 * (60 - 40) = 80 samples, 27 a rank, 4 batches
+    it = iter(loader)
+    next(it), next(it)
+    assert loader.state_dict()["batches_yielded"] == 7
+    # A new iteration starts the rest again (torch's rule), after the old world's 5 batches.
+    again = iter(loader)
+    next(again)
+    assert loader.state_dict()["batches_yielded"] == 6
+    assert loader.state_dict()["sampler"]["position"] == 8
+    del it, again
+    # A state of a whole epoch on this world loads, though the rest it holds is shorter.
+    loader.load_state_dict(json.loads(json.dumps(on3[0])))
+    assert loader.state_dict() == on3[0]
+    assert len(loader) == len(make(3, 0))

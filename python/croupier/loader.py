@@ -169,6 +169,9 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         self._per_batch = batch_size
         self._progress = _Progress(0, 0, 0, 0)
         self._loaded_skip: int | None = None
+        # After an elastic resume (a state saved on another number of ranks, mid-epoch): the
+        # epoch and the batches of it yielded before this world's rest of it began.
+        self._rest_base: tuple[int, int] | None = None
 
     # -- epochs -----------------------------------------------------------------------------
 
@@ -194,8 +197,10 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         self.source.set_epoch(progress.epoch)
         if isinstance(self.source, StatefulSampler):
             start = self.source._start_position()
-            # A new iteration without a loaded state starts the epoch again (torch's rule).
-            batches = progress.batches if start > 0 else 0
+            # A new iteration without a loaded state starts the epoch again (torch's rule); after
+            # an elastic resume the sampler's epoch is this world's rest of it, which follows
+            # the batches the old world yielded.
+            batches = progress.batches if start > 0 else self._rest_start(progress.epoch)
         else:
             if self._loaded_skip is not None:
                 self.source.set_skip(self._loaded_skip)
@@ -265,7 +270,7 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
             "elastic" in sampler_state
             or sampler_state.get("num_replicas", self._source_replicas) != self._source_replicas
         )
-        per_epoch = len(self)
+        per_epoch = self._batches_per_epoch()
         if not other_world and batches > per_epoch:
             raise StateError(
                 f"state['batches_yielded'] must be in [0, {per_epoch}] (batches per epoch of "
@@ -284,10 +289,33 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
                 self.source.set_skip(skip)
             self._loaded_skip = None
             start = self.source._start_position()
+            # batches_yielded counts from the epoch's start; after an elastic load the sampler
+            # counts from the start of the rest, which the old world's batches preceded.
+            rest = self.source._elastic_of(epoch) is not None
+            base = max(batches - -(-start // self._per_batch), 0)
+            self._rest_base = (epoch, base) if rest else None
         else:
             self._loaded_skip = skip
+            self._rest_base = None
             start = skip or 0
         self._progress = _Progress(epoch, batches, start, 0)
+
+    def _batches_per_epoch(self) -> int:
+        """Batches of a whole epoch of this loader: ``len(self)``, unless the sampler holds
+        the rest of an epoch after an elastic resume (then ``len(self)`` is that rest's)."""
+        source = self.source
+        if not isinstance(source, StatefulSampler) or source._elastic_of(source.epoch) is None:
+            return len(self)
+        n, per = source._length, self._per_batch
+        return n // per if self.drop_last else -(-n // per)
+
+    def _rest_start(self, epoch: int) -> int:
+        """Batches of ``epoch`` yielded before the sampler's position 0: after an elastic
+        resume, those before this world's rest of the epoch; else none."""
+        base = self._rest_base
+        if base is None or base[0] != epoch or self.source._elastic_of(epoch) is None:
+            return 0
+        return base[1]
 
     @property
     def _source_replicas(self) -> int | None:
