@@ -5,11 +5,16 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
 
 import pytest
 
 from croupier import cli
 from croupier.bench import BenchConfig, run
+from croupier.bench._ranks import SweepConfig
+from croupier.bench._ranks import plot as sweep_plot
+from croupier.bench._ranks import run as run_sweep
+from croupier.bench._ranks import table as sweep_table
 from croupier.bench._report import table
 from croupier.bench._systems import SYSTEMS, by_name
 
@@ -205,3 +210,100 @@ def test_help_answers_without_importing_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "bench" in out.stdout
     assert out.stdout.splitlines()[-1] == "False False"
+
+
+def test_sweep_measures_one_share_per_world_size():
+    lines: list[str] = []
+    results = run_sweep(SweepConfig(ranks=(8, 2), ns=(10_001,), repeats=1), progress=lines.append)
+    rows = results["rows"]
+    # Measured in increasing W, rank W // 2 of each; a share is ceil(N / W) indices.
+    assert [(r["n"], r["w"], r["rank"]) for r in rows] == [(10_001, 2, 1), (10_001, 8, 4)]
+    assert all(r["status"] == "ok" for r in rows), rows
+    assert [r["count"] for r in rows] == [5001, 1251]
+    for r in rows:
+        assert [run["count"] for run in r["runs"]] == [r["count"]]
+        assert "resume_s" not in r["runs"][0]  # the sweep does not resume
+        assert r["checks_ok"]
+        assert r["ns_per_index"] == pytest.approx(r["epoch_s"] / r["count"] * 1e9)
+        assert r["first_s"] > 0 and r["added_mib"] >= 0
+    assert any("[2/2] N=10,001 W=8" in line for line in lines)
+    text = sweep_table(results)
+    assert "| N | W | per index | vs W=2 | first index | whole share | memory added |" in text
+    assert "| 10,001 | 2 |" in text and "| 1.00x |" in text
+    assert "| 10,001 | 8 |" in text
+    assert list(results["config"]["ranks"]) == [8, 2] and results["machine"]["cpus"] >= 1
+    json.dumps(results)  # JSON-ready
+
+
+@pytest.mark.parametrize(
+    ("cfg", "match"),
+    [
+        (SweepConfig(ranks=()), "at least one world size"),
+        (SweepConfig(ranks=(8, 0)), "sweep ranks must each be at least 1, got 0"),
+        (SweepConfig(ranks=(8, 64, 8)), "must not repeat"),
+        (SweepConfig(ns=()), "at least one dataset length"),
+        (SweepConfig(ns=(0,)), r"n must be in \[1, 1e10\], got 0"),
+        (SweepConfig(ns=(10**10 + 1,)), r"n must be in \[1, 1e10\]"),
+        (SweepConfig(repeats=0), "repeats must be at least 1"),
+        (SweepConfig(seeds=(-1,)), "seeds must be non-negative"),
+        (SweepConfig(timeout=0), "timeout must be positive"),
+    ],
+)
+def test_bad_sweeps_are_refused_before_any_run(cfg, match):
+    with pytest.raises(ValueError, match=match):
+        run_sweep(cfg, progress=lambda line: pytest.fail(f"ran: {line}"))
+
+
+@needs_matplotlib
+def test_cli_sweep_writes_table_json_and_plot(tmp_path, capsys):
+    out_dir = tmp_path / "sweep"
+    argv = ["bench", "--sweep-ranks", "2", "8", "--n", "1e4", "--repeats", "1"]
+    assert cli.main([*argv, "--out", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "| 1e4 | 2 |" in out and "| 1e4 | 8 |" in out and "vs W=2" in out
+    data = json.loads((out_dir / "ranks-sweep.json").read_text())
+    assert [(r["w"], r["count"]) for r in data["rows"]] == [(2, 5000), (8, 1250)]
+    assert data["config"]["repeats"] == 1
+    assert (out_dir / "ranks-sweep.md").read_text().count("| 1e4 |") == 2
+    assert (out_dir / "ranks-sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_plot_is_skipped_without_matplotlib(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    results = {"machine": {"croupier": "x"}, "rows": []}
+    assert sweep_plot(results, tmp_path / "ranks-sweep.png") is False
+    assert not (tmp_path / "ranks-sweep.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--systems", "croupier"], "--sweep-ranks cannot be combined with --systems"),
+        (["--ranks", "4"], "--sweep-ranks cannot be combined with --ranks"),
+        (["--rank", "1"], "--sweep-ranks cannot be combined with --rank"),
+        (["--n", "0"], r"n must be in [1, 1e10], got 0"),
+        (["--repeats", "0"], "repeats must be at least 1"),
+        (["8"], "sweep ranks must not repeat"),
+        (["0"], "sweep ranks must each be at least 1"),
+    ],
+)
+def test_cli_sweep_refuses_bad_arguments(tmp_path, capsys, extra, match):
+    out_dir = tmp_path / "sweep"
+    argv = ["bench", "--sweep-ranks", "2", "8", *extra, "--out", str(out_dir)]
+    # A trailing W joins the --sweep-ranks list; the rest are options of their own.
+    assert cli.main(argv) == 2
+    assert match in capsys.readouterr().err
+    assert not out_dir.exists()  # refused before any work
+
+
+def test_cli_sweep_needs_world_sizes(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--sweep-ranks"])
+    assert e.value.code == 2
+    assert "--sweep-ranks: expected at least one argument" in capsys.readouterr().err
+
+
+def test_bench_help_lists_the_sweep(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    assert "--sweep-ranks" in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""The ``croupier`` command line: ``croupier bench``, ``croupier demo``, ``croupier --version``."""
+"""The ``croupier`` command line: ``croupier bench`` (and its ``--sweep-ranks`` world-size sweep),
+``croupier demo``, ``croupier --version``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from croupier import __version__
 
@@ -54,16 +56,71 @@ def _count(text: str) -> int:
     return int(value)
 
 
+def _header(m: dict[str, Any]) -> str:
+    """One line naming the machine and the software versions of a run."""
+    return (
+        f"croupier {m['croupier']}, {m.get('cpu', '?')}, {m.get('cpus')} cores, "
+        f"{m.get('memory_gib')} GiB, Python {m['python']}, numpy {m.get('numpy')}, "
+        f"torch {m.get('torch')}, torchdata {m.get('torchdata')}"
+    )
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from croupier.bench._ranks import DEFAULT_NS, SweepConfig, check, plot, run, table
+    from croupier.bench._report import write_json
+
+    given = [
+        f"--{name}" for name in ("systems", "ranks", "rank") if getattr(args, name) is not None
+    ]
+    if given:
+        raise ValueError(
+            f"--sweep-ranks cannot be combined with {', '.join(given)}: the sweep times "
+            "croupier alone, rank W // 2 of each W it lists"
+        )
+    cfg = SweepConfig(
+        ranks=tuple(args.sweep_ranks),
+        ns=tuple(args.n) if args.n is not None else DEFAULT_NS,
+        seeds=tuple(args.seeds),
+        repeats=args.repeats if args.repeats is not None else 3,
+        timeout=args.timeout,
+    )
+    check(cfg)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"croupier bench --sweep-ranks: W in {sorted(cfg.ranks)}, N in "
+        f"{[f'{n:,}' for n in cfg.ns]}, seeds {list(cfg.seeds)}, {cfg.repeats} run(s) each; "
+        f"results in {out}/",
+        file=sys.stderr,
+    )
+    results = run(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    text = table(results)
+    write_json(results, out / "ranks-sweep.json")
+    header = _header(results["machine"])
+    (out / "ranks-sweep.md").write_text(f"{header}\n\n{text}\n")
+    drew = plot(results, out / "ranks-sweep.png")
+    print(header)
+    print()
+    print(text)
+    print()
+    print(f"wrote {out / 'ranks-sweep.json'}, {out / 'ranks-sweep.md'}", end="")
+    print(f", {out / 'ranks-sweep.png'}" if drew else " (no plot: matplotlib is not installed)")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
+    if args.sweep_ranks is not None:
+        return _sweep(args)
     from croupier.bench import BenchConfig, run
     from croupier.bench._report import plot, table, write_json
+    from croupier.bench._runner import DEFAULT_NS
 
     cfg = BenchConfig(
-        ns=tuple(args.n),
-        ranks=args.ranks,
-        rank=args.rank,
+        ns=tuple(args.n) if args.n is not None else DEFAULT_NS,
+        ranks=args.ranks if args.ranks is not None else 8,
+        rank=args.rank if args.rank is not None else 3,
         seeds=tuple(args.seeds),
-        repeats=args.repeats,
+        repeats=args.repeats if args.repeats is not None else 1,
         systems=tuple(args.systems or ()),
         timeout=args.timeout,
     )
@@ -77,12 +134,7 @@ def _bench(args: argparse.Namespace) -> int:
     results = run(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
     text = table(results)
     write_json(results, out / "bench.json")
-    m = results["machine"]
-    header = (
-        f"croupier {m['croupier']}, {m.get('cpu', '?')}, {m.get('cpus')} cores, "
-        f"{m.get('memory_gib')} GiB, Python {m['python']}, numpy {m.get('numpy')}, "
-        f"torch {m.get('torch')}, torchdata {m.get('torchdata')}"
-    )
+    header = _header(results["machine"])
     (out / "bench.md").write_text(f"{header}\n\n{text}\n")
     drew = plot(results, out / "bench.png")
     print(header)
@@ -104,19 +156,37 @@ def _parser() -> argparse.ArgumentParser:
         "bench",
         help="compare croupier with torch, torchdata and numpy (time, resume, peak RSS)",
         description="Runs each system in its own subprocess, one at a time, and prints a "
-        "table of medians with ratios; writes bench.json, bench.md and bench.png.",
+        "table of medians with ratios; writes bench.json, bench.md and bench.png. With "
+        "--sweep-ranks, runs the world-size sweep instead: one rank's "
+        'DistributedSampler(order="fast") epoch for each W and N (time per index, first '
+        "index, memory added); writes ranks-sweep.json, ranks-sweep.md and ranks-sweep.png.",
     )
     bench.add_argument(
         "--n",
         nargs="+",
         type=_count,
-        default=[1_000_000, 10_000_000, 100_000_000],
-        help="dataset lengths, up to 1e10 (default: 1e6 1e7 1e8); 1e8 and 2**33+5 work",
+        default=None,
+        help="dataset lengths, up to 1e10 (default: 1e6 1e7 1e8; with --sweep-ranks 1e8 1e9); "
+        "1e8 and 2**33+5 work",
     )
-    bench.add_argument("--ranks", type=_count, default=8, help="number of ranks W (default 8)")
-    bench.add_argument("--rank", type=_count, default=3, help="the rank timed (default 3)")
+    bench.add_argument("--ranks", type=_count, default=None, help="number of ranks W (default 8)")
+    bench.add_argument("--rank", type=_count, default=None, help="the rank timed (default 3)")
     bench.add_argument("--seeds", nargs="+", type=_count, default=[0], help="seeds (default 0)")
-    bench.add_argument("--repeats", type=int, default=1, help="runs per seed (default 1)")
+    bench.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs per seed (default 1; with --sweep-ranks 3)",
+    )
+    bench.add_argument(
+        "--sweep-ranks",
+        nargs="+",
+        type=_count,
+        default=None,
+        metavar="W",
+        help="run the world-size sweep over these W (e.g. 8 64 256 1024 4096) instead of the "
+        "systems table; not with --systems, --ranks or --rank",
+    )
     from croupier.bench._systems import SYSTEMS  # stdlib only: keeps --help light
 
     bench.add_argument(

@@ -123,8 +123,11 @@ def _measure_sampler(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("digest", True):
         out["digest"] = _digest(whole)
     del whole, s
-    # Resume at mid-epoch: a fresh sampler, a checkpoint loaded, the next index.
-    state = _resume_state(system, _sampler(system, n, ranks, rank, seed), epoch, mid)
+    # Resume at mid-epoch: a fresh sampler, a checkpoint loaded, the next index (unless the
+    # spec says "resume": false, as the world-size sweep does).
+    state = None
+    if spec.get("resume", True):
+        state = _resume_state(system, _sampler(system, n, ranks, rank, seed), epoch, mid)
     if state is not None and count:
         _reset_peak()
         t0 = time.perf_counter()

@@ -106,7 +106,10 @@ def installed(system: System) -> bool:
     return all(importlib.util.find_spec(m) is not None for m in system.needs)
 
 
-def _one(system: System, n: int, cfg: BenchConfig, seed: int) -> dict[str, Any]:
+def _one(
+    system: System, n: int, cfg: BenchConfig, seed: int, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One run of ``system`` at ``n`` in its own process; ``extra`` adds to the child's spec."""
     spec = {
         "system": system.name,
         "family": system.family,
@@ -116,6 +119,7 @@ def _one(system: System, n: int, cfg: BenchConfig, seed: int) -> dict[str, Any]:
         "rank": cfg.rank,
         "seed": seed,
         "digest": cfg.digest,
+        **(extra or {}),
     }
     cmd = [sys.executable, "-m", "croupier.bench._child", json.dumps(spec)]
     try:

@@ -1,0 +1,221 @@
+"""The world-size sweep of ``croupier bench --sweep-ranks``: how one rank's epoch of
+``DistributedSampler(order="fast")`` costs as the number of ranks W grows at a fixed N.
+
+For every (N, W) it measures, each run in its own process (the ``croupier`` system of
+:mod:`croupier.bench._child`, rank ``W // 2``, no resume), the time to the first index, the
+time to the whole share (``indices()``, ``ceil(N / W)`` indices) and the memory the share
+adds above the imports; then reports the time per index and its ratio to the smallest W's.
+A per-rank cost that stays flat as W grows means each rank pays for its own share only.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from croupier.bench._report import _n, _time
+from croupier.bench._runner import BenchConfig, _cannot_run, _one, _summarise, machine
+from croupier.bench._systems import by_name
+
+__all__ = ["DEFAULT_NS", "DEFAULT_RANKS", "SweepConfig", "plot", "run", "table"]
+
+DEFAULT_RANKS = (8, 64, 256, 1024, 4096)
+DEFAULT_NS = (100_000_000, 1_000_000_000)
+
+
+@dataclass
+class SweepConfig:
+    """What the world-size sweep measures.
+
+    Attributes:
+        ranks: world sizes W (at least one, each at least 1, no repeats); measured in
+            increasing order, the smallest being the yardstick of the ratio column.
+        ns: dataset lengths (each in ``[1, 1e10]``).
+        seeds: one repeat per seed and per ``repeats``; medians are reported.
+        repeats: runs per seed. Runs go round-robin over the world sizes of one N.
+        timeout: seconds before one run is abandoned (reported as a timeout).
+        memory_fraction: skip a run whose estimated memory exceeds this fraction of the
+            memory available now.
+    """
+
+    ranks: tuple[int, ...] = DEFAULT_RANKS
+    ns: tuple[int, ...] = DEFAULT_NS
+    seeds: tuple[int, ...] = (0,)
+    repeats: int = 3
+    timeout: float = 1800.0
+    memory_fraction: float = 0.8
+
+
+def check(cfg: SweepConfig) -> None:
+    """Raises ``ValueError`` naming the first argument of ``cfg`` out of its range."""
+    if not cfg.ranks:
+        raise ValueError("sweep ranks must list at least one world size")
+    for w in cfg.ranks:
+        if w < 1:
+            raise ValueError(f"sweep ranks must each be at least 1, got {w}")
+    if len(set(cfg.ranks)) != len(cfg.ranks):
+        raise ValueError(f"sweep ranks must not repeat, got {list(cfg.ranks)}")
+    if not cfg.ns:
+        raise ValueError("n must list at least one dataset length")
+    for n in cfg.ns:
+        if not 1 <= n <= 10**10:
+            raise ValueError(f"n must be in [1, 1e10], got {n}")
+    if cfg.repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {cfg.repeats}")
+    if not cfg.seeds or any(s < 0 for s in cfg.seeds):
+        raise ValueError(f"seeds must be non-negative and at least one, got {list(cfg.seeds)}")
+    if not cfg.timeout > 0:
+        raise ValueError(f"timeout must be positive, got {cfg.timeout}")
+
+
+def _world(cfg: SweepConfig, w: int) -> BenchConfig:
+    """The bench configuration of one world size: rank ``W // 2`` timed, no digest."""
+    return BenchConfig(
+        ranks=w,
+        rank=w // 2,
+        seeds=cfg.seeds,
+        repeats=cfg.repeats,
+        systems=("croupier",),
+        timeout=cfg.timeout,
+        memory_fraction=cfg.memory_fraction,
+        digest=False,
+    )
+
+
+def _finish(row: dict[str, Any], world: BenchConfig) -> None:
+    """Adds to ``row`` the medians of its runs, the share length, time per index and memory."""
+    _summarise(row, world)
+    ok = [r for r in row["runs"] if r.get("status") == "ok"]
+    if not ok:
+        return
+    row["count"] = ok[0]["count"]
+    row["added_mib"] = statistics.median(r["peak_mib"] - r["rss_base_mib"] for r in ok)
+    row["ns_per_index"] = row["epoch_s"] / row["count"] * 1e9 if row["count"] else None
+
+
+def run(cfg: SweepConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Runs every (N, W) pair of ``cfg`` and returns the results as a JSON-ready dict
+    (``config``, ``machine`` and one row per pair with its runs and medians).
+
+    ``progress`` receives one line per step (what runs, then how long it took, or why it was
+    skipped). Arguments are checked before any run.
+    """
+    check(cfg)
+    say = progress or (lambda _line: None)
+    system = by_name("croupier")
+    ranks = sorted(cfg.ranks)
+    rows: list[dict[str, Any]] = []
+    total, step = len(cfg.ns) * len(ranks), 0
+    for n in cfg.ns:
+        pending: list[tuple[BenchConfig, dict[str, Any], str]] = []
+        for w in ranks:
+            step += 1
+            head = f"[{step}/{total}] N={n:,} W={w}"
+            world = _world(cfg, w)
+            row: dict[str, Any] = {"n": n, "w": w, "rank": world.rank}
+            rows.append(row)
+            reason = _cannot_run(system, n, world)
+            if reason:
+                row["status"], row["detail"] = reason
+                say(f"{head}: skipped, {row['detail']}")
+                continue
+            row["runs"] = []
+            pending.append((world, row, head))
+        # Round-robin over the world sizes, as `croupier bench` does over systems: a slow
+        # spell of the machine falls on all of them alike.
+        rounds = [(seed, rep) for seed in cfg.seeds for rep in range(cfg.repeats)]
+        for r, (seed, rep) in enumerate(rounds):
+            shift = r % len(pending) if pending else 0
+            for world, row, head in pending[shift:] + pending[:shift]:
+                say(f"{head} seed={seed} run {rep + 1}/{cfg.repeats} ...")
+                t0 = time.perf_counter()
+                result = _one(system, n, world, seed, extra={"resume": False})
+                row["runs"].append(result)
+                say(f"{head}: {result['status']} in {time.perf_counter() - t0:.1f} s")
+        for world, row, _head in pending:
+            _finish(row, world)
+    return {"config": asdict(cfg), "machine": machine(), "rows": rows}
+
+
+def table(results: dict[str, Any]) -> str:
+    """A Markdown table of the medians, one line per (N, W): time per index of the whole share,
+    its ratio to the smallest W's at the same N, time to the first index and to the whole
+    share, and the memory the share added above the imports."""
+    rows = results["rows"]
+    smallest = min(r["w"] for r in rows) if rows else 0
+    lines = [
+        f"| N | W | per index | vs W={smallest} | first index | whole share | memory added |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        cells = [_n(r["n"]), str(r["w"])]
+        if r.get("status") != "ok":
+            cells += [f"{r.get('status', '?')}: {r.get('detail', '')}", "", "", "", ""]
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
+        base = next(
+            (
+                b
+                for b in rows
+                if b["n"] == r["n"] and b["w"] == smallest and b.get("status") == "ok"
+            ),
+            None,
+        )
+        per, base_per = r.get("ns_per_index"), base.get("ns_per_index") if base else None
+        cells += [
+            "-" if per is None else f"{per:.0f} ns",
+            f"{per / base_per:.2f}x" if per is not None and base_per else "-",
+            _time(r.get("first_s")),
+            _time(r.get("epoch_s")),
+            f"{r['added_mib']:,.0f} MiB",
+        ]
+        if not r.get("checks_ok", True):
+            cells[-1] += " CHECK FAILED"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> bool:
+    """Draws, against W (log-log), one line per N: time per index of the whole share, time to
+    the first index and memory added. Returns ``False`` when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in results["rows"] if r.get("status") == "ok"]
+    panels = (
+        ("ns_per_index", 1.0, "whole share: ns per index"),
+        ("first_s", 1e3, "first index (ms)"),
+        ("added_mib", 1.0, "memory added (MiB)"),
+    )
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.4))
+    for ax, (key, scale, title) in zip(axes, panels, strict=True):
+        for n in sorted({r["n"] for r in rows}):
+            pts = [
+                (r["w"], r[key] * scale)
+                for r in rows
+                if r["n"] == n and r.get(key) is not None and r[key] > 0
+            ]
+            if pts:
+                ax.loglog(*zip(*pts, strict=True), marker="o", label=f"N={_n(n)}")
+        ax.set_title(title)
+        ax.set_xlabel("W (ranks)")
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_lines():
+            ax.legend()
+    m = results["machine"]
+    fig.suptitle(
+        f'croupier {m["croupier"]} DistributedSampler(order="fast"), rank W // 2: '
+        f"{m.get('cpu', '?')}, {m.get('cpus')} cores, {m.get('memory_gib')} GiB"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
