@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 
 from croupier import cli
 from croupier.bench import BenchConfig, run
+from croupier.bench._baselines import many_mixture_args
 from croupier.bench._ranks import SweepConfig
 from croupier.bench._ranks import plot as sweep_plot
 from croupier.bench._ranks import run as run_sweep
@@ -130,6 +132,17 @@ def test_elastic_family_resumes_on_three_quarters_of_the_ranks():
     assert rows["torch-elastic"]["runs"][0]["count"] == len(range(10_007)[5000:][5::6])
     text = table(results)
     assert "resume mid-epoch on 6 of 8 ranks" in text and "its share of an epoch" in text
+
+
+def test_many_datasets_mixture_row():
+    cum, weights = many_mixture_args(20_000)
+    sizes = [b - a for a, b in itertools.pairwise(cum)]
+    assert len(sizes) == 156 and min(sizes) >= 64 and cum[-1] == 20_000
+    assert len(set(sizes)) > 10 and len(set(weights)) == 13  # unequal sizes and weights
+    results = run(BenchConfig(ns=(20_000,), ranks=4, rank=1, systems=("croupier-mixture-10k",)))
+    (row,) = results["rows"]
+    assert row["status"] == "ok" and row["checks_ok"]
+    assert row["runs"][0]["count"] == sum(s // 4 for s in sizes)  # kempnerforge's length
 
 
 def test_repeats_go_round_robin_over_systems():

@@ -34,6 +34,24 @@ def mixture_args(n: int) -> tuple[list[int], list[float]]:
     return cum, [float(1 + i) for i in range(MIXTURE_DATASETS)]
 
 
+MANY_DATASETS = 10_000
+
+
+def many_mixture_args(n: int) -> tuple[list[int], list[float]]:
+    """A mixture of many datasets of unequal sizes over ``n`` samples: ``min(10,000, n // 128)``
+    datasets, each of 64 samples plus a share of the rest that goes 1 : 2 : ... : 100 in a
+    repeating saw, with unequal weights 1 to 13."""
+    count = max(1, min(MANY_DATASETS, n // 128))
+    shares = [1 + i % 100 for i in range(count)]
+    total = sum(shares)
+    sizes = [64 + (n - 64 * count) * s // total for s in shares]
+    sizes[-1] += n - sum(sizes)
+    cum = [0]
+    for size in sizes:
+        cum.append(cum[-1] + size)
+    return cum, [float(1 + (i * 7919) % 13) for i in range(count)]
+
+
 class KempnerforgeStyleMixture:
     """kempnerforge's ``MixtureSampler`` algorithm as its documentation and docstrings describe
     it: every epoch, each rank shuffles every dataset with ``torch.randperm`` (one generator

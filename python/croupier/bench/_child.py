@@ -55,6 +55,12 @@ def _sampler(system: str, n: int, ranks: int, rank: int, seed: int) -> Any:
 
         cum, weights = mixture_args(n)
         return MixtureSampler(cum, weights, num_replicas=ranks, rank=rank, seed=seed)
+    if system == "croupier-mixture-10k":
+        from croupier import MixtureSampler
+        from croupier.bench._baselines import many_mixture_args
+
+        cum, weights = many_mixture_args(n)
+        return MixtureSampler(cum, weights, num_replicas=ranks, rank=rank, seed=seed)
     if system == "kempnerforge-mixture":
         from croupier.bench._baselines import KempnerforgeStyleMixture, mixture_args
 

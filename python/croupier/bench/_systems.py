@@ -94,6 +94,14 @@ SYSTEMS: tuple[System, ...] = (
         per_rank=True,
     ),
     System(
+        "croupier-mixture-10k",
+        "sampler",
+        "croupier.MixtureSampler (10,000 datasets of unequal sizes)",
+        ("croupier",),
+        bytes_per_index=12,
+        per_rank=True,
+    ),
+    System(
         "kempnerforge-mixture",
         "sampler",
         "kempnerforge-style MixtureSampler (100 datasets)",
