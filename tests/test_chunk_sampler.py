@@ -7,6 +7,9 @@ from __future__ import annotations
 import copy
 import json
 import pickle
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -118,6 +121,87 @@ def test_resume_at_every_batch(drop_last):
         resumed = make()
         resumed.load_state_dict(json.loads(json.dumps(state)))
         assert full[:b] + _epoch(resumed, n_obs) == full, f"resumed at batch {b}"
+
+
+def test_value_stability_pin():
+    # Deliberate pin of the chunk order since it became a keyed permutation evaluated per
+    # position (0.2.0; the whole-list Fisher-Yates read slices 832:848 and 976:992 here). A
+    # change here changes every user's read order: say so in CHANGELOG.md. The splits (the
+    # in-memory order) are the ones the whole-list design gave: it did not change.
+    s = ChunkSampler(16, 2, 8, seed=3, num_replicas=3, rank=1)
+    s.set_epoch(1)
+    first = next(iter(s.sample(1000)))
+    assert first["slices"] == [slice(912, 928), slice(640, 656)]
+    assert [b.tolist() for b in first["splits"]] == [
+        [15, 8, 0, 5, 21, 19, 13, 24],
+        [14, 11, 12, 27, 25, 2, 7, 6],
+        [23, 26, 3, 29, 1, 30, 20, 16],
+        [22, 31, 18, 4, 9, 17, 28, 10],
+    ]
+
+
+# A child process resumes a sampler near the end of an epoch and prints its first request.
+_LATE_RESUME = textwrap.dedent(
+    """
+    import json, sys
+    from croupier import ChunkSampler
+
+    n_obs, back = int(sys.argv[1]), int(sys.argv[2])
+    s = ChunkSampler(1024, 4, 256, seed=7, num_replicas=8, rank=5)
+    total = s.n_iters(n_obs)
+    s.load_state_dict({**s.state_dict(), "epoch": 3, "position": total - back, "n_obs": n_obs})
+    req = next(iter(s.sample(n_obs)))
+    print(json.dumps({
+        "total": total,
+        "slices": [[sl.start, sl.stop] for sl in req["slices"]],
+        "splits": [b.tolist() for b in req["splits"]],
+    }))
+    """
+)
+
+
+def _run_with_timeout(args: list[str], seconds: float) -> str:
+    """The stdout of ``python -c _LATE_RESUME *args``, failing the test (and killing the child)
+    if it takes longer than ``seconds``: a design that lists the epoch's chunks would hang or
+    run out of memory here, so it must fail, not stall the suite."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _LATE_RESUME, *args],
+            capture_output=True,
+            text=True,
+            timeout=seconds,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"no first request within {seconds} s: is the resume O(chunks) again?")
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize("n_obs", [2**40, 2**62])
+def test_resume_late_in_an_epoch_too_large_to_list(n_obs):
+    # 2**30 and 2**52 chunks of 1024: a whole list of the chunk order (8 GiB and 32 PiB) was
+    # what the first request used to wait for. Each request is now computed on its own, so a
+    # resume 3 batches before the end yields at once (the timeout only catches a regression; no
+    # time is asserted).
+    back = 3
+    result = json.loads(_run_with_timeout([str(n_obs), str(back)], seconds=60))
+    assert result["total"] == n_obs // 1024 // 8 * (1024 // 256)  # chunks per rank * 4
+    assert len(result["slices"]) == 4
+    for start, stop in result["slices"]:
+        assert start % 1024 == 0 and stop == start + 1024 and stop <= n_obs
+    assert len({start for start, _ in result["slices"]}) == 4
+    # The request's last `back` batches, each whole, inside what it loads.
+    assert len(result["splits"]) == back
+    assert all(len(b) == 256 and min(b) >= 0 and max(b) < 4096 for b in result["splits"])
+    # The same request in this process (safe now that the child has shown it is quick):
+    # deterministic across processes, and the one the last request of the epoch holds.
+    s = ChunkSampler(1024, 4, 256, seed=7, num_replicas=8, rank=5)
+    s.set_epoch(3)
+    # The last request's 16 batches (4 chunks of 4).
+    s.load_state_dict({**s.state_dict(), "position": result["total"] - 16, "n_obs": n_obs})
+    last = next(iter(s.sample(n_obs)))
+    assert [[sl.start, sl.stop] for sl in last["slices"]] == result["slices"]
+    assert [b.tolist() for b in last["splits"][-back:]] == result["splits"]
 
 
 def test_state_while_iterating_counts_whole_requests():

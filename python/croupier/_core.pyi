@@ -203,11 +203,13 @@ class ChunkPlan:
     def batches_per_request(self) -> int:
         """Batches of one full request."""
     def rank_chunks(self, epoch: int) -> npt.NDArray[np.uint64]:
-        """This rank's chunk ids of ``epoch`` in reading order."""
+        """This rank's chunk ids of ``epoch`` in reading order (O(its own chunks); sampling
+        does not need it)."""
     def request(
-        self, epoch: int, j: int, chunks: npt.NDArray[np.uint64]
+        self, epoch: int, j: int
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], _Indices, npt.NDArray[np.uint64]]:
-        """Request ``j``: ``(starts, stops, positions, offsets)``."""
+        """Request ``j`` of ``epoch``, computed on its own in O(``preload``) chunk ids:
+        ``(starts, stops, positions, offsets)``."""
 
 @final
 class Mixture:

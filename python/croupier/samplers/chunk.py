@@ -52,8 +52,9 @@ class ChunkSampler:
         num_replicas, rank, dist_info: the ranks (see :class:`croupier.DistributedSampler`).
         mask: a ``slice`` of the observations to sample (annbatch's ``mask``); ``None`` is all.
 
-    Ranks get disjoint chunk sets: the epoch's chunk order (the full chunks shuffled, the short
-    last chunk, if any, at the end) is dealt like torch's ``DistributedSampler`` deals indices
+    Ranks get disjoint chunk sets: the epoch's chunk order (the full chunks permuted by a
+    permutation keyed by the seed and the epoch, the short last chunk, if any, at the end) is
+    dealt like torch's ``DistributedSampler`` deals indices
     (rank ``r`` takes order positions ``r, r + W, ...``; ``drop_last`` cuts the order to a
     multiple of ``W``, otherwise its head is repeated), so every observation is read exactly
     once per epoch across ranks when nothing is padded or dropped.
@@ -63,8 +64,10 @@ class ChunkSampler:
     the batches handed out (whole requests while iterating);
     ``state_dict(batches_consumed=k)`` records instead that only the first ``k`` batches of
     the latest request handed out were consumed. Any batch position loads: a resume starts at
-    the request holding it, yielded with only its remaining batches, in O(number of chunks)
-    (one permutation of the chunk ids).
+    the request holding it, yielded with only its remaining batches, in O(1) in the epoch's
+    size: each request is computed on its own from a keyed permutation of the chunk ids
+    evaluated per position, so its first request costs ``preload_nchunks`` chunk ids and its
+    own in-memory shuffle.
 
     Pickling and ``copy.deepcopy`` work at any time and act as a checkpoint, like croupier's
     other samplers: the copy has the same ``state_dict()``, and its next :meth:`sample`
@@ -241,11 +244,13 @@ class ChunkSampler:
         self._at = (epoch, start, False, start)
         if start >= total:
             return
-        chunks = plan.rank_chunks(epoch)
+        # Each request is computed on its own (the chunk order is evaluated per position), so
+        # a resume at request j does O(preload) work before its first request, whatever the
+        # epoch's size.
         first = start // per_request
         skip = start - first * per_request
         for j in range(first, int(plan.requests)):
-            starts, stops, positions, offsets = plan.request(epoch, j, chunks)
+            starts, stops, positions, offsets = plan.request(epoch, j)
             slices = [slice(a, b) for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
             cuts = offsets[1:-1].astype(np.intp)
             splits = np.split(positions, cuts)[skip:]

@@ -60,7 +60,8 @@ pub(crate) enum Purpose {
     BucketOrder = u64::from_le_bytes(*b"bkorder\0"),
     /// The seed of one bucket's shuffle in an epoch (`bucket`); only its first word is used.
     BucketShuffle = u64::from_le_bytes(*b"bkshuffl"),
-    /// The order of an epoch's full chunks (`chunk`).
+    /// The key of the permutation of an epoch's full chunks (`chunk`); only its first word is
+    /// used.
     ChunkOrder = u64::from_le_bytes(*b"chkorder"),
     /// The in-memory order of one load request of a rank (`chunk`).
     ChunkSplits = u64::from_le_bytes(*b"chksplit"),

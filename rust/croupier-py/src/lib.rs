@@ -733,31 +733,31 @@ impl ChunkPlan {
         self.plan.batches_per_request()
     }
 
-    /// This rank's chunk ids of `epoch`, in reading order, as a `uint64` array.
+    /// This rank's chunk ids of `epoch`, in reading order, as a `uint64` array: O(its own
+    /// chunks). Sampling does not need it (each request is computed on its own).
     fn rank_chunks<'py>(&self, py: Python<'py>, epoch: u64) -> PyResult<Bound<'py, PyAny>> {
         let plan = std::sync::Arc::clone(&self.plan);
-        let chunks = detached(py, move || plan.rank_chunks(epoch))?;
+        let chunks = detached(py, move || Ok(plan.rank_chunks(epoch)))?;
         Ok(chunks.into_pyarray(py).into_any())
     }
 
-    /// Request `j` of `epoch` given this rank's chunks: `(starts, stops, positions, offsets)`,
-    /// batch `i` being `positions[offsets[i]:offsets[i + 1]]`.
+    /// Request `j` of `epoch`, computed on its own in O(`preload`) chunk ids:
+    /// `(starts, stops, positions, offsets)`, batch `i` being
+    /// `positions[offsets[i]:offsets[i + 1]]`.
     #[allow(clippy::type_complexity)]
     fn request<'py>(
         &self,
         py: Python<'py>,
         epoch: u64,
         j: u64,
-        chunks: numpy::PyReadonlyArray1<'py, u64>,
     ) -> PyResult<(
         Bound<'py, PyAny>,
         Bound<'py, PyAny>,
         Bound<'py, PyAny>,
         Bound<'py, PyAny>,
     )> {
-        let chunks: Vec<u64> = chunks.as_array().to_vec();
         let plan = std::sync::Arc::clone(&self.plan);
-        let req = detached(py, move || plan.request(epoch, j, &chunks))?;
+        let req = detached(py, move || plan.request(epoch, j))?;
         let (starts, stops): (Vec<u64>, Vec<u64>) = req.ranges.into_iter().unzip();
         Ok((
             starts.into_pyarray(py).into_any(),

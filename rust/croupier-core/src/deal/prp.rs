@@ -1,6 +1,7 @@
 //! A keyed pseudorandom permutation of `[0, n)` evaluated one position at a time: how
 //! [`crate::deal::class_split`] deals the values of a large value leaf to classes when a rank
-//! wants only a few of them (many ranks).
+//! wants only a few of them (many ranks), and how [`crate::chunk`] orders an epoch's full
+//! chunks so that each load request is computed on its own.
 //!
 //! A balanced Feistel network on `2h` bits (`h = ceil(bits(n - 1) / 2)`, so the domain is less
 //! than `4n`) with [`ROUNDS`] rounds, each round function a SplitMix64-style multiply-xorshift
