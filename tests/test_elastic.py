@@ -12,6 +12,9 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
+import subprocess
+import sys
+import textwrap
 from collections import Counter
 
 import numpy as np
@@ -617,3 +620,65 @@ def test_loader_holding_a_rest_counts_its_batches_and_loads_any_state():
     loader.load_state_dict(json.loads(json.dumps(on3[0])))
     assert loader.state_dict() == on3[0]
     assert len(loader) == len(make(3, 0))
+
+
+# -- found by review --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["distributed", "mixture", "buckets"])
+def test_a_finished_rest_is_done_on_every_world(kind):
+    # With drop_last the rest's last items are dropped (they come back next epoch); a state
+    # saved once the rest is finished must mean "done" on every world size, not hand the
+    # dropped items to whichever world loads it.
+    if kind == "distributed":
+        make = _dist(1000, True)
+    elif kind == "mixture":
+        make = _mixture(True, num_samples=301)
+    else:
+        make = _buckets((np.arange(3001) * 7919) % 900 + 1, True)
+    _, end_state = _run(make, [8, 7], [10 if kind != "buckets" else 2, None])
+    assert end_state["position"] == len(_loaded(make, 7, end_state))
+    for w in (7, 1, 2, 3, 9):
+        for r in range(w):
+            assert list(_loaded(make, w, end_state, r)) == []
+
+
+def _loaded(make, w, state, r=0):
+    s = make(w, r)
+    s.load_state_dict(state)
+    return s
+
+
+def test_a_mixture_state_from_a_huge_world_resumes_cheaply():
+    # A first index after a resume builds only the old ranks its few positions meet, never
+    # one per old rank (a corrupted or enormous origin used to allocate without bound).
+    code = textwrap.dedent(
+        """
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
+        from croupier import MixtureSampler
+        mk = lambda w, r: MixtureSampler([0, 40, 100, 130], [1, 2, 1], w, r, seed=3,
+                                         drop_last=False)
+        old = mk(4, 0)
+        it = iter(old)
+        [next(it) for _ in range(5)]
+        new = mk(3, 0)
+        new.load_state_dict(old.state_dict())
+        state = new.state_dict()
+        state["elastic"]["origin_num_replicas"] = 10**12
+        s = mk(3, 0)
+        s.load_state_dict(state)
+        print(len(s), next(iter(s)) < 130)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    length, in_range = out.stdout.split()
+    assert int(length) == -(-(3 * 10**12 - 20) // 3) and in_range == "True"
+
+
+def test_a_null_elastic_entry_is_refused():
+    make = _dist(1000, False)
+    _, state = _run(make, [8, 6], [10, 5])
+    with pytest.raises(StateError, match="elastic"):
+        make(6, 0).load_state_dict({**state, "elastic": None})

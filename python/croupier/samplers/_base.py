@@ -479,13 +479,15 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         wrong types) and leave the sampler unchanged. Ranks move in lockstep, so a state saved
         on any rank loads on any rank.
 
-        A state saved with a different ``num_replicas`` loads at an epoch boundary (position 0,
-        or the end of the epoch). Mid-epoch, a sampler that supports elastic resume
-        (``DistributedSampler``) continues the epoch: what the old ranks consumed, ``position``
-        items each, is a prefix of the epoch's global order, and the rest of that order is
-        dealt to this sampler's ranks with torch's padding or dropping, so nothing consumed
-        comes again and nothing unconsumed is lost; until the next epoch ``len(self)`` is this
-        rank's share of that rest. Other samplers refuse such a state.
+        A state saved with a different ``num_replicas`` loads at an epoch boundary (position 0
+        starts this world's own epoch; the end of an epoch means it is done, whatever was
+        dropped). Mid-epoch, a sampler that supports elastic resume (``DistributedSampler``,
+        ``MixtureSampler``, ``BucketBatchSampler``) continues the epoch: what the old ranks
+        consumed, ``position`` items each, is a prefix of the epoch's global order, and the
+        rest of that order is dealt to this sampler's ranks with torch's padding or dropping,
+        so nothing consumed comes again and nothing unconsumed is lost (``drop_last`` drops
+        fewer than ``num_replicas`` of the rest's last items); until the next epoch
+        ``len(self)`` is this rank's share of that rest. Other samplers refuse such a state.
         """
         native = check_state(
             self._as_native(state),
@@ -527,9 +529,11 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
             position = self._length
         else:
             # Consumed: the old ranks' positions of the global order (padding counts once).
+            # A finished epoch is done whatever its world dropped (drop_last cuts the rest's
+            # tail: those items come back next epoch, not in another world's rest).
             end = self._global_end(origin)
             consumed = offset + min(position * saved_w, end - offset)
-            if consumed >= end:
+            if consumed >= end or position >= saved_len:
                 position = self._length  # the epoch is done
             else:
                 position = 0
@@ -544,9 +548,9 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
     def _saved_elastic(self, native: Mapping[str, Any], saved_w: int) -> tuple[int, int]:
         """The ``(origin world size, global offset)`` a state records (``(saved_w, 0)`` for a
         state of an epoch that never changed world size), checked."""
-        el = native.get("elastic")
-        if el is None:
+        if "elastic" not in native:
             return saved_w, 0
+        el = native["elastic"]
         if not self._elastic_supported:
             raise StateError(f"state has an 'elastic' entry; {type(self).__name__} has none")
         if not isinstance(el, Mapping) or set(el) != {"origin_num_replicas", "offset"}:

@@ -605,9 +605,13 @@ class MixtureSampler(IndexSampler):
         weights in force. Nothing changes if the state is refused.
 
         A state saved with another ``num_replicas`` loads at an epoch boundary (position 0,
-        or the end of the epoch). With the default epoch length, which follows
-        ``num_replicas``, its schedule's starts move in proportion to the length (see
-        :meth:`set_schedule`)."""
+        or the end of the epoch) and, mid-epoch, resumes elastically: the rest of the epoch
+        (the old ranks' sequences from what they consumed, under the phases the epoch was
+        iterated with) is dealt to this sampler's ranks, so every dataset's count and pass for
+        the epoch are those of the uninterrupted run; ``len(self)`` is this rank's share of
+        the rest until the next epoch (``num_samples`` stays the configured epoch length). With
+        the default epoch length, which follows ``num_replicas``, the schedule's starts move in
+        proportion to the length for the epochs after (see :meth:`set_schedule`)."""
         self._check_differences(state)
         saved = (self._now, self._cache, self._elastic)
         super().load_state_dict(state)

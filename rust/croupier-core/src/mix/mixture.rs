@@ -305,18 +305,18 @@ impl Mixture {
 
     /// The same mixture on rank `rank` (of the same number of ranks).
     pub fn for_rank(&self, rank: u64) -> Result<Self> {
-        let passes = self
-            .passes
-            .iter()
-            .map(|p| p.as_ref().map(|p| p.for_rank(rank)).transpose())
-            .collect::<Result<Vec<_>>>()?;
-        if self.passes.iter().all(Option::is_none) || rank >= self.num_replicas {
+        if rank >= self.num_replicas {
             return Err(Error::out_of_range(
                 "rank",
                 format!("in [0, num_replicas) = [0, {})", self.num_replicas),
                 rank,
             ));
         }
+        let passes = self
+            .passes
+            .iter()
+            .map(|p| p.as_ref().map(|p| p.for_rank(rank)).transpose())
+            .collect::<Result<Vec<_>>>()?;
         Ok(Mixture {
             passes,
             rank,
@@ -348,35 +348,24 @@ impl Mixture {
         start: u64,
         stop: u64,
     ) -> Result<Indices> {
-        let olds = (0..self.num_replicas)
-            .map(|s| self.for_rank(s))
-            .collect::<Result<Vec<_>>>()?;
         Ok(if self.total <= U32_MAX_LEN {
-            Indices::U32(Self::gather_olds(
-                &olds,
-                elastic,
-                rank,
-                epoch,
-                (start, stop),
-            )?)
+            Indices::U32(self.gather_olds(elastic, rank, epoch, (start, stop))?)
         } else {
-            Indices::U64(Self::gather_olds(
-                &olds,
-                elastic,
-                rank,
-                epoch,
-                (start, stop),
-            )?)
+            Indices::U64(self.gather_olds(elastic, rank, epoch, (start, stop))?)
         })
     }
 
     fn gather_olds<T: Index>(
-        olds: &[Mixture],
+        &self,
         elastic: &Elastic,
         rank: u64,
         epoch: u64,
         (start, stop): (u64, u64),
     ) -> Result<Vec<T>> {
+        // Only the old ranks this range meets are built (at most W / gcd(W, W') of them, one
+        // at a time, and a few for a short first piece), never all W: a first index after a
+        // resume from many ranks costs what its few positions cost.
+        let mut old: Option<Mixture> = None;
         // An old rank's range is read whole: reading it in parts would compute the partly
         // used pass blocks at every cut.
         elastic.gather(
@@ -384,7 +373,11 @@ impl Mixture {
             (start, stop),
             |_, _| u64::MAX,
             |s, (a, b), buf: &mut Vec<T>| {
-                *buf = olds[s as usize].range_as::<T>(epoch, a, b)?;
+                if old.as_ref().is_none_or(|m| m.rank != s) {
+                    old = Some(self.for_rank(s)?);
+                }
+                let m = old.as_ref().expect("built just above");
+                *buf = m.range_as::<T>(epoch, a, b)?;
                 Ok(a)
             },
         )
