@@ -10,15 +10,22 @@ A per-rank cost that stays flat as W grows means each rank pays for its own shar
 
 from __future__ import annotations
 
+import functools
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from croupier.bench._report import _n, _time
-from croupier.bench._runner import BenchConfig, _cannot_run, _one, _summarise, machine
+from croupier.bench._runner import (
+    BenchConfig,
+    _cannot_run,
+    _one,
+    _summarise,
+    machine,
+    round_robin,
+)
 from croupier.bench._systems import by_name
 
 __all__ = ["DEFAULT_NS", "DEFAULT_RANKS", "SweepConfig", "plot", "run", "table"]
@@ -125,17 +132,16 @@ def run(cfg: SweepConfig, progress: Callable[[str], None] | None = None) -> dict
                 continue
             row["runs"] = []
             pending.append((world, row, head))
-        # Round-robin over the world sizes, as `croupier bench` does over systems: a slow
-        # spell of the machine falls on all of them alike.
-        rounds = [(seed, rep) for seed in cfg.seeds for rep in range(cfg.repeats)]
-        for r, (seed, rep) in enumerate(rounds):
-            shift = r % len(pending) if pending else 0
-            for world, row, head in pending[shift:] + pending[:shift]:
-                say(f"{head} seed={seed} run {rep + 1}/{cfg.repeats} ...")
-                t0 = time.perf_counter()
-                result = _one(system, n, world, seed, extra={"resume": False})
-                row["runs"].append(result)
-                say(f"{head}: {result['status']} in {time.perf_counter() - t0:.1f} s")
+        # Round-robin over the world sizes, as `croupier bench` does over systems.
+        round_robin(
+            [
+                (row, head, functools.partial(_one, system, n, world, extra={"resume": False}))
+                for world, row, head in pending
+            ],
+            cfg.seeds,
+            cfg.repeats,
+            say,
+        )
         for world, row, _head in pending:
             _finish(row, world)
     return {"config": asdict(cfg), "machine": machine(), "rows": rows}

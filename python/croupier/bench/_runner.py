@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -135,6 +136,27 @@ def _one(
     return result
 
 
+def round_robin(
+    pending: list[tuple[dict[str, Any], str, Callable[[int], dict[str, Any]]]],
+    seeds: tuple[int, ...],
+    repeats: int,
+    say: Callable[[str], None],
+) -> None:
+    """Runs every pending measurement ``(row, head, run)`` once per seed and repeat, appending
+    ``run(seed)``'s result to ``row["runs"]``. Every measurement's run r comes before any
+    one's run r + 1, so that a slow spell of a noisy machine falls on all of them alike rather
+    than on one; each round starts one measurement later, so none always follows the same."""
+    rounds = [(seed, rep) for seed in seeds for rep in range(repeats)]
+    for r, (seed, rep) in enumerate(rounds):
+        shift = r % len(pending) if pending else 0
+        for row, head, run_one in pending[shift:] + pending[:shift]:
+            say(f"{head} seed={seed} run {rep + 1}/{repeats} ...")
+            t0 = time.perf_counter()
+            result = run_one(seed)
+            row["runs"].append(result)
+            say(f"{head}: {result['status']} in {time.perf_counter() - t0:.1f} s")
+
+
 def _median(runs: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in runs if r.get("status") == "ok" and key in r]
     return statistics.median(values) if values else None
@@ -202,18 +224,12 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
                 continue
             row["runs"] = []
             pending.append((system, row, head))
-        # Round-robin: every system's run r before any system's run r + 1, so that a slow
-        # spell of a noisy machine falls on all of them alike rather than on one; each round
-        # starts one system later, so no system always follows the same one.
-        rounds = [(seed, rep) for seed in cfg.seeds for rep in range(cfg.repeats)]
-        for r, (seed, rep) in enumerate(rounds):
-            shift = r % len(pending) if pending else 0
-            for system, row, head in pending[shift:] + pending[:shift]:
-                say(f"{head} seed={seed} run {rep + 1}/{cfg.repeats} ...")
-                t0 = time.perf_counter()
-                result = _one(system, n, cfg, seed)
-                row["runs"].append(result)
-                say(f"{head}: {result['status']} in {time.perf_counter() - t0:.1f} s")
+        round_robin(
+            [(row, head, functools.partial(_one, system, n, cfg)) for system, row, head in pending],
+            cfg.seeds,
+            cfg.repeats,
+            say,
+        )
         for _system, row, _head in pending:
             _summarise(row, cfg)
     return {

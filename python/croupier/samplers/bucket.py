@@ -48,6 +48,13 @@ def _lengths(lengths: object) -> npt.NDArray[Any]:
     return np.ascontiguousarray(arr)
 
 
+def _frozen(flat: npt.NDArray[Any], offsets: npt.NDArray[Any]) -> Batches:
+    """The core's batches as read-only views (they may be cached and handed out again)."""
+    flat.flags.writeable = False
+    offsets.flags.writeable = False
+    return Batches(flat, offsets)
+
+
 def _optional_positive(name: str, value: object) -> int | None:
     return None if value is None else check_int(name, value, 1, U64_MAX)
 
@@ -231,9 +238,7 @@ class BucketBatchSampler(BatchSampler):
             start,
             stop,
         )
-        flat.flags.writeable = False
-        offsets.flags.writeable = False
-        return Batches(flat, offsets)
+        return _frozen(flat, offsets)
 
     def _first_stop(self, start: int) -> int:
         return min(start + 1, self._length)
@@ -267,9 +272,7 @@ class BucketBatchSampler(BatchSampler):
             start,
             stop,
         )
-        flat.flags.writeable = False
-        offsets.flags.writeable = False
-        return Batches(flat, offsets)
+        return _frozen(flat, offsets)
 
     def _elastic_first_stop(self, start: int, length: int) -> int:
         return min(start + 1, length)
