@@ -515,3 +515,63 @@ def test_annbatch_wrapper_state_resumes_in_a_fresh_wrapper():
     with pytest.raises(StateError, match="mask_start"):
         other.load_state_dict(state)
     assert other.mask == slice(0, None) and other.state_dict()["position"] == 0
+
+
+def test_state_of_a_rank_outside_the_world_is_refused():
+    s = ChunkSampler(4, 2, 4, seed=1, num_replicas=2, rank=1)
+    before = s.state_dict()
+    for rank in (2, 7):
+        with pytest.raises(ValueError, match=r"state\['rank'\] must be in \[0, 1\]"):
+            s.load_state_dict({**before, "rank": rank})
+    assert s.state_dict() == before
+    s.load_state_dict({**before, "rank": 0})  # a rank of this world loads
+
+
+def test_request_size_overflow_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"chunk_size \* preload_nchunks must be < 2\*\*64"):
+        ChunkSampler(2**62, 4, 4)
+    assert ChunkSampler(2**62, 3, 1).n_iters(10) == 10  # just below the limit
+
+
+def test_annbatch_wrapper_refuses_a_sampler_that_already_shards():
+    for rank in range(2):
+        inner = ChunkSampler(4, 2, 4, seed=0, num_replicas=2, rank=rank)
+        with pytest.raises(ValueError, match="sampler has num_replicas=2"):
+            DistributedSampler(inner, dist_info=lambda rank=rank: (rank, 2))
+    ChunkSampler(4, 2, 4, seed=0, num_replicas=1, rank=0)  # num_replicas=1 is wrapped fine
+    DistributedSampler(ChunkSampler(4, 2, 4, seed=0, num_replicas=1), dist_info=lambda: (1, 2))
+
+
+def test_annbatch_wrapper_loads_a_state_saved_before_sampling():
+    def make():
+        inner = RandomSampler(4, 2, 4, rng=np.random.default_rng(0))
+        return DistributedSampler(inner, dist_info=lambda: (1, 2))
+
+    d = make()
+    start = d.state_dict()
+    assert start["n_obs"] == -1
+    full = _pass(d, 64)
+    d.load_state_dict(json.loads(json.dumps(start)))  # the start of training
+    assert d.mask == slice(0, None) and d.state_dict() == start
+    assert _pass(d, 64) == full and d.mask == slice(32, 64)
+
+
+@pytest.mark.parametrize(
+    ("dist_info", "exc", "match"),
+    [
+        (lambda: (True, 2), TypeError, "rank must be an int, got bool"),
+        (lambda: (0, True), TypeError, "world_size must be an int, got bool"),
+        (lambda: (0.0, 2), TypeError, "rank must be an int, got float"),
+        (lambda: (2, 2), ValueError, r"rank must be in \[0, 1\]"),
+        (lambda: (0, 0), ValueError, "num_replicas"),
+    ],
+)
+def test_annbatch_wrapper_checks_dist_info_results(dist_info, exc, match):
+    with pytest.raises(exc, match=match):
+        DistributedSampler(RandomSampler(4, 1, 4), dist_info=dist_info)
+
+
+def test_annbatch_wrapper_accepts_numpy_integer_ranks():
+    d = DistributedSampler(RandomSampler(4, 1, 4), dist_info=lambda: (np.int64(1), np.int32(2)))
+    d.validate(64)
+    assert d.mask == slice(32, 64)

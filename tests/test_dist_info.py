@@ -50,6 +50,19 @@ def test_callable():
         ranks(dist_info=lambda: (7, 4))
 
 
+def test_callable_results_are_integers_not_bools():
+    import numpy as np
+
+    from croupier import ChunkSampler
+
+    assert ranks(dist_info=lambda: (np.int64(1), np.int64(4))) == (4, 1)
+    s = ChunkSampler(4, 1, 4, dist_info=lambda: (np.int32(1), np.uint8(2)))
+    assert (s.num_replicas, s.rank) == (2, 1) and type(s.rank) is int
+    for bad in [lambda: (True, 2), lambda: (0, True), lambda: (1.0, 2), lambda: ("1", 2)]:
+        with pytest.raises(TypeError, match=r"dist_info\(\) (rank|world_size) must be an int"):
+            ranks(dist_info=bad)
+
+
 def test_torch_required_but_not_initialised():
     pytest.importorskip("torch")
     with pytest.raises(ValueError, match=r"torch\.distributed is not initialised"):

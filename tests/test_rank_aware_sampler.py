@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 import threading
 
@@ -85,7 +86,7 @@ def test_group_size_bounds_memory():
     for b in range(1000):
         for _ in range(3):
             s.sample(list(range(100)), 4, 0, b, "t", "p")
-    assert s.save_checkpoint() == {"_states": {"p": {"t": {0: {}}}}, "_reads": {}}
+    assert s.save_checkpoint() == {"_states": {}, "_reads": {}}  # no empty levels left
 
 
 def test_seeded_shuffle_is_deterministic_and_uniformish():
@@ -169,7 +170,7 @@ def test_group_size_bound_holds_after_restore(group_size, read_before):
         assert t.sample([], 4, 0, 0, "t", "p") == batch
         assert t.has_cached_result("p", "t", {"dp_rank": 0, "batch_index": 0})
     assert t.sample([], 4, 0, 0, "t", "p") == batch  # the last member
-    assert t.save_checkpoint() == {"_states": {"p": {"t": {0: {}}}}, "_reads": {}}
+    assert t.save_checkpoint() == {"_states": {}, "_reads": {}}
 
 
 @pytest.mark.parametrize("group_size", [2, 3])
@@ -183,7 +184,7 @@ def test_checkpoints_without_read_counts_still_load(group_size):
         assert t.sample([], 4, 0, 0, "t", "p") == ([0, 1, 2, 3], [0, 1, 2, 3])
     assert not t.has_cached_result("p", "t", {"dp_rank": 0, "batch_index": 0})
     assert t.save_checkpoint() == {
-        "_states": {"p": {"t": {0: {}, 1: {5: [4, 5]}}}},
+        "_states": {"p": {"t": {1: {5: [4, 5]}}}},
         "_reads": {},
     }
     # and a sampler without group_size keeps TransferQueue's shape exactly
@@ -211,3 +212,59 @@ def test_bad_read_counts_are_refused(reads, exc, match):
     with pytest.raises(exc, match=match):
         t.load_checkpoint({"_states": {"p": {"t": {0: {0: [1, 2]}}}}, "_reads": reads})
     assert t.save_checkpoint() == before
+
+
+def test_freed_and_uncached_keys_leave_no_empty_levels():
+    s = RankAwareSampler(group_size=2)
+    for step in range(100):
+        for _ in range(2):
+            s.sample([1, 2, 3], 2, 0, 0, "train", f"step{step}")
+    s.sample([1], 2, 0, 0, "train", "few")  # too few ready: nothing cached, no entry
+    assert s.save_checkpoint() == {"_states": {}, "_reads": {}}
+    s.sample([1, 2], 2, 3, 0, "t", "p")
+    s.sample([1, 2], 2, 4, 0, "t", "p")
+    s.sample([], 2, 3, 0, "t", "p")  # group 3 freed, group 4 still cached
+    assert s.save_checkpoint() == {
+        "_states": {"p": {"t": {4: {0: [1, 2]}}}},
+        "_reads": {"p": {"t": {4: {0: 1}}}},
+    }
+    u = RankAwareSampler(group_size=1)
+    u.sample([1, 2], 2, 0, 0, "t", "p")
+    assert u.save_checkpoint() == {"_states": {}, "_reads": {}}
+
+
+@pytest.mark.parametrize(
+    ("states", "exc", "match"),
+    [
+        ({"p": 1}, TypeError, "mapping"),
+        ({"p": {"t": [1]}}, TypeError, "mapping"),
+        ({"p": {"t": {0: [1]}}}, TypeError, "mapping"),
+        ({"p": {"t": {0: {0: 5}}}}, TypeError, "list of indices"),
+        ({"p": {"t": {0: {0: [1.5]}}}}, TypeError, "must be an int"),
+        ({"p": {"t": {0: {0: [True]}}}}, TypeError, "must be an int"),
+        ({"p": {"t": {-1: {0: [1]}}}}, ValueError, "dp_rank"),
+        ({"p": {"t": {True: {0: [1]}}}}, TypeError, "dp_rank"),
+        ({"p": {"t": {"x": {0: [1]}}}}, TypeError, "dp_rank"),
+        ({"p": {"t": {0: {0: [1]}, "0": {}}}}, ValueError, "the same"),
+    ],
+)
+def test_malformed_checkpoints_are_refused_unchanged(states, exc, match):
+    t = RankAwareSampler(group_size=3)
+    t.sample([1, 2], 2, 0, 0, "t", "p")
+    before = t.save_checkpoint()
+    with pytest.raises(exc, match=match):
+        t.load_checkpoint({"_states": states})
+    assert t.save_checkpoint() == before
+
+
+def test_json_roundtripped_checkpoint_restores_integer_keys():
+    s = RankAwareSampler(group_size=3)
+    s.sample([1, 2, 3, 4], 2, 0, 7, "t", "p")
+    saved = s.save_checkpoint()
+    t = RankAwareSampler(group_size=3)
+    t.load_checkpoint(json.loads(json.dumps(saved)))
+    assert t.save_checkpoint() == saved
+    assert t.has_cached_result("p", "t", {"dp_rank": 0, "batch_index": 7})
+    assert t.sample([7, 8], 2, 0, 7, "t", "p") == ([1, 2], [1, 2])  # the group's batch
+    assert t.sample([7, 8], 2, 0, 7, "t", "p") == ([1, 2], [1, 2])
+    assert t.save_checkpoint() == {"_states": {}, "_reads": {}}

@@ -135,7 +135,8 @@ def _query(dist_info: DistInfo) -> tuple[int, int]:
         raise TypeError(
             f"dist_info() must return a (rank, world_size) tuple, got {type(result).__name__}"
         )
-    return result
+    # Python or numpy integers; bool (True is not a rank) and floats are refused.
+    return as_int("dist_info() rank", result[0]), as_int("dist_info() world_size", result[1])
 
 
 def resolve_ranks(

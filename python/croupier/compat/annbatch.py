@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from croupier._dist import resolve_ranks
 from croupier._validate import MAX_LEN, check_bool, check_int
 from croupier.samplers.chunk import ChunkSampler, LoadRequest
 
@@ -102,7 +103,9 @@ class DistributedSampler:
     """annbatch's ``DistributedSampler(sampler, *, dist_info, enforce_equal_batches=True)``:
     contiguous shards of the observations, one per rank; see the module documentation.
 
-    The wrapper samples with its own copy of ``sampler`` (made at construction, as annbatch
+    ``sampler`` must have ``num_replicas == 1`` (the wrapper does the sharding; a sampler that
+    already deals to ranks is refused with ``ValueError``). The wrapper samples with its own
+    copy of ``sampler`` (made at construction, as annbatch
     does), started at the beginning of ``sampler``'s current epoch, over the whole range (the
     copy's ``mask`` becomes this rank's shard once ``n_obs`` is known; ``sampler``'s own mask is
     ignored). ``sampler`` itself is left unchanged, so changes made to it afterwards do not
@@ -123,18 +126,20 @@ class DistributedSampler:
                 f"sampler must be a croupier ChunkSampler (such as RandomSampler), got "
                 f"{type(sampler).__name__}"
             )
-        if callable(dist_info):
-            rank, world = dist_info()
-        elif dist_info in ("torch", "jax"):
-            from croupier._dist import resolve_ranks
-
-            world, rank = resolve_ranks(None, None, dist_info)
-        else:
+        if sampler.num_replicas > 1:
+            # The sampler already deals its chunks to ranks: sharding again would leave each
+            # rank with a part of its shard, and most observations with no rank.
+            raise ValueError(
+                f"sampler has num_replicas={sampler.num_replicas}: DistributedSampler shards "
+                "the data itself, so pass a sampler of num_replicas=1 (such as RandomSampler)"
+            )
+        if not (callable(dist_info) or dist_info in ("torch", "jax")):
             raise ValueError(
                 f"Unknown dist_info {dist_info!r}. Supported backends: ['jax', 'torch']"
             )
-        if not (isinstance(world, int) and isinstance(rank, int) and 0 <= rank < world):
-            raise ValueError(f"dist_info gave rank {rank!r} of world size {world!r}")
+        # The one place dist_info results are checked (integers, numpy's included, not bool;
+        # 0 <= rank < world_size), as for every croupier sampler.
+        world, rank = resolve_ranks(None, None, dist_info)
         self._rank, self._world_size = rank, world
         self._enforce_equal_batches = check_bool("enforce_equal_batches", enforce_equal_batches)
         # A copy: the shard is set as its mask, which must not reach the caller's sampler (or
@@ -215,7 +220,8 @@ class DistributedSampler:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores a :meth:`state_dict` of a wrapper of the same rank and world size (a state
-        of another shard is refused with ``ValueError``)."""
+        of another shard is refused with ``ValueError``). A state saved before any
+        :meth:`sample` (``n_obs == -1``) loads at any time: it is the start of its epoch."""
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")
         n_obs = check_int("state['n_obs']", state.get("n_obs", -1), -1)
@@ -223,6 +229,10 @@ class DistributedSampler:
         if n_obs >= 0:
             # The state's mask is the shard of its n_obs: compare it with this rank's.
             self._sampler.mask = slice(*self._shard(n_obs))
+        elif state.get("mask_start") == 0 and state.get("mask_stop") == -1:
+            # Saved before any sample() (the start of training): the whole range, as a fresh
+            # wrapper's; the next sample() sets this rank's shard again.
+            self._sampler.mask = None
         try:
             self._sampler.load_state_dict(state)
         except BaseException:

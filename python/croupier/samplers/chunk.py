@@ -93,6 +93,12 @@ class ChunkSampler:
         self._preload = check_int("preload_nchunks", preload_nchunks, 1, MAX_LEN)
         self._batch_size = check_int("batch_size", batch_size, 1, MAX_LEN)
         memory = self._chunk_size * self._preload
+        if memory > U64_MAX:
+            # The core computes request sizes in 64 bits: refuse now, not at the first sample().
+            raise ValueError(
+                f"chunk_size * preload_nchunks must be < 2**64, got {self._chunk_size} * "
+                f"{self._preload} = {memory}"
+            )
         if memory % self._batch_size:
             raise ValueError(
                 f"chunk_size * preload_nchunks ({memory}) must be a multiple of batch_size "
@@ -318,13 +324,14 @@ class ChunkSampler:
         (any batch: the request holding it is yielded without the batches before it). A state
         of another configuration or world size is refused (``ValueError`` naming each
         difference), as is one whose ``position`` is past the epoch's batches for its ``n_obs``
-        (or not ``0`` when ``n_obs`` is ``-1``: nothing was sampled before it was saved), and
-        nothing changes."""
+        (or not ``0`` when ``n_obs`` is ``-1``: nothing was sampled before it was saved) or
+        whose ``rank`` is not in ``[0, num_replicas - 1]``, and nothing changes."""
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")
         config = {**self._config(), "num_replicas": self._num_replicas}
         native = check_state(state, ints=("epoch", "position", "rank"), config=config)
         epoch = check_int("state['epoch']", native["epoch"], 0, U64_MAX)
+        check_int("state['rank']", native["rank"], 0, self._num_replicas - 1)
         position = native["position"]
         n_obs = check_int("state['n_obs']", state.get("n_obs", -1), -1, MAX_LEN)
         if n_obs >= 0:

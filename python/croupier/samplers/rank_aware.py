@@ -90,16 +90,17 @@ class RankAwareSampler:
             raise ValueError(f"dp_rank {dp_rank} must be greater than or equal to 0")
         batch_size = check_int("batch_size", batch_size, 0)
         with self._lock:
-            groups = self._states.setdefault(partition_id, {}).setdefault(task_name, {})
-            batches = groups.setdefault(dp_rank, {})
             key = (partition_id, task_name, dp_rank, batch_index)
+            batches = self._states.get(partition_id, {}).get(task_name, {}).get(dp_rank, {})
             if batch_index not in batches:
                 sampled = self._choose(ready_indexes, batch_size, key)
+                # Nothing cached (too few ready, or a group of one): no entry is created.
                 if len(sampled) < batch_size:
                     return [], []
                 if self.group_size == 1:
                     return sampled, sampled
-                batches[batch_index] = sampled
+                groups = self._states.setdefault(partition_id, {}).setdefault(task_name, {})
+                groups.setdefault(dp_rank, {})[batch_index] = sampled
                 if self.group_size is not None:
                     self._reads[key] = 1
                 return sampled, sampled
@@ -111,9 +112,22 @@ class RankAwareSampler:
                 if reads >= self.group_size:
                     del batches[batch_index]
                     self._reads.pop(key, None)
+                    self._prune(partition_id, task_name, dp_rank)
                 else:
                     self._reads[key] = reads
             return sampled, sampled
+
+    def _prune(self, partition_id: Any, task_name: Any, dp_rank: int) -> None:
+        """Drops the levels of the cache left empty above a freed batch (memory stays
+        bounded by the batches cached)."""
+        tasks = self._states[partition_id]
+        groups = tasks[task_name]
+        if not groups[dp_rank]:
+            del groups[dp_rank]
+        if not groups:
+            del tasks[task_name]
+        if not tasks:
+            del self._states[partition_id]
 
     def __call__(self, *args: Any, **kwargs: Any) -> tuple[list[int], list[int]]:
         """``sample(*args, **kwargs)``: how TransferQueue's controller calls a sampler."""
@@ -163,13 +177,22 @@ class RankAwareSampler:
         Read counts (``"_reads"``) are restored when this sampler has a ``group_size``;
         a cached batch without one (a checkpoint of TransferQueue's or of a sampler without
         ``group_size``) counts as read once, by the member that sampled it, so it is freed
-        after ``group_size - 1`` more reads. Raises ``TypeError`` for a state of the wrong
-        shape and ``ValueError`` for a read count outside ``[1, group_size - 1]`` or of a batch
-        not in the cache; nothing changes then.
+        after ``group_size - 1`` more reads.
+
+        The cache is checked entry by entry: ``{partition_id: {task_name: {dp_rank:
+        {batch_index: [indices]}}}}`` with mappings at every level, ``dp_rank`` an integer
+        ``>= 0`` and each batch a list (or tuple) of integer indices. JSON turns integer keys
+        into strings, so a ``dp_rank`` or ``batch_index`` key that is a string of decimal
+        digits (``"0"``) loads as that integer (``0``), as :meth:`save_checkpoint` saved it: a
+        JSON round trip restores the cache exactly (a ``batch_index`` that was itself such a
+        string is therefore not supported). Raises ``TypeError`` for a state of the wrong shape
+        or type and ``ValueError`` for a negative ``dp_rank``, two keys that become the same,
+        or a read count outside ``[1, group_size - 1]`` or of a batch not in the cache; nothing
+        changes then.
         """
         if not isinstance(state, Mapping) or not isinstance(state.get("_states"), Mapping):
             raise TypeError("state must be a save_checkpoint() dict with a '_states' mapping")
-        states = copy.deepcopy(dict(state["_states"]))
+        states = _checked_states(state["_states"])
         reads = {} if self.group_size is None else _checked_reads(state, states, self.group_size)
         with self._lock:
             self._states = states
@@ -196,6 +219,50 @@ def _mapping(name: str, value: object) -> Mapping[Any, Any]:
     return value
 
 
+def _json_key(key: Any) -> Any:
+    """An integer key that JSON made a string (``"3"``) as the integer again."""
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        return int(key)
+    return key
+
+
+def _levels(where: str, value: object, dp_rank: bool) -> dict[Any, Any]:
+    """The mapping ``value`` with its keys restored from JSON (``dp_rank`` keys checked)."""
+    out: dict[Any, Any] = {}
+    for raw, item in _mapping(where, value).items():
+        key = _json_key(raw)
+        if dp_rank:
+            key = check_int(f"{where}: dp_rank {raw!r}", key, 0)
+        if key in out:
+            raise ValueError(f"{where}: keys {raw!r} and {key!r} are the same once loaded")
+        out[key] = item
+    return out
+
+
+def _checked_states(value: object) -> dict[Any, Any]:
+    """``state["_states"]`` checked and copied: mappings down to lists of integer indices."""
+    where = "state['_states']"
+    states: dict[Any, Any] = {}
+    for partition_id, tasks in _mapping(where, value).items():
+        at_p = f"{where}[{partition_id!r}]"
+        for task_name, groups in _mapping(at_p, tasks).items():
+            at_t = f"{at_p}[{task_name!r}]"
+            for dp_rank, batches in _levels(at_t, groups, dp_rank=True).items():
+                at_r = f"{at_t}[{dp_rank!r}]"
+                cached = {}
+                for batch_index, batch in _levels(at_r, batches, dp_rank=False).items():
+                    name = f"{at_r}[{batch_index!r}]"
+                    if not isinstance(batch, (list, tuple)):
+                        raise TypeError(
+                            f"{name} must be a list of indices, got {type(batch).__name__}"
+                        )
+                    cached[batch_index] = [as_int(f"{name} index", i) for i in batch]
+                states.setdefault(partition_id, {}).setdefault(task_name, {})[dp_rank] = cached
+            states.setdefault(partition_id, {}).setdefault(task_name, {})
+        states.setdefault(partition_id, {})
+    return states
+
+
 def _checked_reads(
     state: Mapping[str, Any], states: Mapping[Any, Any], group_size: int
 ) -> dict[tuple[Any, Any, int, Any], int]:
@@ -206,8 +273,8 @@ def _checked_reads(
     for partition_id, tasks in _mapping(where, state.get("_reads", {})).items():
         for task_name, groups in _mapping(f"{where}[{partition_id!r}]", tasks).items():
             at = f"{where}[{partition_id!r}][{task_name!r}]"
-            for dp_rank, batches in _mapping(at, groups).items():
-                for batch_index, n in _mapping(f"{at}[{dp_rank!r}]", batches).items():
+            for dp_rank, batches in _levels(at, groups, dp_rank=True).items():
+                for batch_index, n in _levels(f"{at}[{dp_rank!r}]", batches, False).items():
                     name = f"{at}[{dp_rank!r}][{batch_index!r}]"
                     cached: object = states
                     for k in (partition_id, task_name, dp_rank):
