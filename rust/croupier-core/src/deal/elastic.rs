@@ -17,9 +17,7 @@
 //! positions fall in (`fast_share_range_into`), and picks every position it takes from it:
 //! O(N) time over all the old shares it meets, memory for its own share plus one old range.
 
-use crate::deal::fast_share::{
-    block_end, block_of, block_start, fast_share_range_into, RANDOM_ACCESS_MAX,
-};
+use crate::deal::fast_share::{fast_share_range_into, Blocks};
 use crate::deal::layout::Layout;
 use crate::deal::rank::Order;
 use crate::error::{Error, Result};
@@ -175,19 +173,19 @@ impl Elastic {
         (start, stop): (u64, u64),
     ) -> Result<Vec<T>> {
         let w0 = self.origin.num_replicas();
-        let mut scratch: Vec<T> = Vec::new();
-        // Old rank s holds ceil((E - s) / W0) distinct values. Its blocks are read whole (from
-        // a block's start, in place) in at most two pieces of at most about half its share, so
-        // the peak is this rank's output plus one piece; a short read (the first index) is
-        // read by random access.
+        // Old rank s holds ceil((E - s) / W0) distinct values. It is read in at most two
+        // pieces of at most about half its share, straight into the piece's buffer, so the
+        // peak is this rank's output plus one piece; a short read (the first index) is read by
+        // random access.
         let end = self.end;
         let share = move |s: u64| (end - s).div_ceil(w0);
+        let blocks = Blocks::Doubling;
         // A read is one walk of the partition, whose upper levels cost the same for a small
         // block as for a large one: the blocks before an old share's last one (together about
         // as long as it, blocks doubling) are read in one walk, the last one in another.
         let piece_end = move |s: u64, j: u64| {
             let c = share(s);
-            let last = block_start(c, block_of(c.saturating_sub(1)));
+            let last = blocks.start(c, blocks.of(c.saturating_sub(1)));
             if j < last {
                 last
             } else {
@@ -199,28 +197,11 @@ impl Elastic {
             (start, stop),
             piece_end,
             |s, (a, b), buf: &mut Vec<T>| {
-                // Whole blocks, computed in place (a block cut at either end would be computed
-                // whole in a scratch beside the buffer); a few positions by random access.
-                let (from, to) = if b - a <= RANDOM_ACCESS_MAX {
-                    (a, b)
-                } else {
-                    (
-                        block_start(share(s), block_of(a)),
-                        block_end(share(s), b - 1),
-                    )
-                };
                 // A fresh buffer per read: the previous one is gone before this one's work.
                 *buf = Vec::new();
-                buf.resize((to - from) as usize, T::from_u64(0));
-                fast_share_range_into(
-                    &self.origin,
-                    s,
-                    (seed, epoch),
-                    (from, to),
-                    buf,
-                    &mut scratch,
-                )?;
-                Ok(from)
+                buf.resize((b - a) as usize, T::from_u64(0));
+                fast_share_range_into(&self.origin, blocks, s, (seed, epoch), (a, b), buf)?;
+                Ok(a)
             },
         )
     }

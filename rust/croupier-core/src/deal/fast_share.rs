@@ -51,7 +51,7 @@ use crate::deal::class_split::{
 use crate::deal::layout::Layout;
 use crate::deal::seekable::{Dealer, Plan, Seekable, Shape};
 use crate::error::{Error, Result};
-use crate::index::{keep_range, try_with_capacity, zeros_par, Index};
+use crate::index::{zeros_par, Index};
 use crate::shuffle::fisher_yates::fisher_yates;
 use crate::stream::{fold, Purpose, Stream};
 use rayon::prelude::*;
@@ -65,6 +65,7 @@ pub(crate) const FIRST_BLOCK: u64 = 1 << 10;
 /// `drop_last` (if any).
 #[derive(Debug, Clone)]
 pub(crate) struct RankClasses {
+    shape: Blocks,
     w: u64,
     q: u64,
     rem: u64,
@@ -74,13 +75,13 @@ pub(crate) struct RankClasses {
 }
 
 impl RankClasses {
-    /// The classes of `layout`.
-    pub(crate) fn new(layout: &Layout) -> Result<Self> {
+    /// The classes of `layout`, the shares cut into blocks as `shape` says.
+    pub(crate) fn new(layout: &Layout, shape: Blocks) -> Result<Self> {
         let (n, w) = (layout.n(), layout.num_replicas());
         let kept = n.min(layout.total_size());
         let (q, rem) = (kept / w, kept % w);
         let largest = q + u64::from(rem > 0);
-        let blocks = block_of(largest.max(1) - 1) + 1;
+        let blocks = shape.of(largest.max(1) - 1) + 1;
         if w.checked_mul(blocks)
             .and_then(|x| x.checked_add(1))
             .is_none()
@@ -95,6 +96,7 @@ impl RankClasses {
             ));
         }
         Ok(RankClasses {
+            shape,
             w,
             q,
             rem,
@@ -115,28 +117,42 @@ impl RankClasses {
     }
 }
 
-/// The block holding position `p` of a share.
-pub(crate) fn block_of(p: u64) -> u64 {
-    if p < FIRST_BLOCK {
-        0
-    } else {
-        1 + u64::from(63 - (p / FIRST_BLOCK).leading_zeros())
+/// How a rank's share is cut into blocks: the classes of the partition, and what a read of
+/// part of the share computes (the blocks it meets, whole, by one walk of the partition).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Blocks {
+    /// `[0, F)`, `[F, 2F)`, `[2F, 4F)`, …: `order="fast"`'s shares. A read from position `p`
+    /// walks only the blocks from `p`'s on, but every block is a class level of the walk.
+    Doubling,
+    /// `[0, F)` and `[F, c)`: a mixture's passes, which are read whole or from their start.
+    /// About half the class levels of [`Blocks::Doubling`], so a whole share walks the
+    /// partition in half the time (0.98 s against 1.96 s for 1e9 over 8 ranks,
+    /// `docs/performance.md`); a read of part of it walks the whole.
+    Two,
+}
+
+impl Blocks {
+    /// The block holding position `p` of a share.
+    pub(crate) fn of(self, p: u64) -> u64 {
+        if p < FIRST_BLOCK {
+            0
+        } else {
+            match self {
+                Blocks::Doubling => 1 + u64::from(63 - (p / FIRST_BLOCK).leading_zeros()),
+                Blocks::Two => 1,
+            }
+        }
     }
-}
 
-/// Where the block holding position `p` of a share of `c` values ends.
-pub(crate) fn block_end(c: u64, p: u64) -> u64 {
-    block_start(c, block_of(p) + 1)
-}
-
-/// Where block `j` of a share of `c` values starts.
-pub(crate) fn block_start(c: u64, j: u64) -> u64 {
-    if j == 0 {
-        0
-    } else if j > u64::from(FIRST_BLOCK.leading_zeros()) {
-        c
-    } else {
-        c.min(FIRST_BLOCK << (j - 1))
+    /// Where block `j` of a share of `c` values starts.
+    pub(crate) fn start(self, c: u64, j: u64) -> u64 {
+        match (self, j) {
+            (_, 0) => 0,
+            (Blocks::Two, 1) => c.min(FIRST_BLOCK),
+            (Blocks::Two, _) => c,
+            (Blocks::Doubling, j) if j > u64::from(FIRST_BLOCK.leading_zeros()) => c,
+            (Blocks::Doubling, j) => c.min(FIRST_BLOCK << (j - 1)),
+        }
     }
 }
 
@@ -154,7 +170,7 @@ impl Classes for RankClasses {
             return self.kept;
         }
         let (r, j) = (x / self.blocks, x % self.blocks);
-        r * self.q + r.min(self.rem) + block_start(self.share(r), j)
+        r * self.q + r.min(self.rem) + self.shape.start(self.share(r), j)
     }
 
     /// Ranks split in halves (so a rank is one subtree), the cut values apart from the ranks,
@@ -269,8 +285,8 @@ fn blocks<T: Index>(
     seed: u64,
     epoch: u64,
 ) -> Result<Vec<T>> {
-    let c = classes.share(rank);
-    let total = block_start(c, j1) - block_start(c, j0);
+    let (c, shape) = (classes.share(rank), classes.shape);
+    let total = shape.start(c, j1) - shape.start(c, j0);
     let mut values = zeros_par::<T>("a rank's indices", total)?;
     if values.len() as u64 != total {
         return Ok(values); // cancelled: the caller discards it
@@ -291,69 +307,113 @@ fn blocks_into<T: Index>(
     let (c0, c1) = (classes.class(rank, j0), classes.class(rank, j1));
     let offsets = class_offsets(classes, c0, c1);
     debug_assert_eq!(Some(&(values.len() as u64)), offsets.last());
-    let mut segs = Vec::with_capacity(offsets.len() - 1);
+    let mut wants = Vec::with_capacity(offsets.len() - 1);
     let mut rest: &mut [T] = values;
     for w in offsets.windows(2) {
-        let (seg, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) as usize);
-        segs.push(seg);
+        let len = w[1] - w[0];
+        let (seg, tail) = std::mem::take(&mut rest).split_at_mut(len as usize);
+        wants.push(Want {
+            seg,
+            window: (0, len),
+        });
         rest = tail;
     }
-    blocks_into_segs(layout, classes, rank, (j0, j1), (seed, epoch), segs);
+    blocks_into_segs(layout, classes, rank, (j0, j1), (seed, epoch), wants);
 }
 
-/// Rank `rank`'s blocks `[j0, j1)`, block `j0 + i` into `segs[i]` (exactly its length), in
-/// one walk of the partition.
+/// Positions `window` of one block (block-relative), to be written to `seg` (as long as the
+/// window).
+struct Want<'a, T> {
+    seg: &'a mut [T],
+    window: (u64, u64),
+}
+
+/// Rank `rank`'s blocks `[j0, j1)`, positions `wants[i].window` of block `j0 + i` into
+/// `wants[i].seg`, in one walk of the partition. A long block only partly wanted deals only
+/// the buckets its window meets (two of them, at most, through a buffer of their own); a
+/// short one is computed whole beside its segment.
 fn blocks_into_segs<T: Index>(
     layout: &Layout,
     classes: &RankClasses,
     rank: u64,
     (j0, j1): (u64, u64),
     (seed, epoch): (u64, u64),
-    segs: Vec<&mut [T]>,
+    wants: Vec<Want<'_, T>>,
 ) {
     let key = layout_key(layout);
     let base = partition_base(seed, epoch, key);
     let (c0, c1) = (classes.class(rank, j0), classes.class(rank, j1));
     let offsets = class_offsets(classes, c0, c1);
-    debug_assert_eq!(segs.len() + 1, offsets.len());
-    debug_assert!(segs
+    let lens: Vec<u64> = offsets.windows(2).map(|w| w[1] - w[0]).collect();
+    debug_assert_eq!(wants.len(), lens.len());
+    debug_assert!(wants.iter().zip(&lens).all(|(w, &len)| {
+        let (a, b) = w.window;
+        a < b && b <= len && w.seg.len() as u64 == b - a
+    }));
+    let plans: Vec<Option<Plan<T>>> = lens
         .iter()
-        .zip(offsets.windows(2))
-        .all(|(s, w)| s.len() as u64 == w[1] - w[0]));
-    let plans: Vec<Option<Plan<T>>> = offsets
-        .windows(2)
+        .zip(&wants)
         .enumerate()
-        .map(|(i, w)| {
-            let len = w[1] - w[0];
-            (len > BUCKETED_FROM)
-                .then(|| Plan::new(&block_keys(seed, epoch, key, c0 + i as u64), len))
+        .map(|(i, (&len, w))| {
+            (len > BUCKETED_FROM).then(|| {
+                Plan::window(&block_keys(seed, epoch, key, c0 + i as u64), len, w.window)
+            })
         })
         .collect();
-    let mut segs = segs;
-    let sinks: Vec<BlockSink<T>> = segs
+    let mut edges: Vec<Vec<T>> = plans
+        .iter()
+        .map(|p| vec![T::from_u64(0); p.as_ref().map_or(0, Plan::edge_len)])
+        .collect();
+    // Short blocks only partly wanted are computed whole here.
+    let mut wholes: Vec<Option<Vec<T>>> = lens
+        .iter()
+        .zip(&wants)
+        .zip(&plans)
+        .map(|((&len, w), plan)| {
+            (plan.is_none() && w.window != (0, len)).then(|| vec![T::from_u64(0); len as usize])
+        })
+        .collect();
+    let mut wants = wants;
+    let sinks: Vec<BlockSink<T>> = wants
         .iter_mut()
         .zip(&plans)
-        .map(|(seg, plan)| match plan {
-            Some(plan) => BlockSink::Deal(Dealer::new(plan, seg)),
-            None => BlockSink::Run(Run::new(seg)),
+        .zip(edges.iter_mut())
+        .zip(wholes.iter_mut())
+        .map(|(((w, plan), edge), whole)| match (plan, whole) {
+            (Some(plan), _) => BlockSink::Deal(Dealer::new(plan, w.seg, edge)),
+            (None, Some(whole)) => BlockSink::Run(Run::new(whole)),
+            (None, None) => BlockSink::Run(Run::new(w.seg)),
         })
         .collect();
     class_values_into(layout.n(), classes, c0, c1, base, sinks);
     let mut short = Vec::with_capacity(plans.len());
     let mut long = Vec::new();
-    for (i, (seg, plan)) in segs.into_iter().zip(plans).enumerate() {
+    for (i, (((w, plan), edge), whole)) in wants
+        .into_iter()
+        .zip(plans)
+        .zip(edges.iter_mut())
+        .zip(wholes)
+        .enumerate()
+    {
         match plan {
-            Some(plan) => long.push((plan, seg)),
-            None => short.push((c0 + i as u64, seg)),
+            Some(plan) => long.push((plan, w.seg, edge)),
+            None => short.push((c0 + i as u64, w, whole)),
         }
     }
-    short.into_par_iter().for_each(|(class, seg)| {
+    short.into_par_iter().for_each(|(class, w, whole)| {
         let mut stream = Stream::new(seed, epoch, Purpose::ShareOrder, fold(key, class));
-        fisher_yates(seg, &mut stream);
+        match whole {
+            None => fisher_yates(w.seg, &mut stream),
+            Some(mut whole) => {
+                fisher_yates(&mut whole, &mut stream);
+                let (a, b) = w.window;
+                w.seg.copy_from_slice(&whole[a as usize..b as usize]);
+            }
+        }
     });
     // One long block at a time, each on every thread.
-    for (plan, seg) in long {
-        plan.finish(seg);
+    for (plan, seg, edge) in long {
+        plan.finish(seg, edge);
     }
 }
 
@@ -372,8 +432,8 @@ fn block_range<T: Index>(
 ) -> Vec<T> {
     let key = layout_key(layout);
     let class = classes.class(rank, j);
-    let c = classes.share(rank);
-    let len = block_start(c, j + 1) - block_start(c, j);
+    let (c, shape) = (classes.share(rank), classes.shape);
+    let len = shape.start(c, j + 1) - shape.start(c, j);
     let ranks = block_keys(seed, epoch, key, class).positions(len, a, b);
     let base = partition_base(seed, epoch, key);
     class_select(layout.n(), classes, class, &ranks, base)
@@ -382,27 +442,29 @@ fn block_range<T: Index>(
         .collect()
 }
 
-/// Positions `[start, stop)` of rank `rank`'s sequence for the epoch, in `order="fast"` with
-/// shuffling; `start <= stop <= layout.num_samples()`.
 /// Bytes [`fast_share`] holds at its peak for positions `[start, stop)` of `rank`'s share:
-/// the blocks holding them (computed whole, then cut) and their stripe tables. An estimate
-/// for refusing what cannot fit before any work, not a bound the allocator is held to.
+/// the range, the stripe tables of the blocks holding it, and the at most two buckets of
+/// each block cut by the range that are dealt beside it. An estimate for refusing what
+/// cannot fit before any work, not a bound the allocator is held to.
 pub(crate) fn fast_share_bytes(layout: &Layout, rank: u64, start: u64, stop: u64) -> u64 {
-    let Ok(classes) = RankClasses::new(layout) else {
+    let shape = Blocks::Doubling;
+    let Ok(classes) = RankClasses::new(layout, shape) else {
         return 0;
     };
     let c = classes.share(rank);
     let own_stop = stop.min(c);
     let values = if start < own_stop {
-        let (j0, j1) = (block_of(start), block_of(own_stop - 1) + 1);
-        block_start(c, j1) - block_start(c, j0)
+        let (j0, j1) = (shape.of(start), shape.of(own_stop - 1) + 1);
+        shape.start(c, j1) - shape.start(c, j0)
     } else {
         0
     };
     let elem = crate::index::index_bytes(layout.n());
-    (values + values / 64 + (stop - start)).saturating_mul(elem)
+    (values / 64 + values / 16 + (stop - start)).saturating_mul(elem)
 }
 
+/// Positions `[start, stop)` of rank `rank`'s sequence for the epoch, in `order="fast"` with
+/// shuffling; `start <= stop <= layout.num_samples()`.
 pub(crate) fn fast_share<T: Index>(
     layout: &Layout,
     rank: u64,
@@ -413,97 +475,45 @@ pub(crate) fn fast_share<T: Index>(
 ) -> Result<Vec<T>> {
     layout.check_rank(rank)?;
     layout.check_range(start, stop)?;
-    let classes = RankClasses::new(layout)?;
-    let c = classes.share(rank);
-    let own_stop = stop.min(c);
-    let mut out: Vec<T>;
-    if start < own_stop {
-        let (j0, j1) = (block_of(start), block_of(own_stop - 1) + 1);
-        let lo = block_start(c, j0);
-        if j1 == j0 + 1
-            && block_start(c, j1) - lo > BUCKETED_FROM
-            && own_stop - start <= RANDOM_ACCESS_MAX
-        {
-            let (a, b) = (start - lo, own_stop - lo);
-            out = block_range(layout, &classes, rank, j0, (a, b), seed, epoch);
-        } else {
-            out = blocks(layout, &classes, rank, (j0, j1), seed, epoch)?;
-            keep_range(&mut out, (start - lo) as usize, (own_stop - start) as usize);
-        }
-    } else {
-        out = try_with_capacity("a rank's indices", stop - start)?;
+    let mut out = zeros_par::<T>("a rank's indices", stop - start)?;
+    if out.len() as u64 != stop - start {
+        return Ok(out); // cancelled: the caller discards it
     }
-    if stop > c && start <= c {
-        // The padding position: global position rank + c*W repeats π[s], the first index of
-        // rank s mod W (s < W, see the module docs).
-        let (n, w) = (layout.n(), layout.num_replicas());
-        let s = (rank + c * w - n) % n;
-        let source = s % w;
-        let head = blocks::<T>(layout, &classes, source, (0, 1), seed, epoch)?;
-        out.push(head[0]);
-    }
-    out.shrink_to_fit();
+    fast_share_range_into(
+        layout,
+        Blocks::Doubling,
+        rank,
+        (seed, epoch),
+        (start, stop),
+        &mut out,
+    )?;
     Ok(out)
 }
 
-/// Rank `rank`'s whole sequence for the epoch (`num_samples` positions, padding included)
-/// into `out`, without a buffer of its own: what [`fast_share`] gives for `[0, num_samples)`.
-pub(crate) fn fast_share_into<T: Index>(
-    layout: &Layout,
-    rank: u64,
-    seed: u64,
-    epoch: u64,
-    out: &mut [T],
-) -> Result<()> {
-    layout.check_rank(rank)?;
-    let ns = layout.num_samples();
-    layout.check_range(0, ns)?;
-    assert_eq!(out.len() as u64, ns, "out must hold the whole share");
-    let classes = RankClasses::new(layout)?;
-    let c = classes.share(rank);
-    if c > 0 {
-        let j1 = block_of(c - 1) + 1;
-        blocks_into(
-            layout,
-            &classes,
-            rank,
-            (0, j1),
-            (seed, epoch),
-            &mut out[..c as usize],
-        );
-    }
-    if ns > c {
-        let (n, w) = (layout.n(), layout.num_replicas());
-        let s = (rank + c * w - n) % n;
-        let head = blocks::<T>(layout, &classes, s % w, (0, 1), seed, epoch)?;
-        out[c as usize] = head[0];
-    }
-    Ok(())
-}
-
-/// Positions `[start, stop)` of rank `rank`'s sequence into `out` (`stop - start` long): what
-/// [`fast_share`] gives, without a buffer of the range's size. The blocks wholly inside the
-/// range are computed in place; a block only partly inside (at most the first and the last)
-/// goes through `scratch`, which the caller may reuse across calls.
+/// Positions `[start, stop)` of rank `rank`'s sequence into `out` (`stop - start` long), its
+/// shares cut into blocks as `shape` says (with [`Blocks::Doubling`]: what [`fast_share`]
+/// gives). The blocks the range meets are computed in one walk of the partition, straight
+/// into `out`, except for the at most two buckets of the seekable shuffle of a long block
+/// that the range cuts, and a short block (at most [`BUCKETED_FROM`] values) that it cuts.
 pub(crate) fn fast_share_range_into<T: Index>(
     layout: &Layout,
+    shape: Blocks,
     rank: u64,
     (seed, epoch): (u64, u64),
     (start, stop): (u64, u64),
     out: &mut [T],
-    scratch: &mut Vec<T>,
 ) -> Result<()> {
     layout.check_rank(rank)?;
     layout.check_range(start, stop)?;
     assert_eq!(out.len() as u64, stop - start, "out must hold the range");
-    let classes = RankClasses::new(layout)?;
+    let classes = RankClasses::new(layout, shape)?;
     let c = classes.share(rank);
     let own_stop = stop.min(c);
     if start < own_stop {
-        let (j0, j1) = (block_of(start), block_of(own_stop - 1) + 1);
-        let lo = block_start(c, j0);
+        let (j0, j1) = (shape.of(start), shape.of(own_stop - 1) + 1);
+        let lo = shape.start(c, j0);
         if j1 == j0 + 1
-            && block_start(c, j1) - lo > BUCKETED_FROM
+            && shape.start(c, j1) - lo > BUCKETED_FROM
             && own_stop - start <= RANDOM_ACCESS_MAX
         {
             let part: Vec<T> = block_range(
@@ -517,52 +527,24 @@ pub(crate) fn fast_share_range_into<T: Index>(
             );
             out[..part.len()].copy_from_slice(&part);
         } else {
-            let bounds: Vec<(u64, u64)> = (j0..j1)
-                .map(|j| (block_start(c, j), block_start(c, j + 1)))
-                .collect();
-            let partial = |&(a, b): &(u64, u64)| a < start || b > own_stop;
-            let scratch_len: u64 = bounds
-                .iter()
-                .filter(|b| partial(b))
-                .map(|(a, b)| b - a)
-                .sum();
-            scratch.clear();
-            scratch.resize(scratch_len as usize, T::from_u64(0));
-            {
-                let mut segs = Vec::with_capacity(bounds.len());
-                let (mut s_rest, mut o_rest): (&mut [T], &mut [T]) = (
-                    scratch.as_mut_slice(),
-                    &mut out[..(own_stop - start) as usize],
-                );
-                for b in &bounds {
-                    let len = (b.1 - b.0) as usize;
-                    if partial(b) {
-                        let (seg, tail) = std::mem::take(&mut s_rest).split_at_mut(len);
-                        segs.push(seg);
-                        s_rest = tail;
-                        // Its part of `out` is copied from the scratch below.
-                        let skip = (b.1.min(own_stop) - b.0.max(start)) as usize;
-                        o_rest = &mut std::mem::take(&mut o_rest)[skip..];
-                    } else {
-                        let (seg, tail) = std::mem::take(&mut o_rest).split_at_mut(len);
-                        segs.push(seg);
-                        o_rest = tail;
-                    }
-                }
-                blocks_into_segs(layout, &classes, rank, (j0, j1), (seed, epoch), segs);
+            let mut wants = Vec::with_capacity((j1 - j0) as usize);
+            let mut rest: &mut [T] = &mut out[..(own_stop - start) as usize];
+            for j in j0..j1 {
+                let (a, b) = (shape.start(c, j), shape.start(c, j + 1));
+                let (x, z) = (a.max(start), b.min(own_stop));
+                let (seg, tail) = std::mem::take(&mut rest).split_at_mut((z - x) as usize);
+                wants.push(Want {
+                    seg,
+                    window: (x - a, z - a),
+                });
+                rest = tail;
             }
-            let mut at = 0usize;
-            for b in bounds.iter().filter(|b| partial(b)) {
-                let (a, z) = (b.0.max(start), b.1.min(own_stop));
-                let from = at + (a - b.0) as usize;
-                out[(a - start) as usize..(z - start) as usize]
-                    .copy_from_slice(&scratch[from..from + (z - a) as usize]);
-                at += (b.1 - b.0) as usize;
-            }
+            blocks_into_segs(layout, &classes, rank, (j0, j1), (seed, epoch), wants);
         }
     }
     if stop > c && start <= c {
-        // The padding position, as in `fast_share`.
+        // The padding position: global position rank + c*W repeats π[s], the first index of
+        // rank s mod W (s < W, see the module docs).
         let (n, w) = (layout.n(), layout.num_replicas());
         let s = (rank + c * w - n) % n;
         let head = blocks::<T>(layout, &classes, s % w, (0, 1), seed, epoch)?;
@@ -571,19 +553,21 @@ pub(crate) fn fast_share_range_into<T: Index>(
     Ok(())
 }
 
-/// Where the first call from `start` should stop: the end of the block holding `start`, or
-/// [`RANDOM_ACCESS_MAX`] positions on inside a bucketed block (read by random access).
+/// Where the first call from `start` should stop (`order="fast"`): the end of the block
+/// holding `start`, or [`RANDOM_ACCESS_MAX`] positions on inside a bucketed block (read by
+/// random access).
 pub(crate) fn first_stop(layout: &Layout, rank: u64, start: u64) -> Result<u64> {
     layout.check_rank(rank)?;
-    let classes = RankClasses::new(layout)?;
+    let shape = Blocks::Doubling;
+    let classes = RankClasses::new(layout, shape)?;
     let c = classes.share(rank);
     let ns = layout.num_samples();
     if start >= c {
         return Ok(ns);
     }
-    let j = block_of(start);
-    let end = block_start(c, j + 1);
-    let end = if end - block_start(c, j) > BUCKETED_FROM {
+    let j = shape.of(start);
+    let end = shape.start(c, j + 1);
+    let end = if end - shape.start(c, j) > BUCKETED_FROM {
         end.min(start + RANDOM_ACCESS_MAX)
     } else {
         end
@@ -706,8 +690,10 @@ mod tests {
 
     #[test]
     fn ranges_into_a_buffer_equal_the_cut_of_the_share() {
-        // fast_share_range_into (whole blocks in place, partial ones through the scratch)
-        // against fast_share, over Fisher-Yates and bucketed blocks, padding and random access.
+        // Every range (blocks wholly inside in place, a cut long block through a windowed
+        // plan, a cut short one computed whole beside) against the cut of the whole share
+        // (every block whole), over Fisher-Yates and bucketed blocks, padding and random
+        // access, for both block shapes.
         for (n, w, drop_last) in [
             (50_001u64, 3u64, false),
             (200_003, 2, false),
@@ -718,17 +704,54 @@ mod tests {
             let mut cuts = vec![0, 1, 1023, 1024, 1025, 4096, 65_535, 65_536, 65_600, 70_000];
             cuts.extend([131_072, 131_100, ns - 64, ns - 1, ns]);
             cuts.retain(|&c| c <= ns);
-            let mut scratch = vec![7u32; 3];
-            for r in [0, w - 1] {
-                let whole = fast_share::<u32>(&layout, r, 11, 3, 0, ns).unwrap();
-                for &a in &cuts {
-                    for &b in cuts.iter().filter(|&&b| b >= a) {
-                        let mut out = vec![0u32; (b - a) as usize];
-                        fast_share_range_into(&layout, r, (11, 3), (a, b), &mut out, &mut scratch)
-                            .unwrap();
-                        assert_eq!(out, whole[a as usize..b as usize], "n={n} r={r} [{a}, {b})");
+            for shape in [Blocks::Doubling, Blocks::Two] {
+                for r in [0, w - 1] {
+                    let mut whole = vec![0u32; ns as usize];
+                    fast_share_range_into(&layout, shape, r, (11, 3), (0, ns), &mut whole)
+                        .unwrap();
+                    if shape == Blocks::Doubling {
+                        assert_eq!(whole, fast_share::<u32>(&layout, r, 11, 3, 0, ns).unwrap());
+                    }
+                    for &a in &cuts {
+                        for &b in cuts.iter().filter(|&&b| b >= a) {
+                            let mut out = vec![0u32; (b - a) as usize];
+                            fast_share_range_into(&layout, shape, r, (11, 3), (a, b), &mut out)
+                                .unwrap();
+                            assert_eq!(
+                                out,
+                                whole[a as usize..b as usize],
+                                "n={n} r={r} [{a}, {b}) {shape:?}"
+                            );
+                        }
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn two_blocks_partition_the_dataset_and_differ_from_doubling() {
+        for (n, w, drop_last) in [(9_000u64, 8u64, true), (100_003, 3, false), (5, 8, false)] {
+            let layout = Layout::new(n, w, drop_last).unwrap();
+            let ns = layout.num_samples();
+            let shares: Vec<Vec<u64>> = (0..w)
+                .map(|r| {
+                    let mut out = vec![0u64; ns as usize];
+                    fast_share_range_into(&layout, Blocks::Two, r, (4, 1), (0, ns), &mut out)
+                        .unwrap();
+                    out
+                })
+                .collect();
+            let all: Vec<u64> = shares.iter().flatten().copied().collect();
+            let distinct: HashSet<u64> = all.iter().copied().collect();
+            assert!(all.iter().all(|&v| v < n));
+            if drop_last {
+                assert_eq!(distinct.len(), all.len());
+            } else {
+                assert_eq!(distinct.len() as u64, n);
+            }
+            if n > 100_000 {
+                assert_ne!(shares[0], share(n, w, 0, drop_last, 4, 1));
             }
         }
     }
@@ -769,11 +792,11 @@ mod tests {
     fn random_access_itself_reads_the_block_and_salts_differ() {
         // block_range directly (not through fast_share's choice of path), against the whole.
         let layout = Layout::new(200_003, 1, false).unwrap();
-        let classes = RankClasses::new(&layout).unwrap();
+        let classes = RankClasses::new(&layout, Blocks::Doubling).unwrap();
         let whole = share(200_003, 1, 0, false, 6, 2);
         for (j, lo) in [(7u64, 65_536u64), (8, 131_072)] {
             for a in [0u64, 1, 4095, 4096, 30_000, 68_000] {
-                let b = (a + 50).min(block_start(200_003, j + 1) - lo);
+                let b = (a + 50).min(Blocks::Doubling.start(200_003, j + 1) - lo);
                 if a >= b {
                     continue;
                 }
@@ -842,18 +865,23 @@ mod tests {
 
     #[test]
     fn block_arithmetic() {
-        assert_eq!(block_of(0), 0);
-        assert_eq!(block_of(FIRST_BLOCK - 1), 0);
-        assert_eq!(block_of(FIRST_BLOCK), 1);
-        assert_eq!(block_of(2 * FIRST_BLOCK - 1), 1);
-        assert_eq!(block_of(2 * FIRST_BLOCK), 2);
-        assert_eq!(block_of(u64::MAX), 54);
-        for c in [0u64, 1, 4096, 4097, 1 << 40, (1 << 63) - 1] {
-            let last = block_of(c.max(1) - 1);
-            assert_eq!(block_start(c, last + 1), c);
-            for j in 0..=last {
-                assert!(block_start(c, j) < c.max(1));
-                assert_eq!(block_of(block_start(c, j)), j);
+        let d = Blocks::Doubling;
+        assert_eq!(d.of(0), 0);
+        assert_eq!(d.of(FIRST_BLOCK - 1), 0);
+        assert_eq!(d.of(FIRST_BLOCK), 1);
+        assert_eq!(d.of(2 * FIRST_BLOCK - 1), 1);
+        assert_eq!(d.of(2 * FIRST_BLOCK), 2);
+        assert_eq!(d.of(u64::MAX), 54);
+        let t = Blocks::Two;
+        assert_eq!((t.of(FIRST_BLOCK - 1), t.of(FIRST_BLOCK), t.of(u64::MAX)), (0, 1, 1));
+        for shape in [d, t] {
+            for c in [0u64, 1, 1024, 1025, 4096, 4097, 1 << 40, (1 << 63) - 1] {
+                let last = shape.of(c.max(1) - 1);
+                assert_eq!(shape.start(c, last + 1), c);
+                for j in 0..=last {
+                    assert!(shape.start(c, j) < c.max(1));
+                    assert_eq!(shape.of(shape.start(c, j)), j);
+                }
             }
         }
     }

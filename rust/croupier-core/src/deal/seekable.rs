@@ -60,7 +60,7 @@ use crate::deal::cell_rng::CellRng;
 use crate::deal::hypergeom::hypergeometric;
 use crate::index::Index;
 use crate::shuffle::parallel::{
-    child_path, fisher_yates_fast, inside_out_fast, keyed_xoshiro, Shared, PATH_BITS, PREFETCH_FROM,
+    child_path, fisher_yates_fast, inside_out_fast, keyed_xoshiro, PATH_BITS, PREFETCH_FROM,
 };
 use crate::stream::{fold, Purpose, Stream};
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -167,6 +167,33 @@ fn cell(
 ) -> u64 {
     let mut rng = CellRng::for_cell(base, s0, s1, g0 as u64, g1 as u64);
     hypergeometric(&mut rng, tg, tgl, tvl)
+}
+
+/// Where the buckets of a node's output are written: position `bucket_start(g) + i` at
+/// `self.0[g] + i`, nowhere when `self.0[g]` is null.
+struct Targets<T>([*mut T; FANOUT]);
+// SAFETY: the pointers are into buffers borrowed exclusively for as long as the writers live
+// (a node's scatter, or a `Dealer` carrying the borrows' lifetime), and every stripe writes
+// its own positions of them.
+unsafe impl<T: Send> Send for Targets<T> {}
+unsafe impl<T: Send> Sync for Targets<T> {}
+
+impl<T> Clone for Targets<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Targets<T> {}
+
+impl<T> Targets<T> {
+    /// Every bucket of a node of `m` items in place in `out`.
+    fn contiguous(m: u64, out: *mut T) -> Self {
+        // wrapping_add: no pointer beyond `out`'s buffer is formed, the positions are < m.
+        Targets(std::array::from_fn(|g| {
+            out.wrapping_add(bucket_start(m, g) as usize)
+        }))
+    }
 }
 
 /// Per stripe of a node, where its items of each bucket go (node-relative), plus a last row
@@ -303,30 +330,35 @@ impl Seekable {
     }
 
     /// Shuffles stripe `s` of `node` (its items in input order in `buf`) and writes each
-    /// bucket's items to their place in `out`, the node's scatter buffer.
+    /// bucket's items to their place in the bucket's target (a bucket without one is dropped).
     ///
     /// # Safety
-    /// `out` must be valid for writes at every position of the node, and no other thread may
-    /// touch this stripe's destinations (they are disjoint from other stripes' by the table).
+    /// Every non-null target must be valid for writes at every position of its bucket, and no
+    /// other thread may touch this stripe's destinations (they are disjoint from other
+    /// stripes' by the table).
     unsafe fn deal<T: Index>(
         &self,
         node: &Node,
         table: &Table,
         s: u64,
         buf: &mut [T],
-        out: *mut T,
+        to: &Targets<T>,
     ) {
         let (at, next) = (&table.rows[s as usize], &table.rows[s as usize + 1]);
         fisher_yates_fast(buf, &mut self.stripe_rng(node, s), false);
         let mut o = 0usize;
         for g in 0..FANOUT {
             let c = (next[g] - at[g]) as usize;
-            // SAFETY: positions [at[g], next[g]) are this stripe's own part of bucket g,
-            // inside the node (the caller's contract); `buf` holds exactly the stripe's items,
-            // which the counts add up to.
-            unsafe {
-                std::ptr::copy_nonoverlapping(buf.as_ptr().add(o), out.add(at[g] as usize), c)
-            };
+            let dst = to.0[g];
+            if !dst.is_null() {
+                // SAFETY: positions [at[g], next[g]) are this stripe's own part of bucket g,
+                // whose items `dst` has room for (the caller's contract); `buf` holds exactly
+                // the stripe's items, which the counts add up to.
+                unsafe {
+                    let into = dst.add((at[g] - bucket_start(node.m, g)) as usize);
+                    std::ptr::copy_nonoverlapping(buf.as_ptr().add(o), into, c)
+                };
+            }
             o += c;
         }
         debug_assert_eq!(o, buf.len());
@@ -349,16 +381,15 @@ impl Seekable {
     fn scatter<T: Index>(&self, node: &Node, part: &[T], scratch: &mut [T]) {
         assert_eq!(part.len(), scratch.len());
         let table = self.table(node);
-        let out = Shared(scratch.as_mut_ptr());
+        let to = Targets::contiguous(node.m, scratch.as_mut_ptr());
         part.par_chunks(self.shape.stripe as usize)
             .enumerate()
             .for_each_init(Vec::new, |buf, (s, items)| {
-                let out = &out;
                 buf.clear();
                 buf.extend_from_slice(items);
                 // SAFETY: `scratch` holds the node's positions and is borrowed exclusively
                 // here; each stripe writes its own destinations.
-                unsafe { self.deal(node, &table, s as u64, buf, out.0) };
+                unsafe { self.deal(node, &table, s as u64, buf, &to) };
             });
     }
 
@@ -529,10 +560,19 @@ fn goes_right(g: usize, d: usize) -> bool {
 /// The level-1 layout of one seekable shuffle whose items arrive from a stream (a share's
 /// partition walk): [`Dealer`]s write them straight to their bucket, [`Plan::finish`] then
 /// shuffles the buckets.
+///
+/// A plan may want only a window `[a, b)` of the output positions: the buckets that window
+/// meets are dealt and shuffled, the others dropped as their stripes are dealt (every stripe
+/// is still shuffled, as it decides which items each bucket gets). A bucket wholly inside the
+/// window is dealt straight to its place in the window's buffer; the at most two it only
+/// partly covers go through an edge buffer ([`Plan::edge_len`], at most two buckets, a 32nd
+/// of the shuffle) and their wanted part is copied over by [`Plan::finish`].
 pub(crate) struct Plan<T> {
     keys: Seekable,
     root: Node,
     table: Table,
+    /// Output positions wanted.
+    window: (u64, u64),
     /// Stripes that splits of the stream cut into pieces, by stripe. The part that brings a
     /// stripe's last piece deals it, so pieces wait only while a neighbouring part runs
     /// elsewhere.
@@ -557,9 +597,19 @@ impl<T> Default for Pieces<T> {
     }
 }
 
+/// Where one bucket of a windowed plan goes.
+enum Slot {
+    /// Wholly inside the window: at this position of the window's buffer.
+    Window(u64),
+    /// Partly inside: at this position of the edge buffer.
+    Edge(u64),
+}
+
 impl<T: Index> Plan<T> {
-    /// The layout of the shuffle of `m` items keyed by `keys`: draws the root's stripe table.
-    pub(crate) fn new(keys: &Seekable, m: u64) -> Self {
+    /// The layout of output positions `[a, b)` (`a <= b <= m`) of the shuffle of `m` items
+    /// keyed by `keys`: draws the root's stripe table.
+    pub(crate) fn window(keys: &Seekable, m: u64, (a, b): (u64, u64)) -> Self {
+        assert!(a <= b && b <= m, "a window inside the shuffle");
         let root = Node {
             m,
             depth: 0,
@@ -569,32 +619,77 @@ impl<T: Index> Plan<T> {
             keys: *keys,
             root,
             table: keys.table(&root),
+            window: (a, b),
             pieces: Mutex::new(HashMap::new()),
             dealt: AtomicU64::new(0),
         }
     }
 
-    /// Deals root stripe `s` (its items in input order in `buf`) into `out`, the buffer the
+    /// The buckets the window meets, and where each goes.
+    fn slots(&self) -> Vec<(usize, Slot)> {
+        let ((a, b), m) = (self.window, self.root.m);
+        if a == b {
+            return Vec::new();
+        }
+        let mut at_edge = 0u64;
+        (bucket_of(m, a)..=bucket_of(m, b - 1))
+            .map(|g| {
+                let (lo, hi) = (bucket_start(m, g), bucket_start(m, g + 1));
+                let slot = if lo >= a && hi <= b {
+                    Slot::Window(lo - a)
+                } else {
+                    at_edge += hi - lo;
+                    Slot::Edge(at_edge - (hi - lo))
+                };
+                (g, slot)
+            })
+            .collect()
+    }
+
+    /// Length of the edge buffer the dealers need beside the window's.
+    pub(crate) fn edge_len(&self) -> usize {
+        let m = self.root.m;
+        self.slots()
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Edge(_)))
+            .map(|&(g, _)| (bucket_start(m, g + 1) - bucket_start(m, g)) as usize)
+            .sum()
+    }
+
+    fn targets(&self, out: *mut T, edge: *mut T) -> Targets<T> {
+        let mut to = Targets([std::ptr::null_mut(); FANOUT]);
+        for (g, slot) in self.slots() {
+            // wrapping_add: the offsets are inside the buffers (`slots`), checked by the
+            // callers' lengths.
+            to.0[g] = match slot {
+                Slot::Window(at) => out.wrapping_add(at as usize),
+                Slot::Edge(at) => edge.wrapping_add(at as usize),
+            };
+        }
+        to
+    }
+
+    /// Deals root stripe `s` (its items in input order in `buf`) to `to`, the targets the
     /// plan's dealers hold.
     ///
     /// # Safety
-    /// `out` must be the buffer given to [`Dealer::new`] for this plan, still borrowed by a
-    /// dealer, and stripe `s` must not be dealt by anyone else.
-    unsafe fn deal_root(&self, s: u64, buf: &mut [T], out: Shared<T>) {
-        // SAFETY: `out` holds the root's positions (the caller's contract), and stripe s's
-        // destinations are its own by the table.
-        unsafe { self.keys.deal(&self.root, &self.table, s, buf, out.0) };
+    /// `to` must come from [`Plan::targets`] over the buffers given to [`Dealer::new`] for
+    /// this plan, still borrowed by a dealer, and stripe `s` must not be dealt by anyone else.
+    unsafe fn deal_root(&self, s: u64, buf: &mut [T], to: &Targets<T>) {
+        // SAFETY: the targets hold the window's buckets (the caller's contract), and stripe
+        // s's destinations are its own by the table.
+        unsafe { self.keys.deal(&self.root, &self.table, s, buf, to) };
         self.dealt.fetch_add(buf.len() as u64, Ordering::Relaxed);
     }
 
-    /// Shuffles every bucket of `out`, the buffer the [`Dealer`]s of this plan filled (they
-    /// must all be dropped, having taken every input).
-    pub(crate) fn finish(self, out: &mut [T]) {
-        assert_eq!(
-            out.len() as u64,
-            self.root.m,
-            "the output holds the plan's items"
-        );
+    /// Shuffles every bucket the window meets, in `out` (the window's positions) and `edge`,
+    /// the buffers the [`Dealer`]s of this plan filled (they must all be dropped, having taken
+    /// every input); then copies the edge buckets' wanted parts to `out`.
+    pub(crate) fn finish(self, out: &mut [T], edge: &mut [T]) {
+        let ((a, b), m) = (self.window, self.root.m);
+        assert_eq!(out.len() as u64, b - a, "the output holds the plan's window");
+        assert_eq!(edge.len(), self.edge_len(), "the edge buffer fits the plan");
+        let slots = self.slots();
         let pieces = self.pieces.into_inner().expect("no dealer panicked");
         if cancelled() {
             // The walk feeding the dealers stopped early (Ctrl-C): the caller discards the
@@ -602,34 +697,59 @@ impl<T: Index> Plan<T> {
             return;
         }
         assert!(
-            pieces.is_empty() && self.dealt.into_inner() == self.root.m,
+            pieces.is_empty() && self.dealt.into_inner() == m,
             "every input dealt once"
         );
-        let mut parts = Vec::with_capacity(FANOUT);
-        let mut rest: &mut [T] = out;
-        for g in 0..FANOUT {
-            let len = (bucket_start(self.root.m, g + 1) - bucket_start(self.root.m, g)) as usize;
-            let (part, tail) = std::mem::take(&mut rest).split_at_mut(len);
-            parts.push((g, part));
-            rest = tail;
-        }
-        let keys = &self.keys;
-        let root = &self.root;
-        parts
-            .into_par_iter()
-            .for_each_init(Vec::<T>::new, |scratch, (g, part)| {
-                if cancelled() {
-                    return; // the caller discards the buffer
-                }
-                let child = root.child(g);
-                let scratch: &mut [T] = if child.m > keys.shape.leaf {
-                    scratch.resize(part.len(), T::from_u64(0));
-                    &mut scratch[..part.len()]
-                } else {
-                    &mut []
+        {
+            let mut parts = Vec::with_capacity(slots.len());
+            let (mut window, mut edges): (&mut [T], &mut [T]) = (&mut *out, &mut *edge);
+            let mut skipped = 0u64;
+            for (g, slot) in &slots {
+                let (lo, hi) = (bucket_start(m, *g), bucket_start(m, g + 1));
+                let len = (hi - lo) as usize;
+                let part = match slot {
+                    Slot::Window(at) => {
+                        let rest = &mut std::mem::take(&mut window)[(at - skipped) as usize..];
+                        let (part, tail) = rest.split_at_mut(len);
+                        window = tail;
+                        skipped = at + len as u64;
+                        part
+                    }
+                    Slot::Edge(_) => {
+                        let (part, tail) = std::mem::take(&mut edges).split_at_mut(len);
+                        edges = tail;
+                        part
+                    }
                 };
-                keys.shuffle(&child, part, scratch);
-            });
+                parts.push((*g, part));
+            }
+            let keys = &self.keys;
+            let root = &self.root;
+            parts
+                .into_par_iter()
+                .for_each_init(Vec::<T>::new, |scratch, (g, part)| {
+                    if cancelled() {
+                        return; // the caller discards the buffer
+                    }
+                    let child = root.child(g);
+                    let scratch: &mut [T] = if child.m > keys.shape.leaf {
+                        scratch.resize(part.len(), T::from_u64(0));
+                        &mut scratch[..part.len()]
+                    } else {
+                        &mut []
+                    };
+                    keys.shuffle(&child, part, scratch);
+                });
+        }
+        for (g, slot) in slots {
+            if let Slot::Edge(at) = slot {
+                let (lo, hi) = (bucket_start(m, g), bucket_start(m, g + 1));
+                let (x, z) = (lo.max(a), hi.min(b));
+                let from = (at + x - lo) as usize;
+                out[(x - a) as usize..(z - a) as usize]
+                    .copy_from_slice(&edge[from..from + (z - x) as usize]);
+            }
+        }
     }
 }
 
@@ -638,27 +758,30 @@ impl<T: Index> Plan<T> {
 /// a stripe a split cuts is dealt by the part that brings its last piece.
 pub(crate) struct Dealer<'p, T: Index> {
     plan: &'p Plan<T>,
-    out: Shared<T>,
+    to: Targets<T>,
     next: u64,
     end: u64,
     /// Inputs `[from, next)`, not yet dealt.
     buf: Vec<T>,
     from: u64,
-    /// The parts of a dealer hold the output buffer's exclusive borrow together.
+    /// The parts of a dealer hold the output buffers' exclusive borrows together.
     _out: PhantomData<&'p mut [T]>,
 }
 
 impl<'p, T: Index> Dealer<'p, T> {
-    /// A dealer of all the plan's inputs into `out` (exactly as long).
-    pub(crate) fn new(plan: &'p Plan<T>, out: &'p mut [T]) -> Self {
+    /// A dealer of all the plan's inputs into `out` (exactly as long as the plan's window) and
+    /// `edge` (exactly [`Plan::edge_len`] long).
+    pub(crate) fn new(plan: &'p Plan<T>, out: &'p mut [T], edge: &'p mut [T]) -> Self {
+        let (a, b) = plan.window;
         assert_eq!(
             out.len() as u64,
-            plan.root.m,
-            "the output holds the plan's items"
+            b - a,
+            "the output holds the plan's window"
         );
+        assert_eq!(edge.len(), plan.edge_len(), "the edge buffer fits the plan");
         Dealer {
             plan,
-            out: Shared(out.as_mut_ptr()),
+            to: plan.targets(out.as_mut_ptr(), edge.as_mut_ptr()),
             next: 0,
             end: plan.root.m,
             buf: Vec::new(),
@@ -673,7 +796,7 @@ impl<'p, T: Index> Dealer<'p, T> {
         let mid = self.next + count;
         let right = Dealer {
             plan: self.plan,
-            out: self.out,
+            to: self.to,
             next: mid,
             end: self.end,
             buf: Vec::new(),
@@ -710,7 +833,7 @@ impl<'p, T: Index> Dealer<'p, T> {
         let s = self.from / stripe;
         if self.from == s * stripe {
             // SAFETY: stripe s is whole here, and no other part deals it.
-            unsafe { self.plan.deal_root(s, &mut self.buf, self.out) };
+            unsafe { self.plan.deal_root(s, &mut self.buf, &self.to) };
             self.buf.clear();
         } else {
             self.leave_piece();
@@ -746,7 +869,7 @@ impl<'p, T: Index> Dealer<'p, T> {
                 buf.extend_from_slice(&items);
             }
             // SAFETY: the stripe is whole now, and only the part that completed it deals it.
-            unsafe { plan.deal_root(s, &mut buf, self.out) };
+            unsafe { plan.deal_root(s, &mut buf, &self.to) };
         }
     }
 }
@@ -770,11 +893,17 @@ mod tests {
     /// Pushes `0..m` through dealers cut at `cuts` (increasing), the parts fed last to first,
     /// and finishes: the shuffle of the identity.
     fn streamed(keys: &Seekable, m: u64, cuts: &[u64]) -> Vec<u64> {
-        let plan = Plan::new(keys, m);
-        let mut out = vec![0u64; m as usize];
+        streamed_window(keys, m, cuts, (0, m))
+    }
+
+    /// [`streamed`] for output positions `[a, b)` only, through a windowed plan.
+    fn streamed_window(keys: &Seekable, m: u64, cuts: &[u64], (a, b): (u64, u64)) -> Vec<u64> {
+        let plan = Plan::window(keys, m, (a, b));
+        let mut out = vec![0u64; (b - a) as usize];
+        let mut edge = vec![0u64; plan.edge_len()];
         {
             let mut parts = Vec::new();
-            let mut rest = Dealer::new(&plan, &mut out);
+            let mut rest = Dealer::new(&plan, &mut out, &mut edge);
             let mut at = 0;
             for &c in cuts {
                 let (a, b) = rest.split(c - at);
@@ -789,12 +918,57 @@ mod tests {
                 }
             }
         }
-        plan.finish(&mut out);
+        plan.finish(&mut out, &mut edge);
         out
     }
 
     fn keys(seed: u64, shape: Shape) -> Seekable {
         Seekable::new(seed, 7, 11, shape)
+    }
+
+    #[test]
+    fn a_window_equals_the_cut_of_the_whole_and_keeps_at_most_two_buckets_aside() {
+        for shape in [
+            TINY,
+            Shape {
+                stripe: 64,
+                leaf: 16,
+            },
+            Shape::BLOCKS,
+        ] {
+            for m in [1u64, 63, 64, 65, 200, 4099, 70_000] {
+                let k = keys(m + 3, shape);
+                let whole = streamed(&k, m, &[]);
+                let b64 = |g: usize| bucket_start(m, g);
+                let windows = [
+                    (0, 0),
+                    (0, 1),
+                    (0, m),
+                    (m / 3, m),
+                    (0, m / 2 + 1),
+                    (m / 5, m / 5 + 1),
+                    (b64(3).min(m), b64(9).min(m)),
+                    (b64(3).min(m), (b64(9) + 1).min(m)),
+                    (m - 1, m),
+                ];
+                for (a, b) in windows {
+                    let cuts: Vec<u64> = [1, m / 2, m / 2 + 1]
+                        .into_iter()
+                        .filter(|&c| c < m)
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect();
+                    let got = streamed_window(&k, m, &cuts, (a, b));
+                    assert_eq!(got, whole[a as usize..b as usize], "m={m} {shape:?} [{a}, {b})");
+                    let plan: Plan<u64> = Plan::window(&k, m, (a, b));
+                    let biggest = (0..FANOUT).map(|g| b64(g + 1) - b64(g)).max().unwrap();
+                    assert!(plan.edge_len() as u64 <= 2 * biggest);
+                    if (a, b) == (0, m) || a == b {
+                        assert_eq!(plan.edge_len(), 0);
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -944,10 +1118,10 @@ mod tests {
         // in bulk and not in random access, with the same swaps.
         let m = FANOUT as u64 * ((1 << 18) + 3);
         let k = keys(3, Shape::BLOCKS);
-        let plan = Plan::new(&k, m);
+        let plan = Plan::window(&k, m, (0, m));
         let mut out = vec![0u32; m as usize];
         {
-            let (mut a, mut b) = Dealer::new(&plan, &mut out).split(m / 3 + 5);
+            let (mut a, mut b) = Dealer::new(&plan, &mut out, &mut []).split(m / 3 + 5);
             for v in m / 3 + 5..m {
                 b.push(v as u32);
             }
@@ -955,7 +1129,7 @@ mod tests {
                 a.push(v as u32);
             }
         }
-        plan.finish(&mut out);
+        plan.finish(&mut out, &mut []);
         let mut seen = vec![false; m as usize];
         for &v in &out {
             assert!(!std::mem::replace(&mut seen[v as usize], true));
@@ -973,10 +1147,10 @@ mod tests {
     fn nothing_to_shuffle() {
         let k = keys(1, Shape::BLOCKS);
         assert!(k.positions(0, 0, 0).is_empty());
-        let plan = Plan::<u64>::new(&k, 0);
+        let plan = Plan::<u64>::window(&k, 0, (0, 0));
         let mut out: Vec<u64> = Vec::new();
-        drop(Dealer::new(&plan, &mut out));
-        plan.finish(&mut out);
+        drop(Dealer::new(&plan, &mut out, &mut []));
+        plan.finish(&mut out, &mut []);
         assert_eq!(streamed(&k, 1, &[]), [0]);
     }
 
@@ -1015,11 +1189,11 @@ mod tests {
         let k = keys(4, Shape::BLOCKS);
         let m = 40 * STRIPE + 999;
         let one = streamed(&k, m, &[]);
-        let plan = Plan::new(&k, m);
+        let plan = Plan::window(&k, m, (0, m));
         let mut out = vec![0u64; m as usize];
         {
             let mut parts = Vec::new();
-            let mut rest = Dealer::new(&plan, &mut out);
+            let mut rest = Dealer::new(&plan, &mut out, &mut []);
             let mut at = 0;
             for cut in (1..12).map(|i| i * m / 12 + i) {
                 let (a, b) = rest.split(cut - at);
@@ -1040,7 +1214,7 @@ mod tests {
                 })
             });
         }
-        plan.finish(&mut out);
+        plan.finish(&mut out, &mut []);
         assert_eq!(out, one);
     }
 
@@ -1048,9 +1222,9 @@ mod tests {
     #[should_panic(expected = "more inputs than the run holds")]
     fn a_dealer_refuses_inputs_beyond_its_run() {
         let k = keys(1, Shape::BLOCKS);
-        let plan = Plan::<u32>::new(&k, 10);
+        let plan = Plan::<u32>::window(&k, 10, (0, 10));
         let mut out = vec![0u32; 10];
-        let (mut first, _) = Dealer::new(&plan, &mut out).split(3);
+        let (mut first, _) = Dealer::new(&plan, &mut out, &mut []).split(3);
         for v in 0..4 {
             first.push(v);
         }
@@ -1060,15 +1234,15 @@ mod tests {
     #[should_panic(expected = "every input dealt once")]
     fn finishing_before_every_input_came_is_refused() {
         let k = keys(1, Shape { stripe: 4, leaf: 2 });
-        let plan = Plan::<u32>::new(&k, 100);
+        let plan = Plan::<u32>::window(&k, 100, (0, 100));
         let mut out = vec![0u32; 100];
         {
-            let mut d = Dealer::new(&plan, &mut out);
+            let mut d = Dealer::new(&plan, &mut out, &mut []);
             for v in 0..40 {
                 d.push(v);
             }
         }
-        plan.finish(&mut out);
+        plan.finish(&mut out, &mut []);
     }
 
     #[test]

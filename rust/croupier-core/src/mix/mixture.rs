@@ -441,7 +441,7 @@ impl Mixture {
             let (a, b) = (s.max(lo), e.min(lo + c));
             if a < b {
                 let dst = &mut out[(a - s) as usize..(b - s) as usize];
-                self.read_stream(epoch, d, stream_at[d] + (a - lo), dst, &mut Vec::new())?;
+                self.read_stream(epoch, d, stream_at[d] + (a - lo), dst)?;
             }
             lo += c;
             if lo >= e {
@@ -458,7 +458,6 @@ impl Mixture {
         d: usize,
         from: u64,
         out: &mut [T],
-        scratch: &mut Vec<T>,
     ) -> Result<()> {
         let passes = self.passes[d]
             .as_ref()
@@ -473,7 +472,6 @@ impl Mixture {
                 (within, within + m as u64),
                 self.offsets[d],
                 &mut out[done..done + m],
-                scratch,
             )?;
             pos += m as u64;
             done += m;
@@ -607,9 +605,7 @@ impl Mixture {
                 }
                 pieces
                     .into_par_iter()
-                    .try_for_each_init(Vec::new, |scratch, (d, from, piece)| {
-                        self.read_stream(epoch, d, from, piece, scratch)
-                    })?;
+                    .try_for_each(|(d, from, piece)| self.read_stream(epoch, d, from, piece))?;
             }
             if cancelled() {
                 return Ok(()); // the caller discards the buffer

@@ -12,7 +12,7 @@
 //!
 //! Without shuffling every pass is the rank's strided `rank, rank + W, …` (mod `n`).
 
-use crate::deal::fast_share::{fast_share_into, fast_share_range_into};
+use crate::deal::fast_share::{fast_share_range_into, Blocks};
 use crate::deal::layout::Layout;
 use crate::error::Result;
 use crate::index::Index;
@@ -54,15 +54,13 @@ impl Passes {
     }
 
     /// Positions `[start, stop)` of the rank's share of pass `pass`, plus `offset`, into `out`
-    /// (`stop - start` long, `stop <= per_pass()`). `scratch` holds the blocks the range only
-    /// partly covers; the caller may reuse it across calls.
+    /// (`stop - start` long, `stop <= per_pass()`).
     pub(crate) fn read<T: Index>(
         &self,
         (seed, epoch, dataset, pass): (u64, u64, u64, u64),
         (start, stop): (u64, u64),
         offset: u64,
         out: &mut [T],
-        scratch: &mut Vec<T>,
     ) -> Result<()> {
         debug_assert!(start <= stop && stop <= self.per_pass());
         debug_assert_eq!(out.len() as u64, stop - start);
@@ -75,19 +73,14 @@ impl Passes {
         }
         let pass_seed =
             Stream::new(seed, epoch, Purpose::MixPass, fold(fold(0, dataset), pass)).next_u64();
-        if (start, stop) == (0, self.per_pass()) {
-            // A whole pass: dealt straight into place.
-            fast_share_into(&self.layout, rank, pass_seed, 0, out)?;
-        } else {
-            fast_share_range_into(
-                &self.layout,
-                rank,
-                (pass_seed, 0),
-                (start, stop),
-                out,
-                scratch,
-            )?;
-        }
+        fast_share_range_into(
+            &self.layout,
+            Blocks::Two,
+            rank,
+            (pass_seed, 0),
+            (start, stop),
+            out,
+        )?;
         if offset > 0 {
             out.par_iter_mut()
                 .with_min_len(1 << 15)
@@ -110,7 +103,6 @@ mod tests {
             (0, p.per_pass()),
             0,
             &mut out,
-            &mut Vec::new(),
         )
         .unwrap();
         out
@@ -153,7 +145,7 @@ mod tests {
             (0, 12_500),
         ] {
             let mut out = vec![0u64; (b - a) as usize];
-            p.read((5, 1, 3, 0), (a, b), 7, &mut out, &mut Vec::new())
+            p.read((5, 1, 3, 0), (a, b), 7, &mut out)
                 .unwrap();
             let want: Vec<u64> = whole[a as usize..b as usize]
                 .iter()
@@ -167,7 +159,7 @@ mod tests {
     fn sequential_passes_follow_torch_striding() {
         let p = Passes::new(10, 4, 3, false, false).unwrap();
         let mut out = vec![0u32; 3];
-        p.read((0, 0, 0, 0), (0, 3), 100, &mut out, &mut Vec::new())
+        p.read((0, 0, 0, 0), (0, 3), 100, &mut out)
             .unwrap();
         assert_eq!(out, vec![103, 107, 101]);
     }
