@@ -355,9 +355,8 @@ fn blocks_into_segs<T: Index>(
         .zip(&wants)
         .enumerate()
         .map(|(i, (&len, w))| {
-            (len > BUCKETED_FROM).then(|| {
-                Plan::window(&block_keys(seed, epoch, key, c0 + i as u64), len, w.window)
-            })
+            (len > BUCKETED_FROM)
+                .then(|| Plan::window(&block_keys(seed, epoch, key, c0 + i as u64), len, w.window))
         })
         .collect();
     let mut edges: Vec<Vec<T>> = plans
@@ -707,8 +706,7 @@ mod tests {
             for shape in [Blocks::Doubling, Blocks::Two] {
                 for r in [0, w - 1] {
                     let mut whole = vec![0u32; ns as usize];
-                    fast_share_range_into(&layout, shape, r, (11, 3), (0, ns), &mut whole)
-                        .unwrap();
+                    fast_share_range_into(&layout, shape, r, (11, 3), (0, ns), &mut whole).unwrap();
                     if shape == Blocks::Doubling {
                         assert_eq!(whole, fast_share::<u32>(&layout, r, 11, 3, 0, ns).unwrap());
                     }
@@ -873,7 +871,10 @@ mod tests {
         assert_eq!(d.of(2 * FIRST_BLOCK), 2);
         assert_eq!(d.of(u64::MAX), 54);
         let t = Blocks::Two;
-        assert_eq!((t.of(FIRST_BLOCK - 1), t.of(FIRST_BLOCK), t.of(u64::MAX)), (0, 1, 1));
+        assert_eq!(
+            (t.of(FIRST_BLOCK - 1), t.of(FIRST_BLOCK), t.of(u64::MAX)),
+            (0, 1, 1)
+        );
         for shape in [d, t] {
             for c in [0u64, 1, 1024, 1025, 4096, 4097, 1 << 40, (1 << 63) - 1] {
                 let last = shape.of(c.max(1) - 1);

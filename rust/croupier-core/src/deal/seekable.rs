@@ -68,7 +68,7 @@ use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Buckets per node.
 pub(crate) const FANOUT: usize = 64;
@@ -177,14 +177,6 @@ struct Targets<T>([*mut T; FANOUT]);
 // its own positions of them.
 unsafe impl<T: Send> Send for Targets<T> {}
 unsafe impl<T: Send> Sync for Targets<T> {}
-
-impl<T> Clone for Targets<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for Targets<T> {}
 
 impl<T> Targets<T> {
     /// Every bucket of a node of `m` items in place in `out`.
@@ -687,7 +679,11 @@ impl<T: Index> Plan<T> {
     /// every input); then copies the edge buckets' wanted parts to `out`.
     pub(crate) fn finish(self, out: &mut [T], edge: &mut [T]) {
         let ((a, b), m) = (self.window, self.root.m);
-        assert_eq!(out.len() as u64, b - a, "the output holds the plan's window");
+        assert_eq!(
+            out.len() as u64,
+            b - a,
+            "the output holds the plan's window"
+        );
         assert_eq!(edge.len(), self.edge_len(), "the edge buffer fits the plan");
         let slots = self.slots();
         let pieces = self.pieces.into_inner().expect("no dealer panicked");
@@ -758,7 +754,8 @@ impl<T: Index> Plan<T> {
 /// a stripe a split cuts is dealt by the part that brings its last piece.
 pub(crate) struct Dealer<'p, T: Index> {
     plan: &'p Plan<T>,
-    to: Targets<T>,
+    /// Shared by the parts (64 pointers: kept out of the dealer, which sinks move around).
+    to: Arc<Targets<T>>,
     next: u64,
     end: u64,
     /// Inputs `[from, next)`, not yet dealt.
@@ -781,7 +778,7 @@ impl<'p, T: Index> Dealer<'p, T> {
         assert_eq!(edge.len(), plan.edge_len(), "the edge buffer fits the plan");
         Dealer {
             plan,
-            to: plan.targets(out.as_mut_ptr(), edge.as_mut_ptr()),
+            to: Arc::new(plan.targets(out.as_mut_ptr(), edge.as_mut_ptr())),
             next: 0,
             end: plan.root.m,
             buf: Vec::new(),
@@ -796,7 +793,7 @@ impl<'p, T: Index> Dealer<'p, T> {
         let mid = self.next + count;
         let right = Dealer {
             plan: self.plan,
-            to: self.to,
+            to: Arc::clone(&self.to),
             next: mid,
             end: self.end,
             buf: Vec::new(),
@@ -959,7 +956,11 @@ mod tests {
                         .into_iter()
                         .collect();
                     let got = streamed_window(&k, m, &cuts, (a, b));
-                    assert_eq!(got, whole[a as usize..b as usize], "m={m} {shape:?} [{a}, {b})");
+                    assert_eq!(
+                        got,
+                        whole[a as usize..b as usize],
+                        "m={m} {shape:?} [{a}, {b})"
+                    );
                     let plan: Plan<u64> = Plan::window(&k, m, (a, b));
                     let biggest = (0..FANOUT).map(|g| b64(g + 1) - b64(g)).max().unwrap();
                     assert!(plan.edge_len() as u64 <= 2 * biggest);

@@ -20,7 +20,7 @@
 //! A range of positions is computed leaf by leaf of the interleave: the root-to-leaf walks
 //! give each dataset's count before the range (where its stream stands) and in every leaf;
 //! the datasets' stream pieces for the range are read a batch of datasets at a time, in
-//! parallel (each pass share computed whole, as a `DistributedSampler` epoch is, or by random
+//! parallel (each pass share computed by one walk of its dataset's partition, or by random
 //! access for a few positions), and copied into the output leaf by leaf, each leaf's region
 //! holding its datasets' segments one after another; then every leaf is shuffled and put in
 //! order inside its own region, in parallel. The batch buffer holds at most a sixteenth of the
@@ -291,16 +291,16 @@ impl Mixture {
     }
 
     /// Bytes a [`Mixture::range`] of `[start, stop)` holds at its peak: the output, the
-    /// streams' buffer (at most the range again when one dataset dominates), a partial pass
-    /// being read per thread, the leaf orders. An estimate, to refuse what cannot fit before
-    /// any work.
+    /// streams' buffer (at most the range again when one dataset dominates), the at most two
+    /// buckets a partly read pass deals beside it (1/32 of the pass share) and the stripe
+    /// tables, the leaf orders. An estimate, to refuse what cannot fit before any work.
     pub fn range_bytes(&self, start: u64, stop: u64) -> u64 {
         let n = stop.saturating_sub(start);
         let leaf = (16 * self.datasets() as u64)
             .next_power_of_two()
             .max(1 << 16);
         let threads = rayon::current_num_threads() as u64;
-        (3 * n).saturating_mul(index_bytes(self.total)) + threads * leaf * 8
+        (2 * n + n / 8).saturating_mul(index_bytes(self.total)) + threads * leaf * 8
     }
 
     /// The same mixture on rank `rank` (of the same number of ranks).
@@ -452,13 +452,7 @@ impl Mixture {
     }
 
     /// Dataset `d`'s stream from position `from`, as many as `out` holds, as global indices.
-    fn read_stream<T: Index>(
-        &self,
-        epoch: u64,
-        d: usize,
-        from: u64,
-        out: &mut [T],
-    ) -> Result<()> {
+    fn read_stream<T: Index>(&self, epoch: u64, d: usize, from: u64, out: &mut [T]) -> Result<()> {
         let passes = self.passes[d]
             .as_ref()
             .expect("a dataset that is drawn is not empty");

@@ -3,12 +3,16 @@
 //!
 //! Pass `k` of dataset `d` in epoch `e` is laid out like a `DistributedSampler` epoch over the
 //! dataset's `n` samples ([`Layout`]: `drop_last` cuts to `⌊n/W⌋` per rank, otherwise the
-//! head pads to `⌈n/W⌉`), so the ranks never overlap inside a pass, and shuffled exactly as
+//! head pads to `⌈n/W⌉`), so the ranks never overlap inside a pass, and shuffled as
 //! `order="fast"` shuffles an epoch ([`crate::deal::fast_share`]: a rank's share computed
 //! alone, readable from any position), under the seed
-//! `Stream(seed, e, MixPass, fold(fold(0, d), k)).next_u64()` and epoch 0. Reading a whole
-//! pass costs what a `DistributedSampler` epoch of `n` costs; a short read at any position
-//! costs what its resume costs.
+//! `Stream(seed, e, MixPass, fold(fold(0, d), k)).next_u64()` and epoch 0, with one
+//! difference: a rank's share is cut into two blocks ([`Blocks::Two`]: its first 1024
+//! positions and the rest), not doubling ones. Passes are read whole or from a position to
+//! their end, rarely from a block boundary, and two blocks halve the partition walk's class
+//! levels: reading a whole pass costs about half what a `DistributedSampler` epoch of `n`
+//! costs. A read of part of a pass walks the whole partition but deals only the buckets of
+//! the long block's shuffle that it meets; a short read at any position is a random access.
 //!
 //! Without shuffling every pass is the rank's strided `rank, rank + W, …` (mod `n`).
 
@@ -98,13 +102,8 @@ mod tests {
     fn pass(n: u64, w: u64, r: u64, drop_last: bool, k: u64) -> Vec<u64> {
         let p = Passes::new(n, w, r, drop_last, true).unwrap();
         let mut out = vec![0u64; p.per_pass() as usize];
-        p.read(
-            (5, 1, 3, k),
-            (0, p.per_pass()),
-            0,
-            &mut out,
-        )
-        .unwrap();
+        p.read((5, 1, 3, k), (0, p.per_pass()), 0, &mut out)
+            .unwrap();
         out
     }
 
@@ -145,8 +144,7 @@ mod tests {
             (0, 12_500),
         ] {
             let mut out = vec![0u64; (b - a) as usize];
-            p.read((5, 1, 3, 0), (a, b), 7, &mut out)
-                .unwrap();
+            p.read((5, 1, 3, 0), (a, b), 7, &mut out).unwrap();
             let want: Vec<u64> = whole[a as usize..b as usize]
                 .iter()
                 .map(|v| v + 7)
@@ -159,8 +157,7 @@ mod tests {
     fn sequential_passes_follow_torch_striding() {
         let p = Passes::new(10, 4, 3, false, false).unwrap();
         let mut out = vec![0u32; 3];
-        p.read((0, 0, 0, 0), (0, 3), 100, &mut out)
-            .unwrap();
+        p.read((0, 0, 0, 0), (0, 3), 100, &mut out).unwrap();
         assert_eq!(out, vec![103, 107, 101]);
     }
 }
