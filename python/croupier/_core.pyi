@@ -81,9 +81,6 @@ class Deal:
         first index soonest: in the fast shuffled order, the end of the block holding
         ``start``, or ``start + 64`` inside a long block (read by random access); else
         ``num_samples``."""
-    def elastic_len(self, origin: int, offset: int) -> int:
-        """Positions per rank for the rest of an epoch first dealt over ``origin`` ranks and
-        continued on this deal's ranks from global position ``offset``."""
     def elastic_indices(
         self, origin: int, offset: int, epoch: int, start: int = 0, stop: int | None = None
     ) -> _Indices:
@@ -130,27 +127,15 @@ class Buckets:
         shuffle_batches: bool,
         start: int,
         stop: int,
+        elastic: tuple[int, int] | None = None,
     ) -> tuple[_Indices, npt.NDArray[np.uint64]]:
-        """Rank ``rank``'s batches ``[start, stop)`` of ``epoch``: ``(indices, offsets)``."""
+        """Rank ``rank``'s batches ``[start, stop)`` of ``epoch``: ``(indices, offsets)``. With
+        ``elastic=(origin, offset)``: new rank ``rank``'s batches of the rest of an epoch first
+        dealt over ``origin`` ranks, continued on ``num_replicas`` ranks from global batch
+        position ``offset``."""
     def elastic_batches(self, origin: int, offset: int, num_replicas: int, drop_last: bool) -> int:
         """Batches per rank for the rest of an epoch first dealt over ``origin`` ranks,
         continued on ``num_replicas`` ranks from global batch position ``offset``."""
-    def elastic_range(
-        self,
-        origin: int,
-        offset: int,
-        num_replicas: int,
-        rank: int,
-        drop_last: bool,
-        seed: int,
-        epoch: int,
-        shuffle: bool,
-        shuffle_batches: bool,
-        start: int,
-        stop: int,
-    ) -> tuple[_Indices, npt.NDArray[np.uint64]]:
-        """New rank ``rank``'s batches ``[start, stop)`` of such a rest: ``(indices,
-        offsets)``."""
 
 @final
 class SequentialBuckets:
@@ -243,9 +228,6 @@ class Mixture:
         """Positions ``[start, stop)`` (default: to the end) of this rank's sequence in
         ``epoch``, as global indices: ``uint32`` while the datasets total at most ``2**32``
         samples, else ``int64``."""
-    def elastic_len(self, offset: int, num_replicas: int, drop_last: bool) -> int:
-        """Positions per rank for the rest of an epoch of this mixture continued on
-        ``num_replicas`` ranks from global position ``offset``."""
     def elastic_indices(
         self,
         offset: int,

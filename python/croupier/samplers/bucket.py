@@ -226,7 +226,11 @@ class BucketBatchSampler(BatchSampler):
         return int(self._plan.rank_batches(num_replicas, self.drop_last))
 
     def _compute(self, epoch: int, start: int, stop: int | None) -> Batches:
-        stop = self._length if stop is None else stop
+        return self._range(None, epoch, start, self._length if stop is None else stop)
+
+    def _range(self, elastic: tuple[int, int] | None, epoch: int, start: int, stop: int) -> Batches:
+        """Batches ``[start, stop)`` of ``epoch`` (of its elastic rest when ``elastic`` is
+        ``(origin, offset)``)."""
         flat, offsets = self._plan.range(
             self.num_replicas,
             self.rank,
@@ -237,6 +241,7 @@ class BucketBatchSampler(BatchSampler):
             self.bucket_order == "shuffled",
             start,
             stop,
+            elastic,
         )
         return _frozen(flat, offsets)
 
@@ -259,20 +264,7 @@ class BucketBatchSampler(BatchSampler):
     ) -> Batches:
         if stop is None:
             stop = self._elastic_length(origin, offset, self.num_replicas)
-        flat, offsets = self._plan.elastic_range(
-            origin,
-            offset,
-            self.num_replicas,
-            self.rank,
-            self.drop_last,
-            self.seed,
-            epoch,
-            self.shuffle,
-            self.bucket_order == "shuffled",
-            start,
-            stop,
-        )
-        return _frozen(flat, offsets)
+        return self._range((origin, offset), epoch, start, stop)
 
     def _elastic_first_stop(self, start: int, length: int) -> int:
         return min(start + 1, length)

@@ -398,12 +398,6 @@ impl Deal {
         ))
     }
 
-    /// Positions per rank for the rest of an epoch first dealt over `origin` ranks and
-    /// continued on this deal's ranks from global position `offset` (an elastic resume).
-    fn elastic_len(&self, origin: u64, offset: u64) -> PyResult<u64> {
-        Ok(self.elastic(origin, offset)?.num_samples())
-    }
-
     /// Positions `[start, stop)` (default: to the end) of this rank's sequence for the rest of
     /// `epoch`, first dealt over `origin` ranks, continued from global position `offset`.
     #[pyo3(signature = (origin, offset, epoch, start=0, stop=None))]
@@ -562,8 +556,10 @@ impl Buckets {
     }
 
     /// Rank `rank`'s batches `[start, stop)` of `epoch`: `(indices, offsets)`, batch `i` being
-    /// `indices[offsets[i]:offsets[i + 1]]`.
-    #[pyo3(signature = (num_replicas, rank, drop_last, seed, epoch, shuffle, shuffle_batches, start, stop))]
+    /// `indices[offsets[i]:offsets[i + 1]]`. With `elastic = (origin, offset)`: new rank
+    /// `rank`'s batches of the rest of an epoch first dealt over `origin` ranks, continued on
+    /// `num_replicas` ranks from global batch position `offset` (an elastic resume).
+    #[pyo3(signature = (num_replicas, rank, drop_last, seed, epoch, shuffle, shuffle_batches, start, stop, elastic=None))]
     #[allow(clippy::too_many_arguments)]
     fn range<'py>(
         &self,
@@ -577,28 +573,26 @@ impl Buckets {
         shuffle_batches: bool,
         start: u64,
         stop: u64,
+        elastic: Option<(u64, u64)>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        // The rank's share of the samples, roughly: what a whole epoch's range holds.
-        let bytes = (self.plan.len() / num_replicas.max(1))
+        let el = elastic
+            .map(|(origin, offset)| self.elastic(origin, offset, num_replicas, drop_last))
+            .transpose()?;
+        // About the samples of the batches asked for, as `u64` with their offsets.
+        let per_batch = self.plan.len() / self.plan.batches().max(1) + 1;
+        let bytes = per_batch
             .saturating_mul(stop.saturating_sub(start))
-            .checked_div(
-                self.plan
-                    .rank_batches(num_replicas, drop_last)
-                    .unwrap_or(1)
-                    .max(1),
-            )
-            .unwrap_or(0)
             .saturating_mul(8);
         let plan = std::sync::Arc::clone(&self.plan);
         let (flat, offsets) = interruptible(py, bytes, move || {
-            plan.rank_batches_range(
-                num_replicas,
-                rank,
-                drop_last,
-                (seed, epoch),
-                (shuffle, shuffle_batches),
-                (start, stop),
-            )
+            let (seeds, shuffles, range) =
+                ((seed, epoch), (shuffle, shuffle_batches), (start, stop));
+            match el {
+                None => {
+                    plan.rank_batches_range(num_replicas, rank, drop_last, seeds, shuffles, range)
+                }
+                Some(el) => plan.elastic_batches_range(&el, rank, seeds, shuffles, range),
+            }
         })?;
         Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
     }
@@ -615,44 +609,6 @@ impl Buckets {
         Ok(self
             .elastic(origin, offset, num_replicas, drop_last)?
             .num_samples())
-    }
-
-    /// New rank `rank`'s batches `[start, stop)` of the rest of `epoch` (first dealt over
-    /// `origin` ranks, continued on `num_replicas` from global batch position `offset`):
-    /// `(indices, offsets)` as `range` gives them.
-    #[pyo3(signature = (origin, offset, num_replicas, rank, drop_last, seed, epoch, shuffle, shuffle_batches, start, stop))]
-    #[allow(clippy::too_many_arguments)]
-    fn elastic_range<'py>(
-        &self,
-        py: Python<'py>,
-        origin: u64,
-        offset: u64,
-        num_replicas: u64,
-        rank: u64,
-        drop_last: bool,
-        seed: u64,
-        epoch: u64,
-        shuffle: bool,
-        shuffle_batches: bool,
-        start: u64,
-        stop: u64,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let el = self.elastic(origin, offset, num_replicas, drop_last)?;
-        let per_batch = self.plan.len() / self.plan.batches().max(1) + 1;
-        let bytes = per_batch
-            .saturating_mul(stop.saturating_sub(start))
-            .saturating_mul(8);
-        let plan = std::sync::Arc::clone(&self.plan);
-        let (flat, offsets) = interruptible(py, bytes, move || {
-            plan.elastic_batches_range(
-                &el,
-                rank,
-                (seed, epoch),
-                (shuffle, shuffle_batches),
-                (start, stop),
-            )
-        })?;
-        Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
     }
 }
 
@@ -972,12 +928,6 @@ impl Mixture {
         let mixture = std::sync::Arc::clone(&self.mixture);
         let out = interruptible(py, bytes, move || mixture.range(epoch, start, stop))?;
         Ok(to_numpy(py, out))
-    }
-
-    /// Positions per rank for the rest of an epoch of this mixture (dealt over its ranks),
-    /// continued on `num_replicas` ranks from global position `offset` (an elastic resume).
-    fn elastic_len(&self, offset: u64, num_replicas: u64, drop_last: bool) -> PyResult<u64> {
-        Ok(core(self.mixture.elastic(offset, num_replicas, drop_last))?.num_samples())
     }
 
     /// New rank `rank`'s positions `[start, stop)` (default: to the end) of the rest of

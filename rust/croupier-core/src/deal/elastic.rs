@@ -146,11 +146,7 @@ impl Elastic {
         }
         match order {
             Order::Torch(variant) => {
-                let perm = torch_randperm::randperm(
-                    self.origin.n(),
-                    torch_randperm::sampler_seed(seed, epoch)?,
-                    variant,
-                )?;
+                let perm = torch_randperm::sampler_order(self.origin.n(), variant, seed, epoch)?;
                 let mut v = try_with_capacity_huge::<T>("a rank's indices", stop - start)?;
                 match perm {
                     Indices::U32(p) => v.extend(

@@ -31,11 +31,7 @@ fn torch_share<T: Index>(
     seed: u64,
     epoch: u64,
 ) -> Result<Vec<T>> {
-    let order = torch_randperm::randperm(
-        layout.n(),
-        torch_randperm::sampler_seed(seed, epoch)?,
-        variant,
-    )?;
+    let order = torch_randperm::sampler_order(layout.n(), variant, seed, epoch)?;
     if cancelled() {
         return Ok(Vec::new()); // stopped early: the caller discards the result
     }

@@ -318,9 +318,15 @@ impl Mixture {
             .map(|p| p.as_ref().map(|p| p.for_rank(rank)).transpose())
             .collect::<Result<Vec<_>>>()?;
         Ok(Mixture {
+            offsets: self.offsets.clone(),
+            total: self.total,
             passes,
+            num_replicas: self.num_replicas,
             rank,
-            ..self.clone()
+            shuffle: self.shuffle,
+            seed: self.seed,
+            length: self.length,
+            phases: self.phases.clone(),
         })
     }
 

@@ -163,6 +163,17 @@ pub(crate) fn sampler_seed(seed: u64, epoch: u64) -> Result<u64> {
     })
 }
 
+/// The global order of `torch.utils.data.DistributedSampler`'s `epoch`: `randperm(n)` under
+/// [`sampler_seed`]`(seed, epoch)`.
+pub(crate) fn sampler_order(
+    n: u64,
+    variant: TorchRandperm,
+    seed: u64,
+    epoch: u64,
+) -> Result<Indices> {
+    randperm(n, sampler_seed(seed, epoch)?, variant)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
