@@ -58,8 +58,23 @@ def test_baseline_is_the_median_and_comparison_the_best_of_runs(tmp_path, capsys
     better = write(tmp_path, "better.json", run(a=(1.0, {"test_torch_a": 9.0})))
     assert bench_compare.main([str(ok), "--baseline", str(base)]) == 0
     assert bench_compare.main([str(slow), "--baseline", str(base)]) == 1
-    assert "FAIL (more than 30% slower)" in capsys.readouterr().out
+    assert "FAIL (more than 30% slower, and below the baseline's runs)" in capsys.readouterr().out
     assert bench_compare.main([str(slow), str(better), "--baseline", str(base)]) == 0
+
+
+def test_a_ratio_the_baseline_itself_measured_is_not_a_regression(tmp_path):
+    # A noisy group: runs of 4x, 10x and 12x, median 10x. 5x is 50% below the median but above
+    # the slowest recorded run: it passes; 3.9x is below both and fails.
+    runs = [
+        write(tmp_path, f"r{i}.json", run(a=(1.0, {"test_torch_a": r})))
+        for i, r in enumerate((4.0, 10.0, 12.0))
+    ]
+    base = tmp_path / "base.json"
+    bench_compare.main([*map(str, runs), "--margin", "0.3", "--write-baseline", str(base)])
+    noisy = write(tmp_path, "noisy.json", run(a=(1.0, {"test_torch_a": 5.0})))
+    slower = write(tmp_path, "slower.json", run(a=(1.0, {"test_torch_a": 3.9})))
+    assert bench_compare.main([str(noisy), "--baseline", str(base)]) == 0
+    assert bench_compare.main([str(slower), "--baseline", str(base)]) == 1
 
 
 def test_a_missing_group_fails_and_a_new_one_is_reported(tmp_path, capsys):
