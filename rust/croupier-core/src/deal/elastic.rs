@@ -122,8 +122,8 @@ impl Elastic {
         match (shuffle, order) {
             (false, _) => out,
             (true, Order::Torch(_)) => out.saturating_add(self.origin.n().saturating_mul(elem)),
-            // One old block (at most half an old share) and, for the first read of each old
-            // rank, the block it starts inside.
+            // One old piece (at most about half an old share) with its stripe tables and cut
+            // buckets, bounded by a whole old share.
             (true, Order::Fast) => {
                 let old_share = self.end.div_ceil(self.origin.num_replicas());
                 out.saturating_add(old_share.saturating_mul(elem))
@@ -175,7 +175,7 @@ impl Elastic {
         // random access.
         let end = self.end;
         let share = move |s: u64| (end - s).div_ceil(w0);
-        let blocks = Blocks::Doubling;
+        let blocks = Blocks::DOUBLING;
         // A read is one walk of the partition, whose upper levels cost the same for a small
         // block as for a large one: the blocks before an old share's last one (together about
         // as long as it, blocks doubling) are read in one walk, the last one in another.

@@ -14,9 +14,10 @@
 //! lets a rank compute only its own share:
 //!
 //! - **Classes.** Rank `r`'s `c_r` positions are cut into blocks `[0, F)`, `[F, 2F)`,
-//!   `[2F, 4F)`, `[4F, 8F)`, … (`F` = [`FIRST_BLOCK`]), the last one ending at `c_r`. Every
-//!   (rank, block) pair is a class, numbered rank-major; the values `drop_last` cuts form one
-//!   last class. The partition of `[0, n)` into these classes is drawn by recursive
+//!   `[2F, 4F)`, `[4F, 8F)`, … (`F` = [`FIRST_BLOCK`]), the last one ending at `c_r`
+//!   ([`Blocks::DOUBLING`]; a mixture's passes have two blocks instead, `[0, F)` and the rest,
+//!   [`Blocks::PASSES`]). Every (rank, block) pair is a class, numbered rank-major; the values
+//!   `drop_last` cuts form one last class. The partition of `[0, n)` into these classes is drawn by recursive
 //!   hypergeometric splitting ([`crate::deal::class_split`]), keyed by `(seed, epoch)` and the
 //!   layout.
 //! - **Order.** A block's values (increasing) are shuffled by Fisher–Yates with the stream
@@ -38,10 +39,12 @@
 //! [`crate::deal::class_split::class_select`] finds the values of those ranks down the value
 //! tree (`O(log N)` cells each). None of it grows with the block, so a resume costs about the
 //! same at any `N` (`docs/performance.md`). The next call computes the rest of the share from
-//! there, whole blocks at a time.
+//! there: one walk of the partition for the blocks it meets.
 //!
-//! The whole share needs no second buffer: the partition walk hands each long block's values
-//! to a `Dealer` that deals them, a stripe at a time, straight to their buckets. The stripe
+//! No second buffer: the partition walk hands each long block's values to a `Dealer` that
+//! deals them, a stripe at a time, straight to their buckets in the output. A range that cuts
+//! a long block deals only the buckets it meets, the at most two it cuts beside the output
+//! (`seekable::Plan::window`); a short block it cuts is computed whole beside it. The stripe
 //! tables (64 `u64` offsets per stripe of 2**14 values) add 1/128 of a `u32` share.
 //! Nothing here depends on the number of threads.
 
@@ -49,7 +52,7 @@ use crate::deal::class_split::{
     class_offsets, class_select, class_values_into, Classes, Run, Sink, MAX_PERMUTED_LEAF,
 };
 use crate::deal::layout::Layout;
-use crate::deal::seekable::{Dealer, Plan, Seekable, Shape};
+use crate::deal::seekable::{Dealer, Plan, Seekable, Shape, FANOUT, LEAF};
 use crate::error::{Error, Result};
 use crate::index::{zeros_par, Index};
 use crate::shuffle::fisher_yates::fisher_yates;
@@ -119,39 +122,58 @@ impl RankClasses {
 
 /// How a rank's share is cut into blocks: the classes of the partition, and what a read of
 /// part of the share computes (the blocks it meets, whole, by one walk of the partition).
+/// Block 0 is `[0, F)`; block `j >= 1` is `[F g^(j-1), F g^j)` for the growth `g`, the last
+/// one ending at the share's end.
+///
+/// Every block is a class level of the walk, visited at every value node where the blocks
+/// read have values, so fewer, longer blocks make a whole share cheaper; a read of a prefix
+/// `[0, u)` walks the blocks up to `u`'s, at most `g u` values. One rank's share of 1e9
+/// over 8 ranks (`docs/performance.md`): 2.0 s with `g = 2`, 1.4 s with `g = 8`, 1.1 s
+/// with two blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Blocks {
-    /// `[0, F)`, `[F, 2F)`, `[2F, 4F)`, …: `order="fast"`'s shares. A read from position `p`
-    /// walks only the blocks from `p`'s on, but every block is a class level of the walk.
-    Doubling,
-    /// `[0, F)` and `[F, c)`: a mixture's passes, which are read whole or from their start.
-    /// About half the class levels of [`Blocks::Doubling`], so a whole share walks the
-    /// partition in half the time (0.98 s against 1.96 s for 1e9 over 8 ranks,
-    /// `docs/performance.md`); a read of part of it walks the whole.
-    Two,
+pub(crate) struct Blocks {
+    /// `log2` of the growth.
+    bits: u32,
 }
 
 impl Blocks {
+    /// `order="fast"`'s shares: `[0, F)`, `[F, 2F)`, `[2F, 4F)`, …. A resume's rest starts at
+    /// a block at most twice as far back as the resume point.
+    pub(crate) const DOUBLING: Blocks = Blocks { bits: 1 };
+    /// A mixture's passes, read whole or from their start: two blocks, `[0, F)` and the rest.
+    /// A third of the class levels of [`Blocks::DOUBLING`] at 1.25e6 positions: a whole pass
+    /// costs about half. The price is a pass read in part: its walk covers the whole pass,
+    /// where doubling blocks walk about twice the positions used. Measured on one share of
+    /// 1e9 over 8 ranks: two blocks are faster down to 1% of the pass used (787 against
+    /// 1146 ms) and slower below (769 against 290 ms at 0.1%); a partly read pass never costs
+    /// more than a whole one (`docs/performance.md`).
+    pub(crate) const PASSES: Blocks = Blocks { bits: 64 };
+
+    /// Blocks growing by `2**bits` (`bits >= 1`; from 54 on, a share has two blocks).
+    #[cfg(test)]
+    pub(crate) const fn growing(bits: u32) -> Blocks {
+        Blocks { bits }
+    }
+
     /// The block holding position `p` of a share.
     pub(crate) fn of(self, p: u64) -> u64 {
         if p < FIRST_BLOCK {
             0
         } else {
-            match self {
-                Blocks::Doubling => 1 + u64::from(63 - (p / FIRST_BLOCK).leading_zeros()),
-                Blocks::Two => 1,
-            }
+            1 + u64::from((63 - (p / FIRST_BLOCK).leading_zeros()) / self.bits)
         }
     }
 
     /// Where block `j` of a share of `c` values starts.
     pub(crate) fn start(self, c: u64, j: u64) -> u64 {
-        match (self, j) {
-            (_, 0) => 0,
-            (Blocks::Two, 1) => c.min(FIRST_BLOCK),
-            (Blocks::Two, _) => c,
-            (Blocks::Doubling, j) if j > u64::from(FIRST_BLOCK.leading_zeros()) => c,
-            (Blocks::Doubling, j) => c.min(FIRST_BLOCK << (j - 1)),
+        if j == 0 {
+            return 0;
+        }
+        let shift = (j - 1).saturating_mul(u64::from(self.bits));
+        if shift >= u64::from(FIRST_BLOCK.leading_zeros()) {
+            c
+        } else {
+            c.min(FIRST_BLOCK << shift)
         }
     }
 }
@@ -442,11 +464,12 @@ fn block_range<T: Index>(
 }
 
 /// Bytes [`fast_share`] holds at its peak for positions `[start, stop)` of `rank`'s share:
-/// the range, the stripe tables of the blocks holding it, and the at most two buckets of
-/// each block cut by the range that are dealt beside it. An estimate for refusing what
+/// the range, the stripe tables of the blocks holding it, the at most two buckets of each
+/// block cut by the range that are dealt beside it, and the buckets over 2**21 values being
+/// shuffled through a scratch, one per thread. An estimate for refusing what
 /// cannot fit before any work, not a bound the allocator is held to.
 pub(crate) fn fast_share_bytes(layout: &Layout, rank: u64, start: u64, stop: u64) -> u64 {
-    let shape = Blocks::Doubling;
+    let shape = Blocks::DOUBLING;
     let Ok(classes) = RankClasses::new(layout, shape) else {
         return 0;
     };
@@ -458,8 +481,15 @@ pub(crate) fn fast_share_bytes(layout: &Layout, rank: u64, start: u64, stop: u64
     } else {
         0
     };
+    // A bucket over LEAF is shuffled through a scratch of its size, one per thread.
+    let threads = (rayon::current_num_threads() as u64).min(FANOUT as u64);
+    let scratch = if values / FANOUT as u64 > LEAF {
+        threads * (values / FANOUT as u64)
+    } else {
+        0
+    };
     let elem = crate::index::index_bytes(layout.n());
-    (values / 64 + values / 16 + (stop - start)).saturating_mul(elem)
+    (values / 64 + values / 16 + scratch + (stop - start)).saturating_mul(elem)
 }
 
 /// Positions `[start, stop)` of rank `rank`'s sequence for the epoch, in `order="fast"` with
@@ -480,7 +510,7 @@ pub(crate) fn fast_share<T: Index>(
     }
     fast_share_range_into(
         layout,
-        Blocks::Doubling,
+        Blocks::DOUBLING,
         rank,
         (seed, epoch),
         (start, stop),
@@ -490,7 +520,7 @@ pub(crate) fn fast_share<T: Index>(
 }
 
 /// Positions `[start, stop)` of rank `rank`'s sequence into `out` (`stop - start` long), its
-/// shares cut into blocks as `shape` says (with [`Blocks::Doubling`]: what [`fast_share`]
+/// shares cut into blocks as `shape` says (with [`Blocks::DOUBLING`]: what [`fast_share`]
 /// gives). The blocks the range meets are computed in one walk of the partition, straight
 /// into `out`, except for the at most two buckets of the seekable shuffle of a long block
 /// that the range cuts, and a short block (at most [`BUCKETED_FROM`] values) that it cuts.
@@ -557,7 +587,7 @@ pub(crate) fn fast_share_range_into<T: Index>(
 /// random access).
 pub(crate) fn first_stop(layout: &Layout, rank: u64, start: u64) -> Result<u64> {
     layout.check_rank(rank)?;
-    let shape = Blocks::Doubling;
+    let shape = Blocks::DOUBLING;
     let classes = RankClasses::new(layout, shape)?;
     let c = classes.share(rank);
     let ns = layout.num_samples();
@@ -703,13 +733,10 @@ mod tests {
             let mut cuts = vec![0, 1, 1023, 1024, 1025, 4096, 65_535, 65_536, 65_600, 70_000];
             cuts.extend([131_072, 131_100, ns - 64, ns - 1, ns]);
             cuts.retain(|&c| c <= ns);
-            for shape in [Blocks::Doubling, Blocks::Two] {
+            for shape in [Blocks::DOUBLING, Blocks::PASSES, Blocks::growing(3)] {
                 for r in [0, w - 1] {
                     let mut whole = vec![0u32; ns as usize];
                     fast_share_range_into(&layout, shape, r, (11, 3), (0, ns), &mut whole).unwrap();
-                    if shape == Blocks::Doubling {
-                        assert_eq!(whole, fast_share::<u32>(&layout, r, 11, 3, 0, ns).unwrap());
-                    }
                     for &a in &cuts {
                         for &b in cuts.iter().filter(|&&b| b >= a) {
                             let mut out = vec![0u32; (b - a) as usize];
@@ -728,14 +755,14 @@ mod tests {
     }
 
     #[test]
-    fn two_blocks_partition_the_dataset_and_differ_from_doubling() {
+    fn pass_blocks_partition_the_dataset_and_differ_from_doubling() {
         for (n, w, drop_last) in [(9_000u64, 8u64, true), (100_003, 3, false), (5, 8, false)] {
             let layout = Layout::new(n, w, drop_last).unwrap();
             let ns = layout.num_samples();
             let shares: Vec<Vec<u64>> = (0..w)
                 .map(|r| {
                     let mut out = vec![0u64; ns as usize];
-                    fast_share_range_into(&layout, Blocks::Two, r, (4, 1), (0, ns), &mut out)
+                    fast_share_range_into(&layout, Blocks::PASSES, r, (4, 1), (0, ns), &mut out)
                         .unwrap();
                     out
                 })
@@ -790,11 +817,11 @@ mod tests {
     fn random_access_itself_reads_the_block_and_salts_differ() {
         // block_range directly (not through fast_share's choice of path), against the whole.
         let layout = Layout::new(200_003, 1, false).unwrap();
-        let classes = RankClasses::new(&layout, Blocks::Doubling).unwrap();
+        let classes = RankClasses::new(&layout, Blocks::DOUBLING).unwrap();
         let whole = share(200_003, 1, 0, false, 6, 2);
         for (j, lo) in [(7u64, 65_536u64), (8, 131_072)] {
             for a in [0u64, 1, 4095, 4096, 30_000, 68_000] {
-                let b = (a + 50).min(Blocks::Doubling.start(200_003, j + 1) - lo);
+                let b = (a + 50).min(Blocks::DOUBLING.start(200_003, j + 1) - lo);
                 if a >= b {
                     continue;
                 }
@@ -863,19 +890,30 @@ mod tests {
 
     #[test]
     fn block_arithmetic() {
-        let d = Blocks::Doubling;
+        let d = Blocks::DOUBLING;
         assert_eq!(d.of(0), 0);
         assert_eq!(d.of(FIRST_BLOCK - 1), 0);
         assert_eq!(d.of(FIRST_BLOCK), 1);
         assert_eq!(d.of(2 * FIRST_BLOCK - 1), 1);
         assert_eq!(d.of(2 * FIRST_BLOCK), 2);
         assert_eq!(d.of(u64::MAX), 54);
-        let t = Blocks::Two;
+        let e = Blocks::growing(3);
+        assert_eq!((e.of(FIRST_BLOCK - 1), e.of(FIRST_BLOCK)), (0, 1));
+        assert_eq!((e.of(8 * FIRST_BLOCK - 1), e.of(8 * FIRST_BLOCK)), (1, 2));
+        assert_eq!(
+            (e.start(1 << 20, 2), e.start(1 << 20, 3)),
+            (8 * FIRST_BLOCK, 1 << 16)
+        );
+        let t = Blocks::PASSES;
         assert_eq!(
             (t.of(FIRST_BLOCK - 1), t.of(FIRST_BLOCK), t.of(u64::MAX)),
             (0, 1, 1)
         );
-        for shape in [d, t] {
+        assert_eq!(
+            (t.start(1 << 40, 1), t.start(1 << 40, 2)),
+            (FIRST_BLOCK, 1 << 40)
+        );
+        for shape in [d, e, t] {
             for c in [0u64, 1, 1024, 1025, 4096, 4097, 1 << 40, (1 << 63) - 1] {
                 let last = shape.of(c.max(1) - 1);
                 assert_eq!(shape.start(c, last + 1), c);
@@ -986,6 +1024,12 @@ mod tests {
             .unwrap()
             .to_u64_vec();
         assert_eq!(got, PIN_BUCKETED);
+        // A longer range cutting that block at both ends, read through a windowed plan (its
+        // edge buckets beside the output), against the pin recorded before windows existed.
+        let got = rank_range(&layout, 0, true, Order::Fast, 0, 0, 149_500, 150_004)
+            .unwrap()
+            .to_u64_vec();
+        assert_eq!(got[500..], PIN_BUCKETED);
     }
     const PIN_BUCKETED: [u64; 4] = [80747, 103532, 22354, 91040];
     const PIN_1000_4_1: [u64; 8] = [922, 608, 371, 945, 71, 414, 932, 64];

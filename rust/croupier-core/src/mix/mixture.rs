@@ -291,16 +291,27 @@ impl Mixture {
     }
 
     /// Bytes a [`Mixture::range`] of `[start, stop)` holds at its peak: the output, the
-    /// streams' buffer (at most the range again when one dataset dominates), the at most two
-    /// buckets a partly read pass deals beside it (1/32 of the pass share) and the stripe
-    /// tables, the leaf orders. An estimate, to refuse what cannot fit before any work.
+    /// streams' buffer (at most the range again when one dataset dominates), the leaf orders,
+    /// and per thread reading a pass: the at most two buckets a partly read pass block deals
+    /// beside the output (1/32 of the block), its stripe tables (1/128) and a bucket's shuffle
+    /// scratch (1/64), bounded by an eighth of the largest pass share. An estimate, to refuse
+    /// what cannot fit before any work.
     pub fn range_bytes(&self, start: u64, stop: u64) -> u64 {
         let n = stop.saturating_sub(start);
         let leaf = (16 * self.datasets() as u64)
             .next_power_of_two()
             .max(1 << 16);
         let threads = rayon::current_num_threads() as u64;
-        (2 * n + n / 8).saturating_mul(index_bytes(self.total)) + threads * leaf * 8
+        let largest_pass = self
+            .passes
+            .iter()
+            .flatten()
+            .map(Passes::per_pass)
+            .max()
+            .unwrap_or(0);
+        let readers = threads.min(self.datasets() as u64);
+        (2 * n + readers.saturating_mul(largest_pass) / 8).saturating_mul(index_bytes(self.total))
+            + threads * leaf * 8
     }
 
     /// The same mixture on rank `rank` (of the same number of ranks).

@@ -7,12 +7,14 @@
 //! `order="fast"` shuffles an epoch ([`crate::deal::fast_share`]: a rank's share computed
 //! alone, readable from any position), under the seed
 //! `Stream(seed, e, MixPass, fold(fold(0, d), k)).next_u64()` and epoch 0, with one
-//! difference: a rank's share is cut into two blocks ([`Blocks::Two`]: its first 1024
+//! difference: a rank's share is cut into two blocks ([`Blocks::PASSES`]: its first 1024
 //! positions and the rest), not doubling ones. Passes are read whole or from a position to
-//! their end, rarely from a block boundary, and two blocks halve the partition walk's class
+//! their end, rarely from a block boundary, and two blocks cut the partition walk's class
 //! levels: reading a whole pass costs about half what a `DistributedSampler` epoch of `n`
-//! costs. A read of part of a pass walks the whole partition but deals only the buckets of
-//! the long block's shuffle that it meets; a short read at any position is a random access.
+//! costs. A read of part of a pass walks the whole partition (slower than doubling blocks
+//! only when less than about 1% of the pass is used, and never slower than the whole pass)
+//! but deals only the buckets of the long block's shuffle that it meets; a short read at any
+//! position is a random access.
 //!
 //! Without shuffling every pass is the rank's strided `rank, rank + W, …` (mod `n`).
 
@@ -79,7 +81,7 @@ impl Passes {
             Stream::new(seed, epoch, Purpose::MixPass, fold(fold(0, dataset), pass)).next_u64();
         fast_share_range_into(
             &self.layout,
-            Blocks::Two,
+            Blocks::PASSES,
             rank,
             (pass_seed, 0),
             (start, stop),
