@@ -19,7 +19,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from croupier import BucketBatchSampler, DistributedSampler, MixtureSampler, StateError
@@ -183,6 +183,8 @@ def test_distributed_rest_keeps_the_global_order():
     fractions=st.lists(st.floats(0, 1), min_size=4, max_size=4),
     drop_last=st.booleans(),
 )
+# The epoch finished on 1 rank, then handed through 2 ranks where it is empty (drop_last).
+@example(n=1, worlds=[1, 1, 2, 1], fractions=[0.0, 1.0, 0.0, 0.0], drop_last=True)
 def test_distributed_successive_changes(n, worlds, fractions, drop_last):
     make = _dist(n, drop_last)
     full = _full_epoch(make, worlds[0])
@@ -207,6 +209,29 @@ def test_distributed_successive_changes(n, worlds, fractions, drop_last):
     _check_cover(full, consumed, worlds, drop_last)
     # O(1) state: however many changes, it records the first world and one offset.
     assert set(final.get("elastic", {})) <= {"origin_num_replicas", "offset"}
+
+
+def test_a_finished_epoch_stays_finished_through_a_world_where_it_is_empty():
+    # 1 sample on 1 rank, all consumed; on 2 ranks with drop_last the epoch is empty, so its
+    # position 0 must not read as the start when the state comes back to 1 rank.
+    samplers = {
+        "distributed": lambda w: DistributedSampler(1, num_replicas=w, rank=0, drop_last=True),
+        "buckets": lambda w: BucketBatchSampler(
+            [5], batch_size=1, num_replicas=w, rank=0, drop_last=True
+        ),
+    }
+    for name, make in samplers.items():
+        one = make(1)
+        first = list(one)
+        assert len(first) == 1
+        two = make(2)
+        two.load_state_dict(one.state_dict())
+        assert list(two) == [], name
+        back = make(1)
+        back.load_state_dict(two.state_dict())
+        assert list(back) == [], name
+        back.set_epoch(1)
+        assert list(back) == first, name
 
 
 def test_distributed_same_world_resume_has_no_elastic_entry():
@@ -399,19 +424,7 @@ def test_mixture_elastic_state_pickles_and_next_epoch_is_whole():
 #
 # Per-rank loaders in one process (explicit num_replicas and rank): every rank consumes some
 # batches, and rank 0's loader state goes through JSON into every loader of the next world.
-
-
-class _Ids:
-    """A map-style dataset whose sample ``i`` is ``i``: batches are the indices dealt."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return i
+# The datasets are `range(n)`: sample `i` is `i`, so batches are the indices dealt.
 
 
 _WORKERS = {
@@ -432,7 +445,7 @@ def _loaders(kind):
         # 240 = 4 * 60: the uninterrupted 4-rank epoch has no padding of its own.
         def make(w, r, **opts):
             sampler = DistributedSampler(240, num_replicas=w, rank=r, seed=3)
-            return StatefulDataLoader(_Ids(240), 8, sampler=sampler, **opts)
+            return StatefulDataLoader(range(240), 8, sampler=sampler, **opts)
 
         return make, True
     if kind == "buckets":
@@ -442,14 +455,14 @@ def _loaders(kind):
             sampler = BucketBatchSampler(
                 lengths, max_tokens=1500, buckets=6, num_replicas=w, rank=r, seed=3
             )
-            return StatefulDataLoader(_Ids(400), batch_sampler=sampler, **opts)
+            return StatefulDataLoader(range(400), batch_sampler=sampler, **opts)
 
         return make, True
 
     # 200 of the 400 samples from the first dataset's 100: two passes over it. drop_last=True.
     def make(w, r, **opts):
         sampler = MixtureSampler([0, 100, 250, 400], [0.5, 0.2, 0.3], w, r, seed=3)
-        return StatefulDataLoader(_Ids(400), 7, sampler=sampler, **opts)
+        return StatefulDataLoader(range(400), 7, sampler=sampler, **opts)
 
     return make, False
 

@@ -535,6 +535,10 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
             consumed = offset + min(position * saved_w, end - offset)
             if consumed >= end or position >= saved_len:
                 position = self._length  # the epoch is done
+                if position == 0 and end > 0:
+                    # Empty on this world: position 0 would read as its start, so the state
+                    # keeps that the old world consumed all of it.
+                    elastic = (epoch, origin, end, 0)
             else:
                 position = 0
                 if consumed > 0:
