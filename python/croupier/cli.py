@@ -7,7 +7,7 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +65,28 @@ def _header(m: dict[str, Any]) -> str:
     )
 
 
+def _report(
+    results: dict[str, Any],
+    text: str,
+    plot: Callable[[dict[str, Any], Path], bool],
+    stem: Path,
+) -> None:
+    """Writes ``stem``.json (every run), .md (the table under the machine) and .png (unless
+    matplotlib is missing), and prints the table."""
+    from croupier.bench._report import write_json
+
+    json_path, md_path, png_path = (stem.with_suffix(ext) for ext in (".json", ".md", ".png"))
+    write_json(results, json_path)
+    header = _header(results["machine"])
+    md_path.write_text(f"{header}\n\n{text}\n")
+    drew = plot(results, png_path)
+    print(f"{header}\n\n{text}\n")
+    print(f"wrote {json_path}, {md_path}", end="")
+    print(f", {png_path}" if drew else " (no plot: matplotlib is not installed)")
+
+
 def _sweep(args: argparse.Namespace) -> int:
     from croupier.bench._ranks import DEFAULT_NS, SweepConfig, check, plot, run, table
-    from croupier.bench._report import write_json
 
     given = [
         f"--{name}" for name in ("systems", "ranks", "rank") if getattr(args, name) is not None
@@ -94,17 +113,7 @@ def _sweep(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     results = run(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    text = table(results)
-    write_json(results, out / "ranks-sweep.json")
-    header = _header(results["machine"])
-    (out / "ranks-sweep.md").write_text(f"{header}\n\n{text}\n")
-    drew = plot(results, out / "ranks-sweep.png")
-    print(header)
-    print()
-    print(text)
-    print()
-    print(f"wrote {out / 'ranks-sweep.json'}, {out / 'ranks-sweep.md'}", end="")
-    print(f", {out / 'ranks-sweep.png'}" if drew else " (no plot: matplotlib is not installed)")
+    _report(results, table(results), plot, out / "ranks-sweep")
     return 0
 
 
@@ -112,7 +121,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.sweep_ranks is not None:
         return _sweep(args)
     from croupier.bench import BenchConfig, run
-    from croupier.bench._report import plot, table, write_json
+    from croupier.bench._report import plot, table
     from croupier.bench._runner import DEFAULT_NS
 
     cfg = BenchConfig(
@@ -132,17 +141,7 @@ def _bench(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     results = run(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    text = table(results)
-    write_json(results, out / "bench.json")
-    header = _header(results["machine"])
-    (out / "bench.md").write_text(f"{header}\n\n{text}\n")
-    drew = plot(results, out / "bench.png")
-    print(header)
-    print()
-    print(text)
-    print()
-    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}", end="")
-    print(f", {out / 'bench.png'}" if drew else " (no plot: matplotlib is not installed)")
+    _report(results, table(results), plot, out / "bench")
     return 0
 
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from croupier.bench._report import _n, _time
+from croupier.bench._report import _n, _time, pyplot
 from croupier.bench._runner import (
     BenchConfig,
     _cannot_run,
@@ -188,12 +188,8 @@ def table(results: dict[str, Any]) -> str:
 def plot(results: dict[str, Any], path: Path) -> bool:
     """Draws, against W (log-log), one line per N: time per index of the whole share, time to
     the first index and memory added. Returns ``False`` when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     rows = [r for r in results["rows"] if r.get("status") == "ok"]
     panels = (

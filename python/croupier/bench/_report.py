@@ -161,16 +161,25 @@ def write_json(results: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(results, indent=2) + "\n")
 
 
-def plot(results: dict[str, Any], path: Path) -> bool:
-    """Draws cost against N (log-log) for every system: time to the first index, to the whole
-    epoch (or permutation), and peak RSS above the imports. Returns ``False`` when matplotlib
-    is not installed."""
+def pyplot() -> Any:
+    """matplotlib's ``pyplot`` on the file-only Agg backend, or ``None`` when matplotlib is not
+    installed (it is an optional ``bench`` dependency)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot(results: dict[str, Any], path: Path) -> bool:
+    """Draws cost against N (log-log) for every system: time to the first index, to the whole
+    epoch (or permutation), and peak RSS above the imports. Returns ``False`` when matplotlib
+    is not installed."""
+    plt = pyplot()
+    if plt is None:
         return False
     rows = [r for r in results["rows"] if r.get("status") == "ok"]
     panels = (

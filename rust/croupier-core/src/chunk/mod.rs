@@ -365,6 +365,7 @@ fn rank_observations(chunks: u64, dealt: u64, w: u64, chunk_size: u64, short: u6
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::chi2_flat;
 
     fn positions(req: &ChunkRequest) -> Vec<u64> {
         match &req.positions {
@@ -542,11 +543,7 @@ mod tests {
         for epoch in 0..trials {
             counts[(plan.order(epoch).at(0) / 100) as usize] += 1;
         }
-        let expected = trials as f64 / 10.0;
-        let chi2: f64 = counts
-            .iter()
-            .map(|&c| (c as f64 - expected).powi(2) / expected)
-            .sum();
+        let chi2 = chi2_flat(&counts, trials as f64 / 10.0);
         assert!(chi2 < 27.9, "chi2 = {chi2} (p < 0.001 at 9 dof)");
     }
 

@@ -755,33 +755,6 @@ mod tests {
     }
 
     #[test]
-    fn pass_blocks_partition_the_dataset_and_differ_from_doubling() {
-        for (n, w, drop_last) in [(9_000u64, 8u64, true), (100_003, 3, false), (5, 8, false)] {
-            let layout = Layout::new(n, w, drop_last).unwrap();
-            let ns = layout.num_samples();
-            let shares: Vec<Vec<u64>> = (0..w)
-                .map(|r| {
-                    let mut out = vec![0u64; ns as usize];
-                    fast_share_range_into(&layout, Blocks::PASSES, r, (4, 1), (0, ns), &mut out)
-                        .unwrap();
-                    out
-                })
-                .collect();
-            let all: Vec<u64> = shares.iter().flatten().copied().collect();
-            let distinct: HashSet<u64> = all.iter().copied().collect();
-            assert!(all.iter().all(|&v| v < n));
-            if drop_last {
-                assert_eq!(distinct.len(), all.len());
-            } else {
-                assert_eq!(distinct.len() as u64, n);
-            }
-            if n > 100_000 {
-                assert_ne!(shares[0], share(n, w, 0, drop_last, 4, 1));
-            }
-        }
-    }
-
-    #[test]
     fn bucketed_blocks_read_anywhere_equal_the_whole() {
         // Shares with blocks longer than BUCKETED_FROM, the last one too: 200_003 over one rank
         // (blocks [65536, 131072) and [131072, 200003)), over two (padding after a bucketed

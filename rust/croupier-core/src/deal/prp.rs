@@ -95,6 +95,7 @@ impl Prp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::chi2_flat;
 
     #[test]
     fn a_permutation_of_every_small_domain() {
@@ -128,11 +129,7 @@ mod tests {
         for key in 0..trials {
             counts[(Prp::new(n, key).apply(0) / 1000) as usize] += 1;
         }
-        let expected = trials as f64 / 10.0;
-        let chi2: f64 = counts
-            .iter()
-            .map(|&c| (c as f64 - expected).powi(2) / expected)
-            .sum();
+        let chi2 = chi2_flat(&counts, trials as f64 / 10.0);
         assert!(chi2 < 27.9, "chi2 = {chi2} (p < 0.001 at 9 dof)");
         // Pairs on a Feistel domain: (image of 0, image of 1) over keys, n = 6000, each image
         // bucketed into 6 ranges of 1000: 36 cells, 35 dof.
@@ -142,12 +139,7 @@ mod tests {
             let p = Prp::new(n, key);
             pairs[(p.apply(0) / 1000) as usize][(p.apply(1) / 1000) as usize] += 1;
         }
-        let expected = trials as f64 / 36.0;
-        let chi2: f64 = pairs
-            .iter()
-            .flatten()
-            .map(|&c| (c as f64 - expected).powi(2) / expected)
-            .sum();
+        let chi2 = chi2_flat(pairs.iter().flatten(), trials as f64 / 36.0);
         assert!(chi2 < 66.6, "chi2 = {chi2} (p < 0.001 at 35 dof)");
         // And the table: n = 6 exactly, every ordered pair equally likely (30 cells).
         let mut pairs = [[0u64; 6]; 6];
@@ -155,11 +147,12 @@ mod tests {
             let p = Prp::new(6, key);
             pairs[p.apply(0) as usize][p.apply(1) as usize] += 1;
         }
-        let expected = trials as f64 / 30.0;
-        let chi2: f64 = (0..6)
-            .flat_map(|a| (0..6).filter(move |&b| b != a).map(move |b| (a, b)))
-            .map(|(a, b)| (pairs[a][b] as f64 - expected).powi(2) / expected)
-            .sum();
+        let off_diagonal =
+            (0..6).flat_map(|a| (0..6).filter(move |&b| b != a).map(move |b| (a, b)));
+        let chi2 = chi2_flat(
+            off_diagonal.map(|(a, b)| &pairs[a][b]),
+            trials as f64 / 30.0,
+        );
         assert!(chi2 < 58.3, "chi2 = {chi2} (p < 0.001 at 29 dof)");
     }
 }

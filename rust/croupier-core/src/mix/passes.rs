@@ -111,7 +111,15 @@ mod tests {
 
     #[test]
     fn ranks_partition_each_pass() {
-        for (n, w) in [(10_000u64, 3u64), (9_000, 8), (5, 8), (1, 1), (20_000, 1)] {
+        // 100_003 over 3: a long, bucketed second block (33,334 positions).
+        for (n, w) in [
+            (10_000u64, 3u64),
+            (9_000, 8),
+            (5, 8),
+            (1, 1),
+            (20_000, 1),
+            (100_003, 3),
+        ] {
             for drop_last in [true, false] {
                 let shares: Vec<Vec<u64>> = (0..w).map(|r| pass(n, w, r, drop_last, 2)).collect();
                 let layout = Layout::new(n, w, drop_last).unwrap();
