@@ -224,3 +224,92 @@ def test_numpy_scalars_are_accepted():
         make(seed=np.True_)
     with pytest.raises(TypeError, match="seed must be an int, got ndarray"):
         make(seed=np.arange(3))
+
+
+# -- the extremes of every accepted range: served, or refused at construction -------------------
+
+_HUGE_WORLDS = [2**54, 2**54 + 1, 2**55 + 3, 2**62, 2**63 - 1]
+
+
+def _nemo_dataset(sizes):
+    from test_sequential_bucket_sampler import Dataset
+
+    return Dataset(sizes)
+
+
+@pytest.mark.parametrize("w", _HUGE_WORLDS)
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_every_accepted_world_size_is_served(w, drop_last):
+    """A world size the constructor accepts (up to 2**63 - 1) is dealt with torch's
+    arithmetic: with fewer samples than ranks, each rank gets one padded item (or none with
+    drop_last), never an internal error (the fast order's leaf size once overflowed above
+    2**54 ranks)."""
+    from croupier import BucketBatchSampler, MixtureSampler, SequentialBucketSampler
+
+    n = 10
+    for r in sorted({0, 1, n, w - 1}):
+        for order in ("fast", "torch"):
+            for shuffle in (True, False):
+                s = DistributedSampler(
+                    n, num_replicas=w, rank=r, drop_last=drop_last, order=order, shuffle=shuffle
+                )
+                got = s.indices().tolist()
+                assert len(got) == len(s) == (0 if drop_last else 1)
+                assert all(0 <= x < n for x in got)
+                if not shuffle and got:
+                    assert got == [r % n]  # padding repeats the head of 0..n-1
+            b = SequentialBucketSampler(
+                _nemo_dataset([3, 7]), base_batch_size=2, num_replicas=w, rank=r,
+                drop_last=drop_last, order=order,
+            )  # fmt: skip
+            assert len(list(b)) == len(b)
+        m = MixtureSampler([0, 4, 10], [1.0, 2.0], num_replicas=w, rank=r, drop_last=False)
+        assert len(m.indices()) == len(m) == 2
+        k = BucketBatchSampler(
+            np.arange(1, n + 1), batch_size=2, num_replicas=w, rank=r, drop_last=drop_last
+        )
+        assert sum(len(x) for x in k) == (0 if drop_last else 1)
+
+
+@pytest.mark.parametrize("w", [2**54 + 1, 2**63 - 1])
+def test_an_epoch_moves_to_and_from_a_huge_world(w):
+    """Elastic resume into a world of more ranks than samples, and back."""
+    n = 10
+    first = [DistributedSampler(n, num_replicas=3, rank=r, seed=2) for r in range(3)]
+    taken = [next(iter(s)) for s in first]
+    state = first[0].state_dict()
+    for r in (0, 6, w - 1):
+        s = DistributedSampler(n, num_replicas=w, rank=r, seed=2)
+        s.load_state_dict(state)
+        got = s.indices().tolist()
+        assert len(got) == 1 and got[0] not in taken if r < n - 3 else len(got) == 1
+    rest = [DistributedSampler(n, num_replicas=w, rank=r, seed=2) for r in range(n - 3)]
+    for s in rest:
+        s.load_state_dict(state)
+    assert sorted(taken + [x for s in rest for x in s]) == list(range(n))
+    back = DistributedSampler(n, num_replicas=3, rank=1, seed=2)
+    done = rest[0]
+    list(done)
+    back.load_state_dict(done.state_dict())
+    assert list(back) == []  # the epoch was finished in the huge world
+
+
+@pytest.mark.parametrize("value", [2**63, 2**64, 2**100])
+def test_sequential_bucket_batch_sizes_beyond_the_core_are_refused(value):
+    from croupier import SequentialBucketSampler
+
+    with pytest.raises(ValueError, match=r"base_batch_size must be in \[1, 9223372036854775807\]"):
+        SequentialBucketSampler(_nemo_dataset([3, 4]), base_batch_size=value)
+    # A dynamic size scaled beyond the range by a small resolution is refused, naming the bucket.
+    # (With the dataset's calculator, and with the built-in rule when it has none.)
+    for calculator in (True, False):
+        ds = _nemo_dataset([3, 4])
+        if not calculator:
+            del ds.calculator
+        with pytest.raises(ValueError, match=r"bucket 'b0'.* \[1, 9223372036854775807\]"):
+            SequentialBucketSampler(
+                ds, base_batch_size=2**63 - 1, dynamic_batch_size=True,
+                base_resolution=(4096, 4096),
+            )  # fmt: skip
+    s = SequentialBucketSampler(_nemo_dataset([3, 4]), base_batch_size=2**63 - 1, drop_last=False)
+    assert [len(b) for b in s] == [3, 4] or [len(b) for b in s] == [4, 3]

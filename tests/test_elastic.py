@@ -695,3 +695,72 @@ def test_a_null_elastic_entry_is_refused():
     _, state = _run(make, [8, 6], [10, 5])
     with pytest.raises(StateError, match="elastic"):
         make(6, 0).load_state_dict({**state, "elastic": None})
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 6), min_size=2, max_size=4),
+    w0=st.integers(1, 4),
+    w1=st.integers(1, 4),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    data=st.data(),
+)
+@example(sizes=[1, 1, 2], w0=1, w1=2, drop_last=True, shuffle=False, data=None)
+def test_mixture_elastic_load_needs_only_the_first_worlds_schedule(
+    sizes, w0, w1, drop_last, shuffle, data
+):
+    """The rest of an epoch needs only the phases it was iterated with: a load on a world that
+    cannot draw the state's schedule (a dataset smaller than W' with drop_last) succeeds and
+    continues the epoch; the next epoch of that world is refused with a message naming the
+    schedule, and the refusal changes nothing."""
+    # A schedule the first world can draw: positive weights only on datasets it can serve.
+    drawable = [i for i, n in enumerate(sizes) if (n >= w0 if drop_last else n > 0)]
+    # ... and a dataset both worlds can draw, for the new world's own weights.
+    both = [i for i in drawable if not drop_last or sizes[i] >= w1]
+    if not both:
+        return
+    if data is None:  # the issue's case
+        weights = [1.0, 0.0, 0.0]
+    else:
+        weights = [0.0] * len(sizes)
+        for i in data.draw(st.lists(st.sampled_from(drawable), min_size=1), label="drawn"):
+            weights[i] += 1.0
+    cumulative = np.cumsum([0, *sizes]).tolist()
+    other = [0.0] * len(sizes)
+    other[both[-1]] = 1.0
+
+    def make(w, r):
+        s = MixtureSampler(
+            cumulative, other, num_replicas=w, rank=r, shuffle=shuffle, drop_last=drop_last
+        )
+        if w == w0:
+            s.set_schedule([(0, weights)])
+        return s
+
+    length = len(make(w0, 0))
+    if length < 2:
+        return
+    full = Counter(_full_epoch(make, w0))
+    consumed, state = _run(make, [w0, w1], [1, None])
+    got = Counter(x for world in consumed for r in world for x in r)
+    rest = w0 * (length - 1)
+    assert sum(len(r) for r in consumed[1]) == (
+        rest // w1 * w1 if drop_last else -(-rest // w1) * w1
+    )
+    assert sum((full - got).values()) == (rest % w1 if drop_last else 0)
+    assert sum((got - full).values()) == (0 if drop_last else -(-rest // w1) * w1 - rest)
+    # The next epoch on the new world: drawable there, or refused without a change.
+    s = make(w1, 0)
+    s.load_state_dict(state)
+    s.set_epoch(4)
+    before = s.state_dict()
+    can_draw = all(n >= w1 or not drop_last or w == 0 for n, w in zip(sizes, weights, strict=True))
+    if can_draw:
+        assert len(list(s)) == len(s)
+    else:
+        with pytest.raises(ValueError, match="schedule in force cannot be drawn"):
+            iter(s)
+        assert s.state_dict() == before
+        s.update_weights(other)
+        assert len(list(s)) == len(s)

@@ -10,6 +10,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from fractions import Fraction
 
 import numpy as np
@@ -777,3 +778,30 @@ def test_forked_child_gives_the_same_indices():
     want = s.indices().astype(np.int64)
     got = _in_child(lambda: MixtureSampler(cum, [1, 2], 2, 1, seed=1).indices())
     assert np.array_equal(got, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    weights=st.lists(
+        st.one_of(st.just(0.0), st.floats(1e306, 1.7976931348623157e308)), min_size=2, max_size=5
+    ).filter(lambda ws: any(ws)),
+    temperature=st.sampled_from([1.0, 0.5, 2.0]),
+)
+def test_huge_finite_weights_are_ratios_like_any_others(weights, temperature):
+    """Finite weights whose sum overflows (two of 1e308) are valid: each dataset's count is
+    within one of its exact share (computed in rationals), the counts fill the epoch."""
+    sizes = [50] * len(weights)
+    s = MixtureSampler(
+        np.cumsum([0, *sizes]).tolist(), weights, num_replicas=1, rank=0,
+        temperature=temperature,
+    )  # fmt: skip
+    counts = s.counts()
+    assert sum(counts) == len(s)
+    if temperature == 1.0:
+        exact = [Fraction(w) for w in weights]
+        total = sum(exact)
+        for c, w in zip(counts, exact, strict=True):
+            assert abs(c - w / total * len(s)) < 1
+    assert all(c == 0 for c, w in zip(counts, weights, strict=True) if w == 0)
+    got = Counter(np.searchsorted(s.cumulative_sizes, s.indices(), side="right") - 1)
+    assert [got.get(i, 0) for i in range(len(weights))] == counts

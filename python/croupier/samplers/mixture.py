@@ -465,17 +465,34 @@ class MixtureSampler(IndexSampler):
         return (isinstance(at, _Cursor) and at.started) or self._continues(at)
 
     def _activate(self, start: int, continuing: bool = False) -> None:
-        if continuing:
-            # The checkpointed iteration goes on under its phases; the schedule still waits.
-            phases = self._phases
-        else:
-            phases = self._phases_for(start)
-            if start == 0 or (self._pending and start < self.num_samples):
-                self._pending = False
+        # A checkpointed iteration goes on under its phases (the schedule still waits).
+        phases = self._phases if continuing else self._phases_for(start)
+        # An elastic rest reads the first world's mixture; this world's is needed only from
+        # the next epoch on (and may not exist: see load_state_dict).
+        active = None if self._elastic_of(self._now[0]) is not None else self._drawable(phases)
+        if not continuing and (start == 0 or (self._pending and start < self.num_samples)):
+            self._pending = False
         if phases != self._phases:
             self._phases = phases
             self._cache = None
-        self._active = self._mixture(phases)
+        self._active = active
+
+    def _drawable(self, phases: tuple[_Phase, ...]) -> Any:
+        """The mixture of ``phases`` on this sampler's ranks, or a ``ValueError`` saying why
+        this world cannot draw it (a schedule loaded from another world size)."""
+        try:
+            return self._mixture(phases)
+        except ValueError as e:
+            raise ValueError(
+                f"the schedule in force cannot be drawn with num_replicas={self.num_replicas}: "
+                f"{e}; call set_schedule() or update_weights() with weights this world can draw"
+            ) from None
+
+    def _current(self) -> Any:
+        """The mixture of the current epoch's phases (built when first needed)."""
+        if self._active is None:
+            self._active = self._drawable(self._phases)
+        return self._active
 
     def __iter__(self) -> Iterator[int]:
         _, at = self._now
@@ -518,12 +535,12 @@ class MixtureSampler(IndexSampler):
         return sum(_core.pass_shares(self._sizes, num_replicas, self.drop_last))
 
     def _compute(self, epoch: int, start: int, stop: int | None) -> npt.NDArray[Any]:
-        arr = self._active.indices(epoch, start, stop)
+        arr = self._current().indices(epoch, start, stop)
         arr.flags.writeable = False
         return arr  # type: ignore[no-any-return]
 
     def _first_stop(self, start: int) -> int:
-        return int(self._active.first_stop(start))
+        return int(self._current().first_stop(start))
 
     # Elastic resume: the epoch's global order is position t of every old rank's sequence,
     # rank after rank, then position t + 1 (what W ranks consumed, p each, is its first p W
@@ -611,7 +628,12 @@ class MixtureSampler(IndexSampler):
         the epoch are those of the uninterrupted run; ``len(self)`` is this rank's share of
         the rest until the next epoch (``num_samples`` stays the configured epoch length). With
         the default epoch length, which follows ``num_replicas``, the schedule's starts move in
-        proportion to the length for the epochs after (see :meth:`set_schedule`)."""
+        proportion to the length for the epochs after (see :meth:`set_schedule`). The rest
+        needs only the first world's phases, so it loads even when this world cannot draw the
+        state's schedule (it weights a dataset with fewer samples than ``num_replicas`` and
+        ``drop_last=True``); the next epoch then raises ``ValueError`` naming the schedule,
+        changing nothing, until :meth:`set_schedule` or :meth:`update_weights` gives weights
+        this world can draw."""
         self._check_differences(state)
         saved = (self._now, self._cache, self._elastic)
         super().load_state_dict(state)
@@ -628,16 +650,20 @@ class MixtureSampler(IndexSampler):
                 schedule, pending, deferred, phases = (
                     self._schedule, self._pending, False, self._phases
                 )  # fmt: skip
+            _, at = self._now
+            if isinstance(at, _Pending) and at.position == 0 and not deferred:
+                phases = self._fresh(schedule)
+            # The rest of an elastic epoch needs only the first world's phases: a schedule this
+            # world cannot draw (a dataset with fewer samples than num_replicas, drop_last) is
+            # refused when an epoch of this world starts, not here.
+            active = None if origin_phases is not None else self._mixture(phases)
         except BaseException:
             self._now, self._cache, self._elastic = saved
             raise
         self._origin_phases = origin_phases
         self._schedule, self._pending = schedule, pending
-        _, at = self._now
-        if isinstance(at, _Pending) and at.position == 0 and not deferred:
-            phases = self._fresh(schedule)
         self._phases = phases
-        self._active = self._mixture(phases)
+        self._active = active
         self._cache = None
         self._continuing = at if deferred else None
 

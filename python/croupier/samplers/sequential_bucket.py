@@ -15,7 +15,7 @@ import numpy as np
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
-from croupier._validate import U64_MAX, check_bool, check_int
+from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int
 from croupier.samplers._base import Batches, BatchSampler, _Pending
 from croupier.samplers._state import StateError
 
@@ -98,7 +98,7 @@ class SequentialBucketSampler(BatchSampler):
                     f"dataset must expose {attr} (a NeMo multi-resolution dataset), "
                     f"{type(dataset).__name__} has none"
                 )
-        self.base_batch_size = check_int("base_batch_size", base_batch_size, 1)
+        self.base_batch_size = check_int("base_batch_size", base_batch_size, 1, MAX_LEN)
         self.base_resolution = _resolution("base_resolution", base_resolution)
         self.drop_last = check_bool("drop_last", drop_last)
         self.shuffle_buckets = check_bool("shuffle_buckets", shuffle_buckets)
@@ -127,7 +127,7 @@ class SequentialBucketSampler(BatchSampler):
             if indices.size and int(indices.min()) < 0:
                 raise ValueError(f"bucket_groups[{key!r}]['indices'] must be >= 0")
             lists.append(indices.astype(np.uint64).tolist())
-            sizes.append(self._get_batch_size(group["resolution"]))
+            sizes.append(self._get_batch_size(key, group["resolution"]))
         self._core_args = (
             lists,
             sizes,
@@ -142,17 +142,26 @@ class SequentialBucketSampler(BatchSampler):
         self._sizes = sizes
         super().__init__(num_replicas, rank, len(self._core))
 
-    def _get_batch_size(self, resolution: Any) -> int:
-        """The batch size of a bucket of ``resolution``: fixed, or scaled by area."""
+    def _get_batch_size(self, key: Any, resolution: Any) -> int:
+        """The batch size of bucket ``key`` of ``resolution``: fixed, or scaled by area (at
+        most ``MAX_LEN``, the largest number of samples the core deals)."""
         if not self.dynamic_batch_size:
             return self.base_batch_size
         calc = getattr(self.calculator, "get_dynamic_batch_size", None)
         if calc is not None:
             size = calc(tuple(resolution), self.base_batch_size, self.base_resolution)
-            return check_int("calculator.get_dynamic_batch_size(...)", size, 1)
+            return check_int(
+                f"calculator.get_dynamic_batch_size(...) for bucket {key!r}", size, 1, MAX_LEN
+            )
         w, h = _resolution("resolution", resolution)
         base_area = self.base_resolution[0] * self.base_resolution[1]
-        return max(1, int(self.base_batch_size * base_area / (w * h)))
+        size = max(1, int(self.base_batch_size * base_area / (w * h)))
+        if size > MAX_LEN:
+            raise ValueError(
+                f"the dynamic batch size of bucket {key!r} (resolution {w}x{h}), base_batch_size "
+                f"* base area / area = {size}, must be in [1, {MAX_LEN}]: lower base_batch_size"
+            )
+        return size
 
     # -- NeMo's methods ------------------------------------------------------------------------
 

@@ -217,6 +217,9 @@ impl Classes for RankClasses {
     fn leaf(&self) -> u64 {
         if self.w < SPARSE_RANKS {
             LEAF_FEW_RANKS
+        } else if self.w > MAX_PERMUTED_LEAF / PERMUTED_LEAF_PER_RANK / 2 {
+            // (Also where `PERMUTED_LEAF_PER_RANK * w` would overflow: any W up to MAX_LEN.)
+            MAX_PERMUTED_LEAF
         } else {
             // An even power of two: a leaf of (leaf/2, leaf] values then permutes a domain of
             // an even number of bits, which the Feistel network covers with no wasted bit
@@ -616,6 +619,29 @@ mod tests {
         rank_indices(&layout, r, true, Order::Fast, seed, epoch)
             .unwrap()
             .to_u64_vec()
+    }
+
+    /// Every world size up to `MAX_LEN` is served (the permuted leaf size once overflowed
+    /// above `2**54` ranks and failed an assertion), with the same values either side of the
+    /// size where the leaf stops growing.
+    #[test]
+    fn huge_world_sizes_are_served() {
+        let max = crate::index::MAX_LEN;
+        for w in [16, 2047, 2048, 2049, 1 << 40, (1 << 54) + 1, 1 << 62, max] {
+            for n in [0u64, 1, 10, 5000] {
+                for drop_last in [false, true] {
+                    let layout = Layout::new(n, w, drop_last).unwrap();
+                    for r in [0, 1, 9, w - 1] {
+                        let got = share(n, w, r, drop_last, 3, 2);
+                        assert_eq!(got.len() as u64, layout.num_samples());
+                        assert!(got.iter().all(|&v| v < n), "w={w} n={n} r={r}");
+                    }
+                }
+            }
+        }
+        for w in [2047, 2048, 2049] {
+            check_global(5000, w, false, 1);
+        }
     }
 
     /// Interleaves all ranks' shares into the global sequence and checks it has torch's

@@ -57,7 +57,17 @@ pub fn probabilities(weights: &[f64], temperature: f64, what: &'static str) -> R
                 .collect()
         }
     };
-    let total: f64 = scaled.iter().sum();
+    let mut total: f64 = scaled.iter().sum();
+    let scaled = if total.is_infinite() {
+        // Finite weights whose sum overflows (two of 1e308): the same ratios over the largest
+        // weight. Only here, so the probabilities of every sum that fits stay as they were.
+        let top = scaled.iter().copied().fold(0.0, f64::max);
+        let over: Vec<f64> = scaled.iter().map(|&s| s / top).collect();
+        total = over.iter().sum();
+        over
+    } else {
+        scaled
+    };
     if !(total > 0.0 && total.is_finite()) {
         return Err(Error::out_of_range(
             what,
@@ -212,6 +222,16 @@ mod tests {
         assert!(err(&[f64::NAN], 1.0).contains(">= 0"));
         assert!(err(&[f64::INFINITY], 1.0).contains("finite"));
         assert!(err(&[0.0, 0.0], 1.0).contains("not all zero"));
+        // Finite weights whose sum overflows are ratios like any other, at every temperature.
+        for t in [1.0, 0.5, 2.0] {
+            assert_eq!(
+                probabilities(&[f64::MAX, f64::MAX], t, "weights").unwrap(),
+                [0.5, 0.5]
+            );
+            let p = probabilities(&[1e308, 1e308, 1.7e308], t, "weights").unwrap();
+            assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12, "{p:?}");
+            assert!(p[0] == p[1] && p[2] > p[0]);
+        }
         assert!(err(&[1.0], 0.0).starts_with("temperature"));
         assert!(err(&[1.0], f64::NAN).starts_with("temperature"));
         assert!(err(&[1.0], f64::INFINITY).starts_with("temperature"));
