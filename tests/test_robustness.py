@@ -229,7 +229,8 @@ sys.exit(0)
 @pytest.mark.parametrize(
     "call", ["permutation", "torch-order share", "fast-order share", "mixture"]
 )
-def test_ctrl_c_interrupts_a_long_call_promptly(call):
+@pytest.mark.parametrize("delay", [0.05, 0.5])
+def test_ctrl_c_interrupts_a_long_call_promptly(call, delay):
     # A long call waits for its result in slices of 50 ms, checking Python's signals: Ctrl-C
     # raises the call's cancellation flag, the core's loops stop at their next look at it,
     # and KeyboardInterrupt reaches the caller with no thread of the call left running.
@@ -245,7 +246,9 @@ def test_ctrl_c_interrupts_a_long_call_promptly(call):
     out = err = ""
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "started"
-        time.sleep(0.5)  # well inside the call (several seconds uninterrupted)
+        # Early (the permutation's label counting once ignored the flag for its first
+        # second) and well inside the call (several seconds uninterrupted).
+        time.sleep(delay)
         sent = time.monotonic()
         p.send_signal(signal.SIGINT)
         line = p.stdout.readline().strip()

@@ -87,4 +87,38 @@ mod tests {
         assert!(!cancelled());
         std::thread::spawn(|| assert!(!cancelled())).join().unwrap();
     }
+
+    /// Every stage of the long calls looks at the flag, the first ones included: with the
+    /// flag raised before the call, a permutation counts no labels and hands back nothing
+    /// (its first second at 1e9 once ignored the flag), and an elastic rest reads no old
+    /// share and copies nothing.
+    #[test]
+    fn a_raised_flag_stops_every_stage_of_the_long_calls() {
+        use crate::deal::{Elastic, Order};
+        let cancel = Cancel::new();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .start_handler({
+                let c = cancel.clone();
+                move |_| c.attach()
+            })
+            .build()
+            .unwrap();
+        cancel.attach();
+        cancel.raise();
+        pool.install(|| {
+            let n = 1 << 22;
+            let namer = crate::shuffle::parallel::Namer::permutation(1, 2);
+            let counts = crate::shuffle::parallel::stripe_counts(n, &namer);
+            assert!(counts.iter().all(|c| c.iter().all(|&x| x == 0)));
+            let perm = crate::shuffle::parallel::permutation(n, 1, 2).unwrap();
+            assert_eq!(perm.len(), 0);
+            let rest = Elastic::new(n, 8, false, n / 2, 6).unwrap();
+            for shuffle in [true, false] {
+                let got = rest.range(0, shuffle, Order::Fast, 1, 2, 0, rest.num_samples());
+                assert!(got.unwrap().len() < 1 << 17, "shuffle={shuffle}");
+            }
+        });
+        Cancel::detach();
+    }
 }

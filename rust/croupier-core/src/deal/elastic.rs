@@ -140,23 +140,19 @@ impl Elastic {
         (start, stop): (u64, u64),
     ) -> Result<Vec<T>> {
         if !shuffle || start == stop {
-            let mut v = try_with_capacity_huge::<T>("a rank's indices", stop - start)?;
-            v.extend((start..stop).map(|k| T::from_u64(self.global(rank, k))));
-            return Ok(v);
+            return collect_checked(start, stop, |k| T::from_u64(self.global(rank, k)));
         }
         match order {
             Order::Torch(variant) => {
                 let perm = torch_randperm::sampler_order(self.origin.n(), variant, seed, epoch)?;
-                let mut v = try_with_capacity_huge::<T>("a rank's indices", stop - start)?;
                 match perm {
-                    Indices::U32(p) => v.extend(
-                        (start..stop).map(|k| T::from_u64(p[self.global(rank, k) as usize].into())),
-                    ),
-                    Indices::U64(p) => v.extend(
-                        (start..stop).map(|k| T::from_u64(p[self.global(rank, k) as usize])),
-                    ),
+                    Indices::U32(p) => collect_checked(start, stop, |k| {
+                        T::from_u64(p[self.global(rank, k) as usize].into())
+                    }),
+                    Indices::U64(p) => collect_checked(start, stop, |k| {
+                        T::from_u64(p[self.global(rank, k) as usize])
+                    }),
                 }
-                Ok(v)
             }
             Order::Fast => self.fast_range(rank, (seed, epoch), (start, stop)),
         }
@@ -194,8 +190,13 @@ impl Elastic {
             piece_end,
             |s, (a, b), buf: &mut Vec<T>| {
                 // A fresh buffer per read: the previous one is gone before this one's work.
+                // (Zeroed on all threads, looking at the cancellation flag: a piece is up to
+                // half an old share, a quarter of a second of page faults on one thread.)
                 *buf = Vec::new();
-                buf.resize((b - a) as usize, T::from_u64(0));
+                *buf = zeros_par::<T>("an old rank's piece", b - a)?;
+                if crate::cancel::cancelled() {
+                    return Ok(a); // the caller stops at its next look
+                }
                 fast_share_range_into(&self.origin, blocks, s, (seed, epoch), (a, b), buf)?;
                 Ok(a)
             },
@@ -243,7 +244,11 @@ impl Elastic {
                 };
                 let b = piece_end(s, a).clamp(a + 1, last + 1);
                 let from = read(s, (a, b), &mut buf)?;
+                if crate::cancel::cancelled() {
+                    return Ok(out); // the caller discards the buffer
+                }
                 debug_assert!(from <= a && buf.len() as u64 >= b - from);
+                let mut steps = 0usize;
                 while k < plain {
                     let j = self.global(rank, k) / w0;
                     if j >= b {
@@ -251,6 +256,11 @@ impl Elastic {
                     }
                     out[(k - start) as usize] = buf[(j - from) as usize];
                     k += step;
+                    steps += 1;
+                    // A piece's strided copy is tens of millions of writes.
+                    if steps % crate::cancel::CHECK_EVERY == 0 && crate::cancel::cancelled() {
+                        return Ok(out);
+                    }
                 }
             }
         }
@@ -264,6 +274,21 @@ impl Elastic {
         }
         Ok(out)
     }
+}
+
+/// `f(k)` for every `k` of `[start, stop)`, in a new buffer, looking at the cancellation flag
+/// between runs of [`CHECK_EVERY`](crate::cancel::CHECK_EVERY) values: a rank's rest is up
+/// to hundreds of millions of random reads. A cancelled call gets a short buffer, which its
+/// caller discards.
+fn collect_checked<T: Index>(start: u64, stop: u64, f: impl Fn(u64) -> T) -> Result<Vec<T>> {
+    let mut v = try_with_capacity_huge::<T>("a rank's indices", stop - start)?;
+    let mut k = start;
+    while k < stop && !crate::cancel::cancelled() {
+        let hi = stop.min(k + crate::cancel::CHECK_EVERY as u64);
+        v.extend((k..hi).map(&f));
+        k = hi;
+    }
+    Ok(v)
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {

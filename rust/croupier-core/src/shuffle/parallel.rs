@@ -371,21 +371,28 @@ fn fresh<T: Index>(n: u64, seed: u64, epoch: u64) -> Result<Vec<T>> {
     // SAFETY: the capacity is n, level1 writes all n positions before set_len, and T is a
     // plain integer (no drop, every bit pattern valid). Writing first on all threads spreads
     // the page faults of the fresh buffer over the cores.
-    let bounds = unsafe {
-        let bounds = level1(Shared(v.as_mut_ptr()), n, &namer, T::from_u64);
-        v.set_len(n as usize);
-        bounds
-    };
+    let bounds = unsafe { level1(Shared(v.as_mut_ptr()), n, &namer, T::from_u64) };
+    if cancelled() {
+        // level1 stopped early: the buffer holds unwritten slots, and the call is discarded.
+        return Ok(Vec::new());
+    }
+    // SAFETY: (see above) level1 wrote all n positions.
+    unsafe { v.set_len(n as usize) };
     level2(&mut v, &bounds, &namer, LEAF);
     Ok(v)
 }
 
 /// Per stripe of `[0, n)`, how many of its level-1 labels fall in each bucket (a stripe holds
 /// at most 2**16 values, so `u32` counts).
-fn stripe_counts(n: u64, namer: &Namer) -> Vec<[u32; FANOUT]> {
+pub(crate) fn stripe_counts(n: u64, namer: &Namer) -> Vec<[u32; FANOUT]> {
     (0..n.div_ceil(STRIPE))
         .into_par_iter()
         .map(|i| {
+            // Counting draws every label once: at 1e9 values the first second of the call.
+            // Cancelled, the counts are meaningless and the caller stops after level 1.
+            if cancelled() {
+                return [0; FANOUT];
+            }
             let c = namer
                 .stripe_labels(i)
                 .count(STRIPE.min(n - i * STRIPE) as usize);
@@ -453,7 +460,7 @@ impl Plan {
             }
             Starts::Wide(starts)
         };
-        debug_assert_eq!(bounds[FANOUT] as u64, n);
+        debug_assert!(cancelled() || bounds[FANOUT] as u64 == n);
         Plan { starts, bounds }
     }
 }
@@ -555,6 +562,9 @@ fn shuffle_node<T: Index>(
     });
     combiner.finish();
     for s in 0..FANOUT {
+        if cancelled() {
+            return; // a child takes a few ms; the caller discards the buffer
+        }
         let (lo, hi) = (bounds[s], bounds[s + 1]);
         let child = child_path(depth, path, s as u64);
         if hi - lo <= leaf {
