@@ -115,6 +115,24 @@ def test_checkpoints_roundtrip_and_pickle():
         t.load_checkpoint({"states": {}})
 
 
+@pytest.mark.parametrize("state", [{}, {"states": {}}, {"_reads": {}}, {0: 1}])
+@pytest.mark.parametrize("cls", [RankAwareSampler, "compat"])
+def test_a_checkpoint_without_states_is_a_key_error_too(state, cls):
+    """TransferQueue's sampler raises KeyError on a checkpoint without '_states': code written
+    for it catches that; croupier's error is also the TypeError it documents, with its message,
+    and the cache stays as it was."""
+    if cls == "compat":
+        from croupier.compat.transfer_queue import RankAwareSampler as cls
+    s = cls()
+    s.sample(list(range(10)), 4, 0, 0, "t", "p")
+    before = s.save_checkpoint()
+    for kind in (KeyError, TypeError):
+        with pytest.raises(kind) as info:
+            s.load_checkpoint(state)
+        assert str(info.value).startswith("state must be a save_checkpoint() dict with a '_states'")
+    assert s.save_checkpoint() == before
+
+
 @pytest.mark.parametrize(
     ("kwargs", "exc"),
     [({"group_size": 0}, ValueError), ({"seed": -1}, ValueError), ({"shuffle": 1}, TypeError)],

@@ -350,3 +350,37 @@ def test_as_a_dataloader_batch_sampler(workers):
         multiprocessing_context="fork" if workers else None,
     )
     assert [b.tolist() for b in loader] == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+    w=st.integers(1, 3),
+    loaded=st.integers(0, 5),
+    then=st.integers(0, 5),
+    data=st.data(),
+)
+def test_a_loaded_skip_and_set_epoch_each_classes_rule(sizes, w, loaded, then, data):
+    """NeMo keeps a loaded ``batches_yielded`` until the next iteration, whatever its epoch
+    (the compat class does too); croupier's class ties it to the loaded epoch. Both: the skip
+    is used once, and the iteration after it is whole."""
+    pytest.importorskip("torch")
+    ds = Dataset(sizes)
+    compat = NemoCompat(ds, base_batch_size=3, num_replicas=w, rank=w - 1, drop_last=False)
+    own = SequentialBucketSampler(
+        ds, base_batch_size=3, num_replicas=w, rank=w - 1, drop_last=False, order="torch"
+    )
+    skip = data.draw(st.integers(0, len(own)), label="skip")
+    for s in (compat, own):
+        s.load_state_dict({"epoch": loaded, "batches_yielded": skip})
+        s.set_epoch(then)
+        assert s.state_dict()["epoch"] == then
+
+    def nemo(epoch):
+        return nemo_reference(ds, 3, (512, 512), False, True, True, False, 42, w, w - 1, epoch)
+
+    assert list(compat) == nemo(then)[skip:]
+    assert compat.state_dict() == {"epoch": then, "batches_yielded": len(compat)}
+    assert list(own) == nemo(then)[skip if then == loaded else 0 :]
+    for s in (compat, own):
+        assert list(s) == nemo(then)  # the skip was used once

@@ -20,7 +20,15 @@ __all__ = ["SequentialBucketSampler"]
 class SequentialBucketSampler(_Sampler):
     """NeMo Automodel's ``SequentialBucketSampler`` (signature and defaults), computed by
     croupier; ``order="torch"`` (NeMo's exact batches) unless told otherwise. See
-    :class:`croupier.SequentialBucketSampler`."""
+    :class:`croupier.SequentialBucketSampler`.
+
+    One rule differs from croupier's class, as NeMo has it: a loaded ``batches_yielded`` is
+    a skip kept until the next iteration uses it, whatever the epoch is then. After
+    ``load_state_dict({"epoch": 4, "batches_yielded": 3})`` and ``set_epoch(9)``, the next
+    iteration yields epoch 9 from its fourth batch (croupier's class: from its first).
+    """
+
+    _skip_outlives_epoch = True
 
     def __init__(
         self,

@@ -19,6 +19,14 @@ from croupier._validate import U64_MAX, as_int, check_bool, check_int
 __all__ = ["RankAwareSampler"]
 
 
+class _MissingKeyError(TypeError, KeyError):
+    """A checkpoint without ``"_states"``: croupier's ``TypeError`` with its message, and the
+    ``KeyError`` TransferQueue's sampler raises on it, for code written against that."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""  # KeyError's would quote the message
+
+
 class RankAwareSampler:
     """Coordinates the members of each data-replica group (TransferQueue's
     ``RankAwareSampler``, call for call, plus thread safety and bounded memory).
@@ -186,11 +194,18 @@ class RankAwareSampler:
         digits (``"0"``) loads as that integer (``0``), as :meth:`save_checkpoint` saved it: a
         JSON round trip restores the cache exactly (a ``batch_index`` that was itself such a
         string is therefore not supported). Raises ``TypeError`` for a state of the wrong shape
-        or type and ``ValueError`` for a negative ``dp_rank``, two keys that become the same,
-        or a read count outside ``[1, group_size - 1]`` or of a batch not in the cache; nothing
-        changes then.
+        or type (without ``"_states"``, a ``TypeError`` that is also the ``KeyError``
+        TransferQueue's sampler raises there, so callers' ``except KeyError`` still holds) and
+        ``ValueError`` for a negative ``dp_rank``, two keys that become the same, or a read
+        count outside ``[1, group_size - 1]`` or of a batch not in the cache; nothing changes
+        then.
         """
-        if not isinstance(state, Mapping) or not isinstance(state.get("_states"), Mapping):
+        if isinstance(state, Mapping) and "_states" not in state:
+            raise _MissingKeyError(
+                f"state must be a save_checkpoint() dict with a '_states' mapping, got keys "
+                f"{sorted(map(str, state))}"
+            )
+        if not isinstance(state, Mapping) or not isinstance(state["_states"], Mapping):
             raise TypeError("state must be a save_checkpoint() dict with a '_states' mapping")
         states = _checked_states(state["_states"])
         reads = {} if self.group_size is None else _checked_reads(state, states, self.group_size)

@@ -8,7 +8,7 @@ size. The batches are computed by the Rust core (``croupier_core::bucket::sequen
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -198,11 +198,22 @@ class SequentialBucketSampler(BatchSampler):
     def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
         return {"epoch": epoch, "batches_yielded": position}
 
+    #: Whether a loaded ``batches_yielded`` waits for the next iteration whatever its epoch
+    #: (NeMo's rule, :class:`croupier.compat.nemo.SequentialBucketSampler`) instead of
+    #: belonging to the loaded epoch.
+    _skip_outlives_epoch: ClassVar[bool] = False
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores NeMo's state (extra keys are ignored, as NeMo does): the epoch, and the next
         iteration continues after ``batches_yielded`` batches. A wrong type is ``TypeError``; a
         missing key, a negative count or one past the epoch is ``ValueError``, and nothing
-        changes."""
+        changes.
+
+        The loaded position belongs to the loaded epoch, as for every croupier sampler: the
+        usual ``set_epoch(epoch)`` of a resumed loop keeps it, and ``set_epoch`` to another
+        epoch starts that epoch from its first batch. (NeMo keeps the skip for the next
+        iteration whatever the epoch then; ``croupier.compat.nemo.SequentialBucketSampler``
+        does as NeMo does.)"""
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a mapping, got {type(state).__name__}")
         missing = [k for k in ("epoch", "batches_yielded") if k not in state]
@@ -213,7 +224,10 @@ class SequentialBucketSampler(BatchSampler):
         position = check_int("state['batches_yielded']", state["batches_yielded"], 0, self._length)
         if epoch != self._now[0]:
             self._cache = None
-        self._now = (epoch, _Pending(position, epoch))
+        # croupier's rule: the loaded position belongs to its epoch (a set_epoch to another
+        # epoch starts that one from its beginning). NeMo's: a skip for the next iteration,
+        # whatever epoch it is then (the compat class).
+        self._now = (epoch, _Pending(position, None if self._skip_outlives_epoch else epoch))
 
     # -- the sampler base ----------------------------------------------------------------------
 
