@@ -66,6 +66,8 @@ def test_every_index_once_equal_counts_and_budgets(
             lens = lengths[batch]
             if batch_size is not None:
                 assert len(batch) <= batch_size
+            if drop_last and max_tokens is None:
+                assert len(batch) == batch_size, "drop_last: only full batches (torch's rule)"
             if max_tokens is not None and lens.max() <= max_tokens:
                 assert len(batch) * lens.max() <= max_tokens
             if max_tokens is not None and lens.max() > max_tokens:
@@ -74,7 +76,11 @@ def test_every_index_once_equal_counts_and_budgets(
                 assert len({_bucket_of(bounds, x) for x in lens}) == 1, "one bucket per batch"
             seen.update(batch)
     total_batches = sum(b[2] for b in samplers[0].bucket_sizes())
-    if total_batches % w == 0 or not drop_last:
+    if drop_last and max_tokens is None:
+        # Left out: each bucket's short tail, and the last total % W (full) batches.
+        tails = sum(m % size for m, size, _, _ in samplers[0].bucket_sizes())
+        assert n - len(seen) == tails + total_batches % w * batch_size
+    elif total_batches % w == 0 or not drop_last:
         assert set(seen) == set(range(n)), "every index served"
     if total_batches % w == 0:
         assert all(c == 1 for c in seen.values()), "exactly once when nothing is padded"
@@ -261,3 +267,49 @@ def test_as_a_dataloader_batch_sampler(workers):
 def test_bad_input_is_refused(args, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         BucketBatchSampler(*args, **kwargs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    w=st.integers(1, 5),
+    batch_size=st.integers(1, 24),
+    multiple=st.sampled_from([1, 2, 8]),
+    shuffle=st.booleans(),
+    epoch=st.integers(0, 3),
+)
+def test_drop_last_with_a_batch_size_yields_only_full_batches(
+    n, w, batch_size, multiple, shuffle, epoch
+):
+    """torch's BatchSampler(drop_last=True) promise, per bucket and across ranks: every batch
+    holds exactly the batch size (rounded down to the multiple when one fits), at every resume
+    position, and every rank yields the same number."""
+    lengths = np.arange(n) * 104_729 % 997 + 1
+    size = batch_size - batch_size % multiple if batch_size >= multiple else batch_size
+    ranks = [
+        BucketBatchSampler(
+            lengths,
+            batch_size,
+            buckets=5,
+            batch_size_multiple=multiple,
+            num_replicas=w,
+            rank=r,
+            shuffle=shuffle,
+            drop_last=True,
+        )  # fmt: skip
+        for r in range(w)
+    ]
+    for s in ranks:
+        s.set_epoch(epoch)
+    got = [list(s) for s in ranks]
+    assert len({len(g) for g in got}) == 1
+    assert all(len(b) == size for g in got for b in g)
+    whole = got[-1]
+    for p in range(len(whole) + 1):
+        t = BucketBatchSampler(
+            lengths, batch_size, buckets=5, batch_size_multiple=multiple, num_replicas=w,
+            rank=w - 1, shuffle=shuffle, drop_last=True,
+        )  # fmt: skip
+        t.set_epoch(epoch)
+        t.set_skip(p)
+        assert list(t) == whole[p:]

@@ -102,6 +102,7 @@ class Buckets:
         max_tokens: int | None,
         multiple: int,
         oversized_alone: bool,
+        full_batches: bool,
     ) -> Buckets: ...
     @property
     def boundaries(self) -> list[int]:

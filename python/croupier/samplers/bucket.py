@@ -67,8 +67,12 @@ class BucketBatchSampler(BatchSampler):
     the last open) or a number of quantile buckets (default 64: boundaries at the
     ``j/64`` quantiles of ``lengths``, repeated values merged). Every batch comes from one bucket.
 
-    **Batches.** With ``batch_size`` only, a bucket is cut into batches of ``batch_size``
-    (its last batch may be shorter). With ``max_tokens``, bucket ``j``'s batches hold
+    **Batches.** With ``batch_size`` only, a bucket is cut into batches of ``batch_size``:
+    its last batch may be shorter, and with ``drop_last=True`` that short batch is left out,
+    so every batch holds exactly ``batch_size`` samples (rounded down by
+    ``batch_size_multiple``), as with torch's ``BatchSampler(drop_last=True)``: static shapes
+    for compiled models. Each bucket then leaves out fewer than ``batch_size`` samples an
+    epoch, different ones each epoch when shuffled (always the same without shuffling). With ``max_tokens``, bucket ``j``'s batches hold
     ``max_tokens // L_j`` samples, ``L_j`` its longest length (and at most ``batch_size`` if
     that is given too), so every batch keeps ``len(batch) * max(lengths in batch) <=
     max_tokens`` whatever the shuffle; ``batch_size_multiple`` rounds those sizes down to a
@@ -106,7 +110,11 @@ class BucketBatchSampler(BatchSampler):
         num_replicas, rank, dist_info: the ranks, as for :class:`~croupier.DistributedSampler`.
         shuffle: shuffle samples within buckets and the batch order.
         seed: non-negative integer below ``2**64``, the same on all ranks.
-        drop_last: equalise batch counts by dropping instead of repeating batches.
+        drop_last: equalise batch counts across ranks by dropping the last ``B % W`` batches
+            instead of repeating the first ones; with ``batch_size`` and no ``max_tokens``,
+            also yield only full batches (each bucket's short last batch is left out). With
+            ``max_tokens`` batch sizes differ by bucket anyway, and a bucket's last batch may
+            be short whatever ``drop_last`` says.
     """
 
     _config_names = (
@@ -160,6 +168,8 @@ class BucketBatchSampler(BatchSampler):
         num_replicas, rank = resolve_ranks(num_replicas, rank, dist_info)
         self._lengths = arr
         self._buckets_arg = (boundaries, count)
+        # torch's BatchSampler(drop_last=True) promise: every batch holds batch_size.
+        self._full_batches = self.drop_last and self.max_tokens is None
         self._plan = self._build()
         self._digest = self._plan.digest
         length = self._plan.rank_batches(num_replicas, self.drop_last)
@@ -193,6 +203,7 @@ class BucketBatchSampler(BatchSampler):
             self.max_tokens,
             self.batch_size_multiple,
             self.oversized == "alone",
+            self._full_batches,
         )
 
     @property

@@ -490,7 +490,7 @@ impl Buckets {
 #[pymethods]
 impl Buckets {
     #[new]
-    #[pyo3(signature = (lengths, boundaries, num_buckets, batch_size, max_tokens, multiple, oversized_alone))]
+    #[pyo3(signature = (lengths, boundaries, num_buckets, batch_size, max_tokens, multiple, oversized_alone, full_batches))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -501,6 +501,7 @@ impl Buckets {
         max_tokens: Option<u64>,
         multiple: u64,
         oversized_alone: bool,
+        full_batches: bool,
     ) -> PyResult<Self> {
         // Copied out of the borrowed numpy memory while attached; the work runs detached.
         let limits = croupier_core::bucket::Limits {
@@ -508,6 +509,7 @@ impl Buckets {
             max_tokens,
             multiple,
             oversized_alone,
+            full_batches,
         };
         if let Ok(arr) = lengths.extract::<numpy::PyReadonlyArray1<'_, u32>>() {
             let lengths: Vec<u32> = arr.as_array().to_vec();

@@ -12,7 +12,8 @@
 //!   its longest sample), at most `batch_size`, rounded down to a multiple of `multiple` when
 //!   that leaves at least one multiple. So `len(batch) * max(lengths) <= max_tokens` for every
 //!   batch, whatever the shuffle. A bucket of `n_j` members has `⌈n_j / s_j⌉` batches, its last
-//!   one possibly short.
+//!   one possibly short; with [`Limits::full_batches`], `⌊n_j / s_j⌋`, all full (the short
+//!   one's samples, different ones each shuffled epoch, are left out).
 //! - **Shuffle** (per epoch): bucket `j`'s members are permuted by the `order="fast"`
 //!   permutation of `n_j` (one rank) under the seed `Stream(seed, epoch, BucketShuffle, j)`;
 //!   batch `i` of the bucket is positions `[i s_j, (i + 1) s_j)` of it. Without shuffling the
@@ -54,6 +55,10 @@ pub struct Limits {
     pub multiple: u64,
     /// Samples longer than `max_tokens`: served alone (`true`) or refused (`false`).
     pub oversized_alone: bool,
+    /// Only full batches: a bucket's last batch, when shorter than the bucket's batch size,
+    /// is dropped (its samples wait for another epoch's shuffle), so every batch of a bucket
+    /// holds exactly its size (static shapes with a fixed `batch_size`).
+    pub full_batches: bool,
 }
 
 /// The grouping of a dataset's samples into buckets and batch sizes.
@@ -199,7 +204,11 @@ impl BucketPlan {
         let mut b = 0u64;
         for j in 0..=regular {
             batch_starts.push(b);
-            b += counts[j].div_ceil(sizes[j]);
+            b += if limits.full_batches && j < regular {
+                counts[j] / sizes[j]
+            } else {
+                counts[j].div_ceil(sizes[j])
+            };
         }
         batch_starts.push(b);
         // A fingerprint of the lengths, for checkpoints: chunk hashes folded in order.
@@ -458,6 +467,7 @@ mod tests {
             max_tokens,
             multiple: 1,
             oversized_alone: true,
+            full_batches: false,
         }
     }
 
@@ -505,6 +515,53 @@ mod tests {
         assert!(dropped <= 2 * 64);
     }
 
+    /// With `full_batches`, every batch holds exactly its bucket's size; per bucket, the
+    /// samples left out are fewer than a batch and vary with the epoch's shuffle; the ranks'
+    /// counts are equal.
+    #[test]
+    fn full_batches_only_leave_out_each_buckets_short_tail() {
+        let lengths: Vec<u64> = (0..3001u64).map(|i| 1 + (i * 7919) % 300).collect();
+        let bounds = [50u64, 100, 200];
+        let bucket = |l: u64| bounds.partition_point(|&x| x <= l);
+        let mut sizes = [0u64; 4];
+        lengths.iter().for_each(|&l| sizes[bucket(l)] += 1);
+        let full = Limits {
+            full_batches: true,
+            ..limits(Some(16), None)
+        };
+        let plan = BucketPlan::new(&lengths, &bounds, full).unwrap();
+        assert_eq!(plan.batches(), sizes.iter().map(|n| n / 16).sum::<u64>());
+        let mut left_out = Vec::new();
+        for epoch_seed in [5, 6] {
+            let mut seen = vec![0u32; lengths.len()];
+            for r in 0..3 {
+                let batches = all(&plan, 3, r, true, epoch_seed);
+                assert_eq!(batches.len() as u64, plan.batches() / 3);
+                for b in &batches {
+                    assert_eq!(b.len(), 16);
+                    assert!(b
+                        .iter()
+                        .all(|&i| bucket(lengths[i as usize]) == bucket(lengths[b[0] as usize])));
+                    b.iter().for_each(|&i| seen[i as usize] += 1);
+                }
+            }
+            assert!(seen.iter().all(|&c| c <= 1));
+            // Per bucket: the short tail, and (drop_last) the batches cut to a multiple of W.
+            let missing: Vec<usize> = (0..lengths.len()).filter(|&i| seen[i] == 0).collect();
+            let cut = (plan.batches() % 3) as usize * 16;
+            let tails: u64 = sizes.iter().map(|n| n % 16).sum();
+            assert_eq!(missing.len(), tails as usize + cut);
+            left_out.push(missing);
+        }
+        assert_ne!(left_out[0], left_out[1], "the tails differ between epochs");
+        // Without it, the same plan has each bucket's short batch.
+        let plan = BucketPlan::new(&lengths, &bounds, limits(Some(16), None)).unwrap();
+        assert_eq!(
+            plan.batches(),
+            sizes.iter().map(|n| n.div_ceil(16)).sum::<u64>()
+        );
+    }
+
     #[test]
     fn ranges_agree_with_the_whole_and_random_access() {
         let lengths: Vec<u64> = (0..20_000u64).map(|i| 1 + (i * 104_729) % 1000).collect();
@@ -549,6 +606,7 @@ mod tests {
         assert!(b.contains(&vec![2]));
         let strict = Limits {
             oversized_alone: false,
+            full_batches: false,
             ..limits(None, Some(100))
         };
         let err = BucketPlan::new(&lengths, &[], strict)
@@ -565,6 +623,7 @@ mod tests {
             max_tokens: Some(1000),
             multiple: 8,
             oversized_alone: true,
+            full_batches: false,
         };
         let plan = BucketPlan::new(&lengths, &[], l).unwrap();
         assert_eq!(plan.buckets()[0].1, 96); // 100 rounded down to a multiple of 8
