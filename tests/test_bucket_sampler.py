@@ -296,7 +296,7 @@ def test_drop_last_with_a_batch_size_yields_only_full_batches(
             rank=r,
             shuffle=shuffle,
             drop_last=True,
-        )  # fmt: skip
+        )
         for r in range(w)
     ]
     for s in ranks:

@@ -1,6 +1,9 @@
 """Every ``python`` example in README.md runs as pasted, and the README's test command is intact.
 
-Each fenced ``python`` block is one test, named after the heading above it. A block runs with
+Each fenced ``python`` block is one test, named after the heading above it. A block right after
+a ``<!-- fragment -->`` line is a piece of a larger program (a method of a Lightning module, the
+lines of an Accelerate script): it is compiled, not run; ``tests/test_trainers.py`` runs the
+real thing. A block runs with
 ``exec`` in a fresh namespace, in a temporary working directory, so it can use only what it
 creates itself; tracebacks point at the README's own line numbers. In-process rather than one
 interpreter per block: torch is imported once, which keeps the module to a few seconds.
@@ -24,24 +27,28 @@ _NEEDS_TORCH = re.compile(
 
 
 def _examples(text: str) -> list[tuple[str, int, str]]:
-    """``(id, first line number, code)`` of each fenced ``python`` block in ``text``."""
+    """``(id, first line number, code)`` of each fenced ``python`` block in ``text`` (the id
+    of a fragment ends in ``-fragment``)."""
     examples = []
     heading = "top"
     counts: dict[str, int] = {}
-    start, lines = 0, None
+    start, lines, fragment, previous = 0, None, False, ""
     for number, line in enumerate(text.splitlines(), start=1):
         if lines is not None:
             if line.startswith("```"):
                 name = re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")
                 counts[name] = counts.get(name, 0) + 1
-                examples.append((f"{name}-{counts[name]}", start, "\n".join(lines) + "\n"))
+                suffix = "-fragment" if fragment else ""
+                examples.append((f"{name}-{counts[name]}{suffix}", start, "\n".join(lines) + "\n"))
                 lines = None
             else:
                 lines.append(line)
         elif line.startswith("```python"):
-            start, lines = number + 1, []
+            start, lines, fragment = number + 1, [], previous == "<!-- fragment -->"
         elif line.startswith("#"):
             heading = line.lstrip("#").strip()
+        if line.strip():
+            previous = line.strip()
     assert lines is None, f"README.md: the python block opened on line {start - 1} is not closed"
     return examples
 
@@ -62,7 +69,10 @@ def _run(code: str, first_line: int, path: Path, monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize(
     ("first_line", "code"), [(s, c) for _, s, c in EXAMPLES], ids=[i for i, _, _ in EXAMPLES]
 )
-def test_readme_example_runs(first_line, code, tmp_path, monkeypatch):
+def test_readme_example_runs(first_line, code, tmp_path, monkeypatch, request):
+    if request.node.callspec.id.endswith("-fragment"):
+        compile("\n" * (first_line - 1) + code, str(README), "exec")
+        return
     _run(code, first_line, tmp_path, monkeypatch)
 
 

@@ -231,7 +231,7 @@ sys.exit(0)
 )
 @pytest.mark.parametrize("delay", [0.05, 0.5])
 def test_ctrl_c_interrupts_a_long_call_promptly(call, delay):
-    # A long call waits for its result in slices of 50 ms, checking Python's signals: Ctrl-C
+    # A long call waits for its result in slices of 10 ms, checking Python's signals: Ctrl-C
     # raises the call's cancellation flag, the core's loops stop at their next look at it,
     # and KeyboardInterrupt reaches the caller with no thread of the call left running.
     import signal

@@ -1,23 +1,32 @@
-"""torch's ``Sampler`` when torch imports, else a stand-in: croupier imports with only numpy.
+"""torch's ``Sampler`` and ``DistributedSampler`` when torch imports, else stand-ins: croupier
+imports with only numpy.
 
 croupier must import with only numpy installed; with torch present its samplers are real
-``torch.utils.data.Sampler`` subclasses, so ``isinstance`` checks in training code pass.
+``torch.utils.data.Sampler`` subclasses, and its rank-aware index samplers real
+``torch.utils.data.DistributedSampler`` subclasses, so the ``isinstance`` checks of training
+code and frameworks pass (Lightning decides by one whether to shard a sampler again). They
+never run torch's ``DistributedSampler.__init__`` (which asks ``torch.distributed`` for the
+world, calls ``len(dataset)`` and assigns the configuration croupier keeps read-only): only
+the type is inherited; every method torch defines is croupier's own.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-__all__ = ["HAVE_TORCH", "Sampler"]
+__all__ = ["HAVE_TORCH", "DistributedSamplerBase", "Sampler"]
 
 T_co = TypeVar("T_co", covariant=True)
 
 if TYPE_CHECKING:
+    from torch.utils.data import DistributedSampler as DistributedSamplerBase
     from torch.utils.data import Sampler
 
     HAVE_TORCH = True
 else:
     try:
+        # (torch.utils.data imports DistributedSampler itself: no import cost.)
+        from torch.utils.data import DistributedSampler as DistributedSamplerBase
         from torch.utils.data import Sampler
 
         HAVE_TORCH = True
@@ -29,3 +38,7 @@ else:
 
             def __init__(self, data_source: object = None) -> None:
                 pass
+
+        class DistributedSamplerBase(Sampler[T_co]):
+            """Stand-in for ``torch.utils.data.DistributedSampler`` when torch is not
+            installed."""

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from torch.utils.data import BatchSampler as TorchBatchSampler
 from torch.utils.data import DataLoader, IterableDataset
 
+from croupier._torch import DistributedSamplerBase
 from croupier._validate import U64_MAX, check_int
 from croupier.samplers._base import BatchSampler, IndexSampler, StatefulSampler
 from croupier.samplers._state import StateError
@@ -163,11 +164,18 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
             batch_sampler=batch_sampler,
             **kwargs,
         )
+        if batch_sampler is not None and isinstance(batch_sampler, BatchSampler):
+            # DataLoader gives a loader with a batch sampler a SequentialSampler as `sampler`,
+            # which nothing iterates; frameworks read it to decide whether the loader is
+            # rank-aware (Lightning re-creates it otherwise). Show them the truth: a view of
+            # the batch sampler's indices, a DistributedSampler that is already dealt.
+            object.__setattr__(self, "sampler", _BatchesAsIndices(batch_sampler))
         #: The sampler whose state is saved: the index sampler or the batch sampler.
         self.source = source
         # Sampler items per batch: indices, or 1 for a batch sampler (its items are batches).
         self._per_batch = batch_size
         self._progress = _Progress(0, 0, 0, 0)
+        self._epoch_given = getattr(source, "epoch", 0)
         self._loaded_skip: int | None = None
         # After an elastic resume (a state saved on another number of ranks, mid-epoch): the
         # epoch and the batches of it yielded before this world's rest of it began.
@@ -188,13 +196,30 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         if epoch != self._progress.epoch:
             self._progress = _Progress(epoch, 0, 0, 0)
             self._loaded_skip = None
+        self._give_epoch(epoch)
+
+    def _give_epoch(self, epoch: int) -> None:
         self.source.set_epoch(epoch)
+        # What the loader last told the sampler: an epoch set on the sampler since, directly
+        # (Lightning's set_epoch reaches loader.sampler, not the loader), is adopted.
+        self._epoch_given = epoch
+
+    def _adopt_sampler_epoch(self) -> None:
+        """Follows an epoch set on the sampler itself since the loader last set one (Lightning
+        and Accelerate call ``loader.sampler.set_epoch``): that epoch from its first batch,
+        unless it is the one the loader is in."""
+        epoch = getattr(self.source, "epoch", None)
+        if isinstance(epoch, int) and epoch != self._epoch_given and epoch != self.epoch:
+            self._progress = _Progress(epoch, 0, 0, 0)
+            self._loaded_skip = None
+            self._rest_base = None
 
     # -- iteration ----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._adopt_sampler_epoch()
         progress = self._progress
-        self.source.set_epoch(progress.epoch)
+        self._give_epoch(progress.epoch)
         if isinstance(self.source, StatefulSampler):
             start = self.source._start_position()
             # A new iteration without a loaded state starts the epoch again (torch's rule); after
@@ -208,16 +233,32 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
             batches = progress.batches if start > 0 else 0
         self._loaded_skip = None
         self._progress = _Progress(progress.epoch, batches, start, 0)
-        return self._consume(super().__iter__())
+        return self._consume(super().__iter__(), self._batches_from(start))
 
-    def _consume(self, inner: Iterator[Any]) -> Iterator[Any]:
+    def _batches_from(self, start: int) -> int:
+        """Batches an iteration starting at sampler position ``start`` yields."""
+        rest = max(len(self.source) - start, 0)
+        if self._per_batch == 1:
+            return rest
+        return rest // self._per_batch if self.drop_last else -(-rest // self._per_batch)
+
+    def _consume(self, inner: Iterator[Any], count: int) -> Iterator[Any]:
+        done = False
         for batch in inner:
             epoch, batches, start, since = self._progress
-            self._progress = _Progress(epoch, batches + 1, start, since + 1)
+            if since + 1 >= count and not done:
+                done = True
+                # The last batch: the epoch is done once it is handed out. Trainers stop after
+                # len(loader) batches and never ask for the end of the iterator (Lightning,
+                # the HF Trainer): the next iteration, and a checkpoint taken now, must still
+                # start the next epoch.
+                self._progress = _Progress(epoch + 1, 0, 0, 0)
+            else:
+                self._progress = _Progress(epoch, batches + 1, start, since + 1)
             yield batch
-        p = self._progress
-        # The epoch is done: a checkpoint now resumes at the start of the next one.
-        self._progress = _Progress(p.epoch + 1, 0, 0, 0)
+        if not done:  # an empty epoch, or one shorter than announced: done at its end
+            p = self._progress
+            self._progress = _Progress(p.epoch + 1, 0, 0, 0)
 
     # -- checkpoints --------------------------------------------------------------------------
 
@@ -283,6 +324,7 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
             raise StateError("state['sampler'] has no position and the sampler has no set_skip")
         if sampler_state is not None:
             self.source.load_state_dict(sampler_state)  # validates; unchanged if refused
+        self._epoch_given = epoch
         if isinstance(self.source, StatefulSampler):
             if skip is not None:
                 self.source.set_epoch(epoch)
@@ -328,6 +370,48 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
             f"StatefulDataLoader(sampler={self.source!r}, batch_size={self.batch_size}, "
             f"num_workers={self.num_workers}, epoch={p.epoch}, batches_yielded={p.batches})"
         )
+
+
+class _BatchesAsIndices(DistributedSamplerBase[int]):
+    """A croupier batch sampler's indices, batch after batch, as a rank-aware index sampler:
+    a ``StatefulDataLoader``'s ``sampler`` when it iterates a batch sampler. ``set_epoch``,
+    ``num_replicas`` and ``rank`` are the batch sampler's; iterating yields what the batch
+    sampler's next iteration yields, flattened. (torch's ``DistributedSampler.__init__`` is not
+    run: only its type is inherited.)"""
+
+    def __init__(self, batches: BatchSampler) -> None:
+        self.batches = batches
+
+    @property
+    def num_replicas(self) -> int:  # type: ignore[override]
+        """The batch sampler's number of ranks."""
+        return self.batches.num_replicas
+
+    @property
+    def rank(self) -> int:  # type: ignore[override]
+        """The batch sampler's rank."""
+        return self.batches.rank
+
+    @property
+    def epoch(self) -> int:  # type: ignore[override]
+        """The batch sampler's epoch."""
+        return self.batches.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the batch sampler's epoch."""
+        self.batches.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        for batch in self.batches:
+            yield from batch
+
+    def __len__(self) -> int:
+        """Indices of the batch sampler's next iteration."""
+        rest = self.batches.batches()
+        return int(rest.offsets[-1] - rest.offsets[0]) if len(rest) else 0
+
+    def __repr__(self) -> str:
+        return f"<indices of {self.batches!r}>"
 
 
 def _is_batch_sampler(sampler: object) -> bool:

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from croupier._frameworks import check_not_sharded_again
 from croupier._torch import Sampler
 from croupier._validate import MAX_LEN, U64_MAX, check_int
 from croupier.samplers._state import StateError, StateFormat, check_state
@@ -402,6 +403,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         return self._tail(epoch, self._next_start(at))
 
     def __iter__(self) -> Iterator[T]:
+        check_not_sharded_again(self)
         epoch, at = self._now
         start = self._next_start(at)
         cursor = _Cursor(start)
@@ -617,3 +619,10 @@ class BatchSampler(StatefulSampler[list[int], Batches]):
         """What the next iteration yields, as :class:`Batches` (two numpy arrays: the indices
         and the offsets where each batch starts), without a copy."""
         return self._remaining()
+
+    @property
+    def sampler(self) -> BatchSampler:
+        """This batch sampler itself: it draws its own indices, there is no inner sampler.
+        Frameworks that pass the epoch on through ``loader.batch_sampler.sampler.set_epoch``
+        (Lightning, Accelerate) reach this sampler's :meth:`set_epoch` through it."""
+        return self

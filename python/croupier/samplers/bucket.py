@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
+from croupier._frameworks import refuse_a_sampler
 from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int
 from croupier.samplers._base import Batches, BatchSampler
 
@@ -72,13 +73,14 @@ class BucketBatchSampler(BatchSampler):
     so every batch holds exactly ``batch_size`` samples (rounded down by
     ``batch_size_multiple``), as with torch's ``BatchSampler(drop_last=True)``: static shapes
     for compiled models. Each bucket then leaves out fewer than ``batch_size`` samples an
-    epoch, different ones each epoch when shuffled (always the same without shuffling). With ``max_tokens``, bucket ``j``'s batches hold
-    ``max_tokens // L_j`` samples, ``L_j`` its longest length (and at most ``batch_size`` if
-    that is given too), so every batch keeps ``len(batch) * max(lengths in batch) <=
-    max_tokens`` whatever the shuffle; ``batch_size_multiple`` rounds those sizes down to a
-    multiple (e.g. 8 for tensor cores) whenever at least one multiple fits. A sample longer
-    than ``max_tokens`` is served alone (``oversized="alone"``, the default: a batch of one,
-    over the budget) or refused at construction (``oversized="error"``).
+    epoch, different ones each epoch when shuffled (always the same without shuffling).
+    With ``max_tokens``, bucket ``j``'s batches hold ``max_tokens // L_j`` samples, ``L_j`` its
+    longest length (and at most ``batch_size`` if that is given too), so every batch keeps
+    ``len(batch) * max(lengths in batch) <= max_tokens`` whatever the shuffle;
+    ``batch_size_multiple`` rounds those sizes down to a multiple (e.g. 8 for tensor cores)
+    whenever at least one multiple fits. A sample longer than ``max_tokens`` is served alone
+    (``oversized="alone"``, the default: a batch of one, over the budget) or refused at
+    construction (``oversized="error"``).
 
     **Order.** Each epoch shuffles every bucket's samples (seeded by ``seed``, the epoch and
     the bucket), cuts them into batches, and shuffles the order of all batches across buckets
@@ -147,6 +149,7 @@ class BucketBatchSampler(BatchSampler):
         drop_last: bool = False,
         dist_info: DistInfo = None,
     ) -> None:
+        refuse_a_sampler("BucketBatchSampler", "lengths", lengths)
         arr = _lengths(lengths)
         self.batch_size = _optional_positive("batch_size", batch_size)
         self.max_tokens = _optional_positive("max_tokens", max_tokens)

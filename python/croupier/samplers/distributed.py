@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
+from croupier._torch import DistributedSamplerBase
 from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
 from croupier._validate import U64_MAX, check_bool, check_int, dataset_length
 from croupier.samplers._base import IndexSampler
@@ -22,7 +23,7 @@ __all__ = ["DistributedSampler"]
 _ORDERS = ("fast", "torch")
 
 
-class DistributedSampler(IndexSampler):
+class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
     """Deals a dataset's indices to data-parallel ranks like torch's ``DistributedSampler``.
 
     Each epoch has one global order of the ``N`` samples (a seeded shuffle, or ``0..N-1`` with
@@ -69,6 +70,10 @@ class DistributedSampler(IndexSampler):
     assigning one raises ``AttributeError``, so a checkpoint always describes what is iterated.
     A state of kempnerforge's ``DistributedSampler`` (``epoch, seed, num_replicas, rank``)
     loads too, as the start of its epoch.
+
+    With torch installed it is an instance of ``torch.utils.data.DistributedSampler`` (whose
+    constructor it never runs), so frameworks that test for one treat it as the rank-aware
+    sampler it is: Lightning does not shard it a second time.
     """
 
     _config_names = (

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
+from croupier._torch import DistributedSamplerBase
 from croupier._validate import MAX_LEN, U64_MAX, as_int, check_bool, check_int
 from croupier.samplers._base import IndexSampler, _Cursor, _Pending
 from croupier.samplers._state import KEMPNERFORGE, StateError, check_state
@@ -175,7 +176,7 @@ def _temperature(temperature: object) -> float:
     return t
 
 
-class MixtureSampler(IndexSampler):
+class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     """Draws a weighted mixture of datasets, per rank, with exact per-dataset counts.
 
     Yields global indices into the concatenation of the datasets (``cumulative_sizes[i] + j``
@@ -229,6 +230,11 @@ class MixtureSampler(IndexSampler):
     restores all of it and continues with exactly the next index, in milliseconds at any
     position. kempnerforge's ``{"epoch", "seed", "num_replicas", "rank"}`` loads too, as the
     start of its epoch.
+
+    With torch installed it is an instance of ``torch.utils.data.DistributedSampler`` (whose
+    constructor it never runs), so frameworks that test for one do not shard it a second time;
+    like torch's, it has ``num_samples`` (positions per rank and epoch) and ``total_size``
+    (``num_samples * num_replicas``).
     """
 
     _config_names = (
@@ -239,6 +245,7 @@ class MixtureSampler(IndexSampler):
         "seed",
         "drop_last",
         "num_samples",
+        "total_size",
     )
     _state_formats = (KEMPNERFORGE,)
 
@@ -283,6 +290,7 @@ class MixtureSampler(IndexSampler):
         if length is None:
             length = sum(_core.pass_shares(sizes, num_replicas, self.drop_last))
         self.num_samples = length
+        self.total_size = length * num_replicas
         digest = hashlib.sha256(np.asarray(sizes, dtype="<u8").tobytes()).hexdigest()[:16]
         self._sizes_config = {
             "datasets": len(sizes),

@@ -14,6 +14,7 @@ import numpy as np
 
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
+from croupier._frameworks import refuse_a_sampler
 from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
 from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int
 from croupier.samplers._base import Batches, BatchSampler, _Pending
@@ -92,6 +93,7 @@ class SequentialBucketSampler(BatchSampler):
         torch_version: str | None = None,
         dist_info: DistInfo = None,
     ) -> None:
+        refuse_a_sampler("SequentialBucketSampler", "dataset", dataset)
         for attr in ("sorted_bucket_keys", "bucket_groups"):
             if not hasattr(dataset, attr):
                 raise TypeError(

@@ -99,7 +99,7 @@ fn detached<T: Send>(
 const INTERRUPTIBLE_FROM: u64 = 1 << 26;
 
 /// [`detached`] for a long call: the work runs on a thread of its own, with a thread pool of
-/// its own, while the calling thread waits, checking Python's signals every 50 ms. When a
+/// its own, while the calling thread waits, checking Python's signals every 10 ms. When a
 /// signal handler raises (Ctrl-C's `KeyboardInterrupt`), the call's cancellation flag is
 /// raised: every thread of the call carries it, and the core's long loops stop at their next
 /// look at it (a few milliseconds); the caller waits for that, so no thread keeps running
@@ -138,7 +138,7 @@ fn interruptible<T: Send + 'static>(
     loop {
         // The receiver moves into the detached wait and back (it is Send, not Sync).
         let (outcome, back) = py.detach(move || {
-            let outcome = rx.recv_timeout(std::time::Duration::from_millis(50));
+            let outcome = rx.recv_timeout(std::time::Duration::from_millis(10));
             (outcome, rx)
         });
         rx = back;

@@ -365,6 +365,9 @@ impl Seekable {
             fisher_yates_fast(part, &mut self.leaf_rng(node), prefetch);
             return;
         }
+        if cancelled() {
+            return; // a bucket of a long block is millions of items; the caller discards it
+        }
         self.scatter(node, part, scratch);
         self.children(node, part, scratch);
     }
@@ -377,6 +380,9 @@ impl Seekable {
         part.par_chunks(self.shape.stripe as usize)
             .enumerate()
             .for_each_init(Vec::new, |buf, (s, items)| {
+                if cancelled() {
+                    return;
+                }
                 buf.clear();
                 buf.extend_from_slice(items);
                 // SAFETY: `scratch` holds the node's positions and is borrowed exclusively
@@ -389,6 +395,9 @@ impl Seekable {
     /// into `part`.
     fn children<T: Index>(&self, node: &Node, part: &mut [T], scratch: &mut [T]) {
         for g in 0..FANOUT {
+            if cancelled() {
+                return; // the caller discards the buffer
+            }
             let (lo, hi) = (
                 bucket_start(node.m, g) as usize,
                 bucket_start(node.m, g + 1) as usize,

@@ -139,6 +139,9 @@ struct Labels {
 }
 
 const PER_WORD: u32 = 64 / BITS;
+/// Labels scattered between two looks at the cancellation flag in a large node (a whole
+/// number of words, so the runs draw the same labels as one pass).
+const CANCEL_LABELS: usize = PER_WORD as usize * (1 << 16);
 /// From this many labels on, [`Labels::count`] counts them in pairs.
 const PAIRS_FROM: usize = 1 << 14;
 /// Words counted between folds of the pair table: a word adds at most 5 to one entry, so
@@ -205,7 +208,28 @@ impl Labels {
     /// Calls `f` with each of the next `len` labels in turn (the labels [`Labels::next`] would
     /// return), a word at a time.
     #[inline(always)]
-    fn each(mut self, len: usize, mut f: impl FnMut(usize)) {
+    fn each(mut self, len: usize, f: impl FnMut(usize)) {
+        self.each_mut(len, f);
+    }
+
+    /// [`Labels::each`] in runs of [`CANCEL_LABELS`] labels (whole words: the stream is the
+    /// same), stopping at the first run after the call is cancelled. Returns whether every
+    /// label was passed to `f`.
+    fn each_cancellable(mut self, len: usize, mut f: impl FnMut(usize)) -> bool {
+        let mut left = len;
+        while left > CANCEL_LABELS {
+            if cancelled() {
+                return false;
+            }
+            self.each_mut(CANCEL_LABELS, &mut f);
+            left -= CANCEL_LABELS;
+        }
+        self.each_mut(left, f);
+        true
+    }
+
+    #[inline(always)]
+    fn each_mut(&mut self, len: usize, mut f: impl FnMut(usize)) {
         debug_assert_eq!(self.left, 0);
         let mut left = len;
         while left >= PER_WORD as usize {
@@ -548,6 +572,9 @@ fn shuffle_node<T: Index>(
     debug_assert_eq!(scratch.len(), part.len());
     // Count the labels, then draw them again to scatter: cheaper than storing them.
     let counts = Labels::new(namer.generator(SPLIT | id)).count(part.len());
+    if cancelled() {
+        return; // a large node's scatter takes a tenth of a second; the caller discards it
+    }
     let mut bounds = [0usize; FANOUT + 1];
     for (k, c) in counts.iter().enumerate() {
         bounds[k + 1] = bounds[k] + c;
@@ -557,10 +584,13 @@ fn shuffle_node<T: Index>(
     // and `scratch` is borrowed exclusively here.
     let mut combiner = unsafe { Combiner::<T, FANOUT>::new(scratch.as_mut_ptr(), from) };
     let mut values = part.iter();
-    Labels::new(namer.generator(SPLIT | id)).each(part.len(), |k| {
+    let whole = Labels::new(namer.generator(SPLIT | id)).each_cancellable(part.len(), |k| {
         combiner.push(k, *values.next().expect("one label per value"));
     });
     combiner.finish();
+    if !whole {
+        return; // cancelled mid-scatter
+    }
     for s in 0..FANOUT {
         if cancelled() {
             return; // a child takes a few ms; the caller discards the buffer

@@ -1,0 +1,78 @@
+"""How croupier's rank-aware samplers notice the training frameworks that would deal their data
+a second time, and refuse loudly instead of losing it.
+
+A croupier sampler already holds only its rank's share. Frameworks built around
+single-process samplers shard whatever they are given again:
+
+- Accelerate's ``prepare`` wraps every map-style loader's batches in ``BatchSamplerShard``,
+  which gives rank ``r`` of ``P`` processes every ``P``-th batch of what it iterates: with a
+  croupier sampler, each rank trains on ``1 / P`` of its own share (the HF Trainer prepares its
+  loaders the same way). ``croupier.integrations.accelerate.prepare`` (and the HF Trainer
+  mixin) turn that wrapper into a pass-through.
+- Lightning (``use_distributed_sampler=True``) re-creates a loader's batch sampler as
+  ``cls(DistributedSampler(dataset), batch_size=..., drop_last=...)``.
+
+Both are detected here: the first when iteration starts (the wrapper is one of the few frames
+above the sampler's ``__iter__``; once per epoch), the second when a sampler arrives where a
+croupier batch sampler takes its data.
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["check_not_sharded_again", "refuse_a_sampler"]
+
+# How many frames above a sampler's __iter__ a sharding wrapper can sit (torch's BatchSampler
+# and the wrapper's two generator frames in between).
+_FRAMES = 6
+# The methods of BatchSamplerShard that iterate the batch sampler it wraps.
+_WRAPPER_METHODS = frozenset({"__iter__", "_iter_with_no_split", "_iter_with_split"})
+
+
+def check_not_sharded_again(sampler: object) -> None:
+    """Raises ``RuntimeError`` when ``sampler`` (with more than one rank) is being iterated by
+    Accelerate's ``BatchSamplerShard`` over more than one process: every rank would train on a
+    fraction of its share, silently."""
+    if getattr(sampler, "num_replicas", 1) <= 1:
+        return
+    try:
+        frame = sys._getframe(2)  # above the sampler's own __iter__
+    except ValueError:  # called from the top of a stack
+        return
+    for _ in range(_FRAMES):
+        if frame is None:
+            return
+        if frame.f_code.co_name not in _WRAPPER_METHODS:
+            frame = frame.f_back  # type: ignore[assignment]
+            continue
+        owner = frame.f_locals.get("self")
+        processes = getattr(owner, "num_processes", 1)
+        if type(owner).__name__ == "BatchSamplerShard" and processes > 1:
+            raise RuntimeError(
+                f"{type(sampler).__name__} (rank {getattr(sampler, 'rank', '?')} of "
+                f"{getattr(sampler, 'num_replicas', '?')}) is being sharded a second time by "
+                f"accelerate's BatchSamplerShard over {processes} processes: each rank "
+                "would train on a fraction of its own share. It already deals the data to the "
+                "ranks: prepare the loader with croupier.integrations.accelerate.prepare("
+                "accelerator, loader) (with the HF Trainer, use "
+                "croupier.integrations.transformers.CroupierTrainerMixin)"
+            )
+        frame = frame.f_back  # type: ignore[assignment]
+
+
+def refuse_a_sampler(cls: str, argument: str, value: object) -> None:
+    """Raises ``TypeError`` when ``value``, given as ``argument`` of batch sampler ``cls``, is a
+    sampler: a framework re-creating the batch sampler around its own index sampler (Lightning
+    with ``use_distributed_sampler=True``)."""
+    from croupier._torch import Sampler
+
+    if not isinstance(value, Sampler):
+        return
+    raise TypeError(
+        f"{cls} got a sampler ({type(value).__name__}) as its {argument}: a framework is "
+        f"re-creating it around a sampler of its own (Lightning does with "
+        f"use_distributed_sampler=True), which would deal the data a second time. {cls} is "
+        "already rank-aware: pass it in a croupier.StatefulDataLoader (which Lightning leaves "
+        "alone), or build the Trainer with use_distributed_sampler=False"
+    )

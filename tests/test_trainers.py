@@ -1,0 +1,237 @@
+"""croupier inside the trainers people use: Lightning, Accelerate and the Hugging Face Trainer.
+
+The multi-process tests run each framework for real, 2 CPU processes over gloo on 127.0.0.1,
+with croupier's samplers passed as the framework's docs (and croupier's README) say, record the
+ids every rank trained on, and compare them batch for batch with what the samplers yield
+(``trainers/common.py``): every sample of every epoch per the sampler's rules, a new order each
+epoch, and after a run stopped mid-epoch (in the second epoch) and resumed from the framework's
+own checkpoint, exactly the batches the uninterrupted run trains. The in-process tests check the
+pieces: the types frameworks test for, the loud refusals of the unsafe paths, the loader's epoch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from trainers.common import N, batches_per_epoch, expected, recorded
+
+torch = pytest.importorskip("torch")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORLD = 2
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(framework: str, out: str, *args: str) -> None:
+    script = os.path.join(HERE, "trainers", f"run_{framework}.py")
+    port = str(_port())
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONWARNINGS": "ignore",
+    }
+    if framework == "lightning":  # Lightning starts its second process itself
+        cmd = [sys.executable, script]
+    else:
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}",
+            "--master_addr=127.0.0.1", f"--master_port={port}", script,
+        ]  # fmt: skip
+    done = subprocess.run(
+        [*cmd, "--out", out, *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+
+
+def _check(kind: str, out: str) -> None:
+    """Every rank trained exactly the sampler's batches of both epochs, in order."""
+    for rank in range(WORLD):
+        want = expected(kind, WORLD, rank)
+        got = recorded(out, rank)
+        assert got == want, f"rank {rank}: {len(got)} batches trained, {len(want)} expected"
+    per_epoch = batches_per_epoch(kind, WORLD)
+    first = [b for r in range(WORLD) for b in expected(kind, WORLD, r, 1)]
+    both = [b for r in range(WORLD) for b in expected(kind, WORLD, r)]
+    assert both[:per_epoch] != both[per_epoch : 2 * per_epoch]  # reshuffled
+    if kind in ("distributed", "loader", "buckets"):
+        # Every id once per epoch (DistributedSampler pads none here: N divides evenly).
+        assert sorted(i for b in first for i in b) == list(range(N))
+    if kind == "mixture":  # 200 positions per rank (the datasets' shares), all in range
+        ids = Counter(i for b in first for i in b)
+        assert sum(ids.values()) == N and max(ids) < N
+
+
+# -- multi-process runs with the real packages ------------------------------------------------
+
+RUNS = [
+    # (framework, kind, extra args): coverage and reshuffling over two whole epochs.
+    ("lightning", "distributed", ()),
+    ("lightning", "mixture", ()),
+]
+RESUMES = [
+    # (framework, kind, extra args): stopped mid-epoch 2, resumed from the framework's checkpoint.
+    ("lightning", "loader", ()),
+    ("lightning", "mixture", ("--stateful",)),
+    ("lightning", "buckets", ()),
+    ("accelerate", "distributed", ()),
+    ("accelerate", "mixture", ()),
+    ("accelerate", "buckets", ()),
+    ("accelerate", "loader", ()),
+    ("transformers", "distributed", ()),
+    ("transformers", "mixture", ()),
+    ("transformers", "buckets", ()),
+]
+
+
+def _needs(framework: str) -> None:
+    pytest.importorskip({"transformers": "transformers"}.get(framework, framework))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("framework", "kind", "extra"), RUNS)
+def test_two_epochs_train_every_sample_reshuffled(framework, kind, extra, tmp_path):
+    _needs(framework)
+    _run(framework, str(tmp_path), "--kind", kind, *extra)
+    _check(kind, str(tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("framework", "kind", "extra"), RESUMES)
+def test_a_run_stopped_mid_epoch_resumes_exactly(framework, kind, extra, tmp_path):
+    _needs(framework)
+    if framework == "transformers":
+        pytest.importorskip("accelerate")
+    steps = batches_per_epoch(kind, WORLD) + 7  # in the second epoch
+    out = str(tmp_path)
+    _run(framework, out, "--kind", kind, "--stage", "part1", "--steps", str(steps), *extra)
+    assert all(len(recorded(out, r)) == steps for r in range(WORLD))
+    _run(framework, out, "--kind", kind, "--stage", "part2", *extra)
+    _check(kind, out)
+
+
+@pytest.mark.slow
+def test_plain_accelerate_prepare_is_refused_loudly(tmp_path):
+    """Without croupier's prepare, Accelerate would train each rank on half its share: the
+    sampler refuses to be iterated that way, and the run fails with croupier's message."""
+    _needs("accelerate")
+    with pytest.raises(AssertionError, match="sharded a second time by accelerate"):
+        _run("accelerate", str(tmp_path), "--kind", "distributed", "--plain")
+
+
+# -- the pieces, in one process ------------------------------------------------------------------
+
+
+def test_rank_aware_samplers_are_torch_distributed_samplers():
+    """Lightning shards again any sampler that is not a torch DistributedSampler: croupier's
+    index samplers are one (torch's constructor never runs: no process group needed, no
+    attribute of torch's overrides croupier's), as is the sampler a StatefulDataLoader over a
+    batch sampler shows."""
+    import croupier
+    from croupier.loader import StatefulDataLoader
+    from trainers.common import Ids, lengths
+
+    DS = torch.utils.data.DistributedSampler
+    d = croupier.DistributedSampler(N, num_replicas=2, rank=1, seed=3)
+    m = croupier.MixtureSampler([0, 150, N], [1.0, 2.0], num_replicas=2, rank=1)
+    assert isinstance(d, DS) and isinstance(m, DS)
+    assert (d.num_replicas, d.rank, d.num_samples, d.total_size, d.epoch) == (2, 1, 200, 400, 0)
+    assert (m.num_samples, m.total_size) == (200, 400)
+    d.set_epoch(4)
+    assert d.epoch == 4 and list(d) == d.indices().tolist()
+    b = croupier.BucketBatchSampler(lengths(), 8, num_replicas=2, rank=1)
+    assert b.sampler is b  # frameworks pass the epoch on through batch_sampler.sampler
+    loader = StatefulDataLoader(Ids(), batch_size=None, sampler=b)
+    assert isinstance(loader.sampler, DS)
+    loader.sampler.set_epoch(3)
+    assert b.epoch == 3 and (loader.sampler.num_replicas, loader.sampler.rank) == (2, 1)
+    assert list(loader.sampler) == [i for batch in b for i in batch]
+    assert len(loader.sampler) == sum(len(x) for x in b)
+
+
+def test_a_batch_sampler_recreated_around_a_sampler_is_refused():
+    """Lightning (use_distributed_sampler=True) re-creates a batch sampler as
+    cls(DistributedSampler(dataset), batch_size=..., drop_last=...): croupier's batch samplers
+    say what happened and what to do, instead of a confusing type error."""
+    import croupier
+
+    inner = torch.utils.data.DistributedSampler(range(10), num_replicas=2, rank=0)
+    with pytest.raises(TypeError, match=r"re-creating it .*use_distributed_sampler=False"):
+        croupier.BucketBatchSampler(inner, batch_size=8, drop_last=False)
+    with pytest.raises(TypeError, match=r"re-creating it .*StatefulDataLoader"):
+        croupier.SequentialBucketSampler(inner, base_batch_size=8, drop_last=False)
+
+
+def test_a_second_sharding_by_accelerate_is_refused():
+    """Accelerate's BatchSamplerShard over several processes would give each rank a fraction
+    of its share: iterating a croupier sampler through it raises, naming the fix; the
+    pass-through croupier's prepare makes is accepted."""
+    accelerate = pytest.importorskip("accelerate.data_loader")
+    import croupier
+
+    s = croupier.DistributedSampler(N, num_replicas=2, rank=0)
+    shard = accelerate.BatchSamplerShard(
+        torch.utils.data.BatchSampler(s, 8, False), num_processes=2, process_index=0
+    )
+    with pytest.raises(RuntimeError, match=r"croupier.integrations.accelerate.prepare"):
+        next(iter(shard))
+    b = croupier.BucketBatchSampler(list(range(1, 50)), 4, num_replicas=2, rank=0)
+    with pytest.raises(RuntimeError, match="sharded a second time"):
+        next(iter(accelerate.BatchSamplerShard(b, num_processes=2, process_index=1)))
+    shard.num_processes = 1
+    assert [i for batch in shard for i in batch] == s.indices().tolist()
+    one = croupier.DistributedSampler(N, num_replicas=1, rank=0)  # a single-rank sampler: fine
+    two = accelerate.BatchSamplerShard(torch.utils.data.BatchSampler(one, 8, False), 2, 1)
+    assert len(list(two)) == 25
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_loader_moves_on_after_its_last_batch_even_if_not_asked_for_more(workers):
+    """Trainers stop after len(loader) batches and never drive the iterator to its end
+    (Lightning, the HF Trainer): the epoch is done when its last batch is handed out, so the
+    next iteration, and a checkpoint taken meanwhile, start the next epoch; an epoch set on the
+    sampler directly (Lightning's set_epoch reaches loader.sampler) is followed."""
+    import croupier
+    from croupier.loader import StatefulDataLoader
+    from trainers.common import Ids
+
+    def make():
+        s = croupier.DistributedSampler(N, num_replicas=2, rank=0, seed=3)
+        kw = {"num_workers": workers, "multiprocessing_context": "fork"} if workers else {}
+        return s, StatefulDataLoader(Ids(), batch_size=8, sampler=s, **kw)
+
+    s, loader = make()
+    epochs = []
+    for _ in range(3):
+        it = iter(loader)
+        epochs.append([next(it)["ids"].tolist() for _ in range(len(loader))])
+        state = loader.state_dict()
+        assert (state["epoch"], state["batches_yielded"]) == (len(epochs), 0)
+        del it
+    for e, got in enumerate(epochs):
+        s.set_epoch(e)
+        ids = s.indices().tolist()
+        assert got == [ids[i : i + 8] for i in range(0, len(ids), 8)]
+    # An epoch set on the sampler itself, mid-way through the loader's: that epoch, whole.
+    s, loader = make()
+    it = iter(loader)
+    next(it)
+    del it
+    s.set_epoch(5)
+    got = [b["ids"].tolist() for b in loader]
+    ids = s.indices().tolist()
+    assert got == [ids[i : i + 8] for i in range(0, len(ids), 8)]
+    assert loader.state_dict()["epoch"] == 6

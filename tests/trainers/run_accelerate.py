@@ -1,0 +1,77 @@
+"""Accelerate, 2 CPU processes (launched by torchrun), the loader prepared with
+``croupier.integrations.accelerate.prepare`` (``--plain``: with ``accelerator.prepare``, which
+croupier must refuse loudly).
+
+    torchrun --nproc_per_node 2 run_accelerate.py \
+        --kind K --out DIR --stage full|part1|part2 [--steps S]
+
+``part1`` trains ``S`` steps, ``save_state`` and stops; ``part2`` ``load_state``s and resumes as
+Accelerate's docs say: ``set_epoch`` and ``skip_first_batches`` for the epoch in progress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+from accelerate import Accelerator
+
+from croupier.integrations.accelerate import prepare
+from trainers.common import EPOCHS, Recorder, loader
+
+p = argparse.ArgumentParser()
+p.add_argument("--kind", required=True)
+p.add_argument("--out", required=True)
+p.add_argument("--stage", default="full")
+p.add_argument("--steps", type=int, default=0)
+p.add_argument("--plain", action="store_true")
+a = p.parse_args()
+
+acc = Accelerator(cpu=True)
+model = torch.nn.Linear(1, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+dl = loader(a.kind, acc.num_processes, acc.process_index)
+if a.plain:
+    model, opt, dl = acc.prepare(model, opt, dl)
+else:
+    model, opt, dl = prepare(acc, model, opt, dl)
+rec = Recorder(a.out, acc.process_index)
+state_dir = os.path.join(a.out, "state")
+
+step, first_epoch, skip = 0, 0, 0
+if a.stage == "part2":
+    acc.load_state(state_dir)
+    with open(os.path.join(state_dir, "step.json")) as f:
+        step = json.load(f)
+    first_epoch, skip = divmod(step, len(dl))
+
+
+def train() -> bool:
+    global step
+    for epoch in range(first_epoch, EPOCHS):
+        dl.set_epoch(epoch)
+        batches = acc.skip_first_batches(dl, skip) if epoch == first_epoch and skip else dl
+        for batch in batches:
+            rec.add(batch["ids"])
+            loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            step += 1
+            if a.stage == "part1" and step == a.steps:
+                acc.save_state(state_dir)
+                if acc.is_main_process:
+                    with open(os.path.join(state_dir, "step.json"), "w") as f:
+                        json.dump(step, f)
+                return False
+    return True
+
+
+train()
+acc.wait_for_everyone()
+acc.end_training()

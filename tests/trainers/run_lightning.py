@@ -1,0 +1,71 @@
+"""Lightning, 2 CPU processes (DDP over gloo), with Lightning's defaults
+(``use_distributed_sampler=True``) and the loader from ``train_dataloader``.
+
+    python run_lightning.py --kind K [--stateful] --out DIR --stage full|part1|part2 [--steps S]
+
+``part1`` trains ``S`` steps with a checkpoint at step ``S`` and stops; ``part2`` resumes from
+that checkpoint (``fit(ckpt_path=...)``) to the end. Lightning's ddp strategy starts the second
+process by running this script again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from trainers.common import EPOCHS, Recorder, loader
+
+p = argparse.ArgumentParser()
+p.add_argument("--kind", required=True)
+p.add_argument("--stateful", action="store_true")
+p.add_argument("--out", required=True)
+p.add_argument("--stage", default="full")
+p.add_argument("--steps", type=int, default=0)
+a = p.parse_args()
+
+
+class Model(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(1, 1)
+
+    def setup(self, stage: str) -> None:
+        self.rec = Recorder(a.out, self.global_rank)
+
+    def training_step(self, batch, i):  # type: ignore[no-untyped-def]
+        self.rec.add(batch["ids"])
+        return torch.nn.functional.mse_loss(self.lin(batch["x"]), batch["y"])
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self):  # type: ignore[no-untyped-def]
+        return loader(a.kind, self.trainer.world_size, self.trainer.global_rank, a.stateful)
+
+
+common = {
+    "accelerator": "cpu",
+    "devices": 2,
+    "strategy": "ddp",
+    "max_epochs": EPOCHS,
+    "enable_progress_bar": False,
+    "logger": False,
+    "enable_model_summary": False,
+}
+ckpt = os.path.join(a.out, "ckpt")
+if a.stage == "part1":
+    save = ModelCheckpoint(dirpath=ckpt, every_n_train_steps=a.steps, save_top_k=-1)
+    L.Trainer(max_steps=a.steps, callbacks=[save], **common).fit(Model())
+elif a.stage == "part2":
+    (path,) = glob.glob(os.path.join(ckpt, "*.ckpt"))
+    L.Trainer(enable_checkpointing=False, **common).fit(Model(), ckpt_path=path)
+else:
+    L.Trainer(enable_checkpointing=False, **common).fit(Model())

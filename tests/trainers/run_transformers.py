@@ -1,0 +1,70 @@
+"""The Hugging Face Trainer, 2 CPU processes (launched by torchrun), with
+``CroupierTrainerMixin`` and ``_get_train_sampler`` returning the croupier sampler, as
+transformers' docs say to supply a sampler.
+
+    torchrun --nproc_per_node 2 run_transformers.py \
+        --kind K --out DIR --stage full|part1|part2 [--steps S]
+
+``part1`` trains ``S`` steps with a checkpoint at step ``S``; ``part2`` resumes with
+``train(resume_from_checkpoint=...)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+from transformers import Trainer, TrainingArguments
+
+from croupier.integrations.transformers import CroupierTrainerMixin
+from trainers.common import BATCH, EPOCHS, Ids, Recorder, sampler
+
+p = argparse.ArgumentParser()
+p.add_argument("--kind", required=True)
+p.add_argument("--out", required=True)
+p.add_argument("--stage", default="full")
+p.add_argument("--steps", type=int, default=0)
+a = p.parse_args()
+rank = int(os.environ.get("RANK", "0"))
+
+
+class Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(1, 1)
+        self.rec = Recorder(a.out, rank)
+
+    def forward(self, ids, x, y):  # type: ignore[no-untyped-def]
+        self.rec.add(ids)
+        return {"loss": torch.nn.functional.mse_loss(self.lin(x), y)}
+
+
+class MyTrainer(CroupierTrainerMixin, Trainer):
+    def _get_train_sampler(self, train_dataset=None):  # type: ignore[no-untyped-def]
+        return sampler(a.kind, self.args.world_size, self.args.process_index)
+
+
+args = TrainingArguments(
+    output_dir=os.path.join(a.out, "ckpt"),
+    use_cpu=True,
+    ddp_backend="gloo",
+    per_device_train_batch_size=BATCH,
+    num_train_epochs=EPOCHS,
+    learning_rate=0.01,
+    report_to=[],
+    logging_strategy="no",
+    disable_tqdm=True,
+    save_strategy="steps" if a.stage == "part1" else "no",
+    save_steps=max(a.steps, 1),
+    max_steps=a.steps if a.stage == "part1" else -1,
+)
+trainer = MyTrainer(model=Model(), args=args, train_dataset=Ids())
+resume = None
+if a.stage == "part2":
+    resume = sorted(glob.glob(os.path.join(a.out, "ckpt", "checkpoint-*")))[-1]
+trainer.train(resume_from_checkpoint=resume)
