@@ -67,9 +67,13 @@ def _check(kind: str, out: str) -> None:
     first = [b for r in range(WORLD) for b in expected(kind, WORLD, r, 1)]
     both = [b for r in range(WORLD) for b in expected(kind, WORLD, r)]
     assert both[:per_epoch] != both[per_epoch : 2 * per_epoch]  # reshuffled
-    if kind in ("distributed", "loader", "buckets"):
+    if kind in ("distributed", "loader"):
         # Every id once per epoch (DistributedSampler pads none here: N divides evenly).
         assert sorted(i for b in first for i in b) == list(range(N))
+    if kind == "buckets":  # every id; padding repeats fewer than W whole batches
+        ids = Counter(i for b in first for i in b)
+        assert set(ids) == set(range(N))
+        assert sum(ids.values()) - N <= max(len(b) for b in first) * (WORLD - 1)
     if kind == "mixture":  # 200 positions per rank (the datasets' shares), all in range
         ids = Counter(i for b in first for i in b)
         assert sum(ids.values()) == N and max(ids) < N
@@ -86,7 +90,7 @@ RESUMES = [
     # (framework, kind, extra args): stopped mid-epoch 2, resumed from the framework's checkpoint.
     ("lightning", "loader", ()),
     ("lightning", "mixture", ("--stateful",)),
-    ("lightning", "buckets", ()),
+    ("lightning", "buckets", ("--stateful",)),
     ("accelerate", "distributed", ()),
     ("accelerate", "mixture", ()),
     ("accelerate", "buckets", ()),
@@ -121,6 +125,15 @@ def test_a_run_stopped_mid_epoch_resumes_exactly(framework, kind, extra, tmp_pat
     assert all(len(recorded(out, r)) == steps for r in range(WORLD))
     _run(framework, out, "--kind", kind, "--stage", "part2", *extra)
     _check(kind, out)
+
+
+@pytest.mark.slow
+def test_a_batch_sampler_in_a_plain_dataloader_is_refused_loudly_by_lightning(tmp_path):
+    """Lightning re-creates a plain DataLoader's batch sampler around its own sampler: the run
+    fails with croupier's message naming the two ways out, instead of dealing twice."""
+    _needs("lightning")
+    with pytest.raises(AssertionError, match="already rank-aware: pass it in a croupier"):
+        _run("lightning", str(tmp_path), "--kind", "buckets")
 
 
 @pytest.mark.slow
