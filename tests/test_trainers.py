@@ -171,8 +171,14 @@ def test_rank_aware_samplers_are_torch_distributed_samplers():
     assert isinstance(loader.sampler, DS)
     loader.sampler.set_epoch(3)
     assert b.epoch == 3 and (loader.sampler.num_replicas, loader.sampler.rank) == (2, 1)
-    assert list(loader.sampler) == [i for batch in b for i in batch]
-    assert len(loader.sampler) == sum(len(x) for x in b)
+    twin = croupier.BucketBatchSampler(lengths(), 8, num_replicas=2, rank=1)
+    twin.set_epoch(3)
+    want = [i for batch in twin for i in batch]
+    assert list(loader.sampler) == want and len(loader.sampler) == len(want)
+    # Reading the view leaves a pending resume position where it was.
+    b.set_skip(2)
+    assert list(loader.sampler) == [i for batch in list(twin)[2:] for i in batch]
+    assert b.state_dict()["position"] == 2
 
 
 def test_a_batch_sampler_recreated_around_a_sampler_is_refused():
@@ -248,3 +254,62 @@ def test_the_loader_moves_on_after_its_last_batch_even_if_not_asked_for_more(wor
     ids = s.indices().tolist()
     assert got == [ids[i : i + 8] for i in range(0, len(ids), 8)]
     assert loader.state_dict()["epoch"] == 6
+    # An epoch set before the loader was built is where it starts.
+    s = croupier.DistributedSampler(N, num_replicas=2, rank=0, seed=3)
+    s.set_epoch(5)
+    loader = StatefulDataLoader(Ids(), batch_size=8, sampler=s)
+    assert loader.epoch == 5 and next(iter(loader))["ids"].tolist() == s.indices()[:8].tolist()
+
+
+def test_the_epoch_reaches_a_batch_sampler_through_the_loaders_sampler():
+    """Lightning passes the epoch to loader.sampler (and loader.batch_sampler.sampler): a
+    StatefulDataLoader over a batch sampler follows it."""
+    import croupier
+    from croupier.loader import StatefulDataLoader
+    from trainers.common import Ids, lengths
+
+    b = croupier.BucketBatchSampler(lengths(), 8, num_replicas=2, rank=0, seed=1)
+    loader = StatefulDataLoader(Ids(), batch_size=None, sampler=b)
+    for epoch in (0, 1, 4):
+        loader.sampler.set_epoch(epoch)
+        loader.batch_sampler.sampler.set_epoch(epoch)
+        twin = croupier.BucketBatchSampler(lengths(), 8, num_replicas=2, rank=0, seed=1)
+        twin.set_epoch(epoch)
+        assert [x["ids"].tolist() for x in loader] == list(twin)
+
+
+def test_accelerates_wrapper_becomes_a_pass_through_or_is_refused():
+    """croupier's prepare turns BatchSamplerShard into a pass-through that keeps
+    num_processes and batch_size (Accelerate's total_batch_size, and gather_for_metrics'
+    cut, read them); split_batches and dispatch_batches, which cannot serve a rank-aware
+    sampler, are refused with the setting to change."""
+    data_loader = pytest.importorskip("accelerate.data_loader")
+    import croupier
+    from croupier.integrations.accelerate import pass_through
+
+    class Loader:
+        def __init__(self, batch_sampler):
+            self.batch_sampler = batch_sampler
+
+    s = croupier.DistributedSampler(N, num_replicas=2, rank=1, seed=2)
+    shard = data_loader.BatchSamplerShard(
+        torch.utils.data.BatchSampler(s, 8, False), num_processes=2, process_index=1
+    )
+    pass_through(Loader(shard))
+    ids = s.indices().tolist()
+    assert list(shard) == [ids[i : i + 8] for i in range(0, len(ids), 8)]
+    assert len(shard) == 25 and (shard.num_processes, shard.batch_size) == (2, 8)
+    assert shard.sampler is s
+    split = data_loader.BatchSamplerShard(
+        torch.utils.data.BatchSampler(s, 8, False), 2, 0, split_batches=True
+    )
+    with pytest.raises(ValueError, match="split_batches=True"):
+        pass_through(Loader(split))
+
+    class DataLoaderDispatcher(Loader):
+        pass
+
+    with pytest.raises(ValueError, match="dispatch_batches=False"):
+        pass_through(DataLoaderDispatcher(torch.utils.data.BatchSampler(s, 8, False)))
+    with pytest.raises(TypeError, match="no croupier sampler"):
+        pass_through(Loader(torch.utils.data.BatchSampler(range(10), 2, False)))

@@ -72,7 +72,9 @@ def refuse_a_sampler(cls: str, argument: str, value: object) -> None:
     raise TypeError(
         f"{cls} got a sampler ({type(value).__name__}) as its {argument}: a framework is "
         f"re-creating it around a sampler of its own (Lightning does with "
-        f"use_distributed_sampler=True), which would deal the data a second time. {cls} is "
-        "already rank-aware: pass it in a croupier.StatefulDataLoader (which Lightning leaves "
-        "alone), or build the Trainer with use_distributed_sampler=False"
+        f"use_distributed_sampler=True, and for every loader in trainer.predict and with "
+        f"overfit_batches), which would deal the data a second time. {cls} is already "
+        "rank-aware: pass it in a croupier.StatefulDataLoader (which Lightning leaves alone "
+        "when training), or build the Trainer with use_distributed_sampler=False (predict: "
+        "pass a croupier.DistributedSampler in a DataLoader instead)"
     )

@@ -174,8 +174,10 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         self.source = source
         # Sampler items per batch: indices, or 1 for a batch sampler (its items are batches).
         self._per_batch = batch_size
-        self._progress = _Progress(0, 0, 0, 0)
-        self._epoch_given = getattr(source, "epoch", 0)
+        # The loader starts in the sampler's epoch (one set before the loader was built).
+        epoch = getattr(source, "epoch", 0)
+        self._epoch_given = epoch if isinstance(epoch, int) else 0
+        self._progress = _Progress(self._epoch_given, 0, 0, 0)
         self._loaded_skip: int | None = None
         # After an elastic resume (a state saved on another number of ranks, mid-epoch): the
         # epoch and the batches of it yielded before this world's rest of it began.
@@ -402,8 +404,11 @@ class _BatchesAsIndices(DistributedSamplerBase[int]):
         self.batches.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[int]:
-        for batch in self.batches:
-            yield from batch
+        # What the batch sampler's next iteration yields, read without iterating it (which
+        # would use up a pending resume position).
+        rest = self.batches.batches()
+        if len(rest):
+            yield from rest.flat[int(rest.offsets[0]) : int(rest.offsets[-1])].tolist()
 
     def __len__(self) -> int:
         """Indices of the batch sampler's next iteration."""

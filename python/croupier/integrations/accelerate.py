@@ -17,8 +17,10 @@ keeps everything else Accelerate does (device placement, gradient accumulation's
     loader = DataLoader(dataset, batch_size=8, sampler=sampler)
     model, optimizer, loader = prepare(accelerator, model, optimizer, loader)
 
-To resume mid-epoch, Accelerate's documented way is exact here: ``accelerator.load_state`` and
-``accelerator.skip_first_batches(loader, batches_done)`` after ``loader.set_epoch(epoch)``.
+To resume mid-epoch, Accelerate's documented way is exact here: ``accelerator.load_state``, then
+for the epoch in progress ``loader.set_epoch(epoch)`` and iterate
+``accelerator.skip_first_batches(loader, batches_done)`` (the loader itself from the next epoch
+on).
 """
 
 from __future__ import annotations
@@ -58,24 +60,67 @@ def croupier_sampler_of(loader: Any) -> StatefulSampler[Any, Any] | None:
 
 def pass_through(loader: Any) -> None:
     """Makes the ``BatchSamplerShard`` of an Accelerate-prepared ``loader`` a pass-through for
-    its croupier sampler, as transformers does for its own rank-aware batch sampler: one
-    process's view (every batch), no padding of a short last batch, batches of any size (a
-    croupier batch sampler's sizes differ by bucket), and a ``sampler`` link so that the
-    loader's ``set_epoch`` reaches the croupier sampler through ``skip_first_batches`` too.
-    Raises ``TypeError`` if the loader draws from no croupier sampler."""
+    its croupier sampler: every batch of the rank's share, in order, whatever its size (a
+    croupier batch sampler's sizes differ by bucket), no padding. The wrapper keeps its
+    ``num_processes`` and ``batch_size``, so ``total_batch_size`` (and with it
+    ``gather_for_metrics``' cut of the last batch) stays right, and gets a ``sampler`` link so
+    that the loader's ``set_epoch`` reaches the croupier sampler through
+    ``skip_first_batches`` too.
+
+    Raises ``TypeError`` if the loader draws from no croupier sampler, and ``ValueError`` for
+    the two Accelerate modes that cannot serve a rank-aware sampler: ``split_batches=True``
+    (the loader's batch size would be the global one, split between processes: give the
+    loader the per-process batch size instead) and ``dispatch_batches=True`` (process 0 would
+    iterate its own share and hand it out to every process)."""
     sampler = croupier_sampler_of(loader)
     if sampler is None:
         raise TypeError(f"{type(loader).__name__} draws from no croupier sampler")
+    if type(loader).__name__ == "DataLoaderDispatcher":
+        raise ValueError(
+            "dispatch_batches=True: process 0 would iterate its own croupier sampler and deal "
+            "its batches to every process, so the other ranks' shares are never trained. "
+            "Build the Accelerator with DataLoaderConfiguration(dispatch_batches=False)"
+        )
     shard = getattr(loader, "batch_sampler", None)
-    while shard is not None and type(shard).__name__ != "BatchSamplerShard":
+    while shard is not None and not _is_shard(shard):
         shard = getattr(shard, "batch_sampler", None)
     if shard is None:
         return  # one process: Accelerate did not shard
-    shard.num_processes = 1
-    shard.process_index = 0
-    shard.even_batches = False
-    if shard.batch_sampler is sampler:  # a croupier batch sampler: sizes differ by bucket
-        shard.batch_size = None
+    if shard.split_batches:
+        raise ValueError(
+            "split_batches=True: the loader's batch size would be split between the "
+            "processes, but a croupier sampler already gives each process its own batches. "
+            "Use split_batches=False and give the loader the per-process batch size"
+        )
+    shard.__class__ = _pass_through_class()
     shard.sampler = (
         sampler  # DataLoaderShard.set_epoch reaches batch_sampler(.batch_sampler).sampler
     )
+
+
+def _is_shard(obj: Any) -> bool:
+    return any(c.__name__ == "BatchSamplerShard" for c in type(obj).__mro__)
+
+
+_PASS_THROUGH: list[type] = []
+
+
+def _pass_through_class() -> type:
+    """``BatchSamplerShard`` whose iteration is its batch sampler's, whole: what a croupier
+    sampler's loader needs (made once, on first use, so accelerate is imported only then)."""
+    if not _PASS_THROUGH:
+        from accelerate.data_loader import BatchSamplerShard
+
+        class CroupierPassThrough(BatchSamplerShard):  # type: ignore[misc]
+            """Accelerate's ``BatchSamplerShard`` over a croupier sampler, which already deals
+            the data to the processes: every batch, in order; ``num_processes`` and
+            ``batch_size`` stay for what Accelerate computes from them."""
+
+            def __iter__(self) -> Any:
+                return iter(self.batch_sampler)
+
+            def __len__(self) -> int:
+                return len(self.batch_sampler)
+
+        _PASS_THROUGH.append(CroupierPassThrough)
+    return _PASS_THROUGH[0]

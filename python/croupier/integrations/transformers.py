@@ -53,20 +53,25 @@ class CroupierTrainerMixin:
         sampler = None
         if sampler_fn is not None and not isinstance(dataset, torch.utils.data.IterableDataset):
             sampler = sampler_fn(dataset)
-        parent: Any = super()
-        if not isinstance(sampler, BatchSampler):
-            loader = parent._get_dataloader(
-                dataset,
-                description,
-                batch_size,
-                sampler_fn=None if sampler_fn is None else (lambda _: sampler),
-                is_training=is_training,
-                dataloader_key=dataloader_key,
-            )
-            if isinstance(sampler, StatefulSampler):
-                pass_through(loader)
+        trainer: Any = self
+        if isinstance(sampler, BatchSampler):
+            loader = self._batch_sampler_loader(dataset, description, sampler, is_training)
+            if dataloader_key is not None and trainer.args.dataloader_persistent_workers:
+                # As Trainer does: reuse it at the next evaluation, not a new set of workers.
+                trainer.__dict__.setdefault("_eval_dataloaders", {})[dataloader_key] = loader
             return loader
-        return self._batch_sampler_loader(dataset, description, sampler, is_training)
+        parent: Any = super()
+        loader = parent._get_dataloader(
+            dataset,
+            description,
+            batch_size,
+            sampler_fn=None if sampler_fn is None else (lambda _: sampler),
+            is_training=is_training,
+            dataloader_key=dataloader_key,
+        )
+        if isinstance(sampler, StatefulSampler):
+            pass_through(loader)
+        return loader
 
     def _batch_sampler_loader(
         self, dataset: Any, description: str, batch_sampler: BatchSampler, is_training: bool
@@ -80,7 +85,7 @@ class CroupierTrainerMixin:
         trainer: Any = self
         args = trainer.args
         collator = trainer.data_collator
-        if is_datasets_available() and type(dataset).__module__.startswith("datasets."):
+        if is_datasets_available() and _is_hf_dataset(dataset):
             dataset = trainer._remove_unused_columns(dataset, description=description)
         else:
             collator = trainer._get_collator_with_removed_columns(collator, description=description)
@@ -92,6 +97,7 @@ class CroupierTrainerMixin:
             "persistent_workers": args.dataloader_persistent_workers,
             "multiprocessing_context": args.dataloader_multiprocessing_context,
             "prefetch_factor": args.dataloader_prefetch_factor,
+            "in_order": args.dataloader_in_order,
         }
         if is_training:
             params["worker_init_fn"] = partial(
@@ -100,3 +106,9 @@ class CroupierTrainerMixin:
         loader = trainer.accelerator.prepare(DataLoader(dataset, **params))
         pass_through(loader)
         return loader
+
+
+def _is_hf_dataset(dataset: Any) -> bool:
+    import datasets
+
+    return isinstance(dataset, datasets.Dataset)
