@@ -234,12 +234,14 @@ def test_the_loader_moves_on_after_its_last_batch_even_if_not_asked_for_more(wor
 
     s, loader = make()
     epochs = []
-    for _ in range(3):
+    for e in range(3):
         it = iter(loader)
         epochs.append([next(it)["ids"].tolist() for _ in range(len(loader))])
         state = loader.state_dict()
-        assert (state["epoch"], state["batches_yielded"]) == (len(epochs), 0)
+        assert (state["epoch"], state["batches_yielded"]) == (e + 1, 0)
+        assert loader.epoch == e  # the last batch is still out
         del it
+        assert loader.epoch == e + 1
     for e, got in enumerate(epochs):
         s.set_epoch(e)
         ids = s.indices().tolist()

@@ -178,6 +178,9 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         epoch = getattr(source, "epoch", 0)
         self._epoch_given = epoch if isinstance(epoch, int) else 0
         self._progress = _Progress(self._epoch_given, 0, 0, 0)
+        # (its iteration, the epoch of the live iteration) while that iteration's last batch is
+        # out (the progress already names the next epoch then), else None.
+        self._last_epoch: tuple[object, int] | None = None
         self._loaded_skip: int | None = None
         # After an elastic resume (a state saved on another number of ranks, mid-epoch): the
         # epoch and the batches of it yielded before this world's rest of it began.
@@ -187,14 +190,17 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
 
     @property
     def epoch(self) -> int:
-        """The epoch the next (or live) iteration yields."""
-        return self._progress.epoch
+        """The epoch the live iteration yields (while its last batch is out, too), else the
+        epoch the next iteration yields."""
+        last = self._last_epoch
+        return self._progress.epoch if last is None else last[1]
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch and passes it to the sampler. Setting the epoch a loaded state
         belongs to keeps its position (the usual ``set_epoch`` at the top of a resumed training
         loop loses nothing); another epoch starts from its first batch."""
         epoch = check_int("epoch", epoch, 0, U64_MAX)
+        self._last_epoch = None
         if epoch != self._progress.epoch:
             self._progress = _Progress(epoch, 0, 0, 0)
             self._loaded_skip = None
@@ -219,6 +225,7 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
     # -- iteration ----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._last_epoch = None
         self._adopt_sampler_epoch()
         progress = self._progress
         self._give_epoch(progress.epoch)
@@ -246,21 +253,28 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
 
     def _consume(self, inner: Iterator[Any], count: int) -> Iterator[Any]:
         done = False
-        for batch in inner:
-            epoch, batches, start, since = self._progress
-            if since + 1 >= count and not done:
-                done = True
-                # The last batch: the epoch is done once it is handed out. Trainers stop after
-                # len(loader) batches and never ask for the end of the iterator (Lightning,
-                # the HF Trainer): the next iteration, and a checkpoint taken now, must still
-                # start the next epoch.
-                self._progress = _Progress(epoch + 1, 0, 0, 0)
-            else:
-                self._progress = _Progress(epoch, batches + 1, start, since + 1)
-            yield batch
-        if not done:  # an empty epoch, or one shorter than announced: done at its end
-            p = self._progress
-            self._progress = _Progress(p.epoch + 1, 0, 0, 0)
+        me = object()
+        try:
+            for batch in inner:
+                epoch, batches, start, since = self._progress
+                if since + 1 >= count and not done:
+                    done = True
+                    self._last_epoch = (me, epoch)  # what `epoch` says while it is out
+                    # The last batch: the epoch is done once it is handed out. Trainers stop
+                    # after len(loader) batches and never ask for the end of the iterator
+                    # (Lightning, the HF Trainer): the next iteration, and a checkpoint taken
+                    # now, must still start the next epoch.
+                    self._progress = _Progress(epoch + 1, 0, 0, 0)
+                else:
+                    self._progress = _Progress(epoch, batches + 1, start, since + 1)
+                yield batch
+            if not done:  # an empty epoch, or one shorter than announced: done at its end
+                p = self._progress
+                self._progress = _Progress(p.epoch + 1, 0, 0, 0)
+        finally:  # run to its end, or dropped by the caller (maybe after a newer one started)
+            last = self._last_epoch
+            if last is not None and last[0] is me:
+                self._last_epoch = None
 
     # -- checkpoints --------------------------------------------------------------------------
 
@@ -343,6 +357,7 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
             self._rest_base = None
             start = skip or 0
         self._progress = _Progress(epoch, batches, start, 0)
+        self._last_epoch = None
 
     def _batches_per_epoch(self) -> int:
         """Batches of a whole epoch of this loader: ``len(self)``, unless the sampler holds
