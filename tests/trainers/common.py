@@ -4,6 +4,7 @@ trained on, and the batches an uninterrupted run trains (computed from the sampl
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from typing import Any
@@ -103,3 +104,16 @@ def recorded(out: str, rank: int) -> list[list[int]]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f]
+
+
+def arguments(*flags: str) -> argparse.Namespace:
+    """A runner's command line: ``--kind``, ``--out``, ``--stage`` (full, part1, part2),
+    ``--steps`` (where part1 stops), and the boolean ``flags`` it takes."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--kind", required=True, choices=KINDS)
+    p.add_argument("--out", required=True)
+    p.add_argument("--stage", default="full", choices=("full", "part1", "part2"))
+    p.add_argument("--steps", type=int, default=0)
+    for flag in flags:
+        p.add_argument(flag, action="store_true")
+    return p.parse_args()

@@ -11,7 +11,6 @@ Accelerate's docs say: ``set_epoch`` and ``skip_first_batches`` for the epoch in
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -22,15 +21,9 @@ import torch
 from accelerate import Accelerator
 
 from croupier.integrations.accelerate import prepare
-from trainers.common import EPOCHS, Recorder, loader
+from trainers.common import arguments, EPOCHS, Recorder, loader
 
-p = argparse.ArgumentParser()
-p.add_argument("--kind", required=True)
-p.add_argument("--out", required=True)
-p.add_argument("--stage", default="full")
-p.add_argument("--steps", type=int, default=0)
-p.add_argument("--plain", action="store_true")
-a = p.parse_args()
+a = arguments("--plain")
 
 acc = Accelerator(cpu=True)
 model = torch.nn.Linear(1, 1)

@@ -10,7 +10,6 @@ process by running this script again.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 import sys
@@ -21,15 +20,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from trainers.common import EPOCHS, Recorder, loader
+from trainers.common import arguments, EPOCHS, Recorder, loader
 
-p = argparse.ArgumentParser()
-p.add_argument("--kind", required=True)
-p.add_argument("--stateful", action="store_true")
-p.add_argument("--out", required=True)
-p.add_argument("--stage", default="full")
-p.add_argument("--steps", type=int, default=0)
-a = p.parse_args()
+a = arguments("--stateful")
 
 
 class Model(L.LightningModule):

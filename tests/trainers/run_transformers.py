@@ -11,7 +11,6 @@ transformers' docs say to supply a sampler.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 import sys
@@ -22,14 +21,9 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from croupier.integrations.transformers import CroupierTrainerMixin
-from trainers.common import BATCH, EPOCHS, Ids, Recorder, sampler
+from trainers.common import arguments, BATCH, EPOCHS, Ids, Recorder, sampler
 
-p = argparse.ArgumentParser()
-p.add_argument("--kind", required=True)
-p.add_argument("--out", required=True)
-p.add_argument("--stage", default="full")
-p.add_argument("--steps", type=int, default=0)
-a = p.parse_args()
+a = arguments()
 rank = int(os.environ.get("RANK", "0"))
 
 

@@ -384,6 +384,10 @@ fn blocks_into_segs<T: Index>(
                 .then(|| Plan::window(&block_keys(seed, epoch, key, c0 + i as u64), len, w.window))
         })
         .collect();
+    if crate::cancel::cancelled() {
+        // A plan's stripe table may be unfilled (its drawing stops at the flag): deal nothing.
+        return;
+    }
     let mut edges: Vec<Vec<T>> = plans
         .iter()
         .map(|p| vec![T::from_u64(0); p.as_ref().map_or(0, Plan::edge_len)])
