@@ -21,7 +21,7 @@ import torch
 from accelerate import Accelerator
 
 from croupier.integrations.accelerate import prepare
-from trainers.common import arguments, EPOCHS, Recorder, loader
+from trainers.common import EPOCHS, Recorder, arguments, loader
 
 a = arguments("--plain")
 

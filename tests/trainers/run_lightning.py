@@ -20,7 +20,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from trainers.common import arguments, EPOCHS, Recorder, loader
+from trainers.common import EPOCHS, Recorder, arguments, loader
 
 a = arguments("--stateful")
 

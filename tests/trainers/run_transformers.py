@@ -21,7 +21,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from croupier.integrations.transformers import CroupierTrainerMixin
-from trainers.common import arguments, BATCH, EPOCHS, Ids, Recorder, sampler
+from trainers.common import BATCH, EPOCHS, Ids, Recorder, arguments, sampler
 
 a = arguments()
 rank = int(os.environ.get("RANK", "0"))
