@@ -19,9 +19,9 @@ from collections import Counter
 
 import pytest
 
-from trainers.common import N, batches_per_epoch, expected, recorded
+torch = pytest.importorskip("torch")  # before the runners' module, which imports it
 
-torch = pytest.importorskip("torch")
+from trainers.common import N, batches_per_epoch, expected, recorded  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORLD = 2
