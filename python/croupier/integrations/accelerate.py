@@ -25,6 +25,7 @@ on).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from croupier.samplers._base import StatefulSampler
@@ -102,25 +103,21 @@ def _is_shard(obj: Any) -> bool:
     return any(c.__name__ == "BatchSamplerShard" for c in type(obj).__mro__)
 
 
-_PASS_THROUGH: list[type] = []
-
-
+@functools.cache
 def _pass_through_class() -> type:
     """``BatchSamplerShard`` whose iteration is its batch sampler's, whole: what a croupier
-    sampler's loader needs (made once, on first use, so accelerate is imported only then)."""
-    if not _PASS_THROUGH:
-        from accelerate.data_loader import BatchSamplerShard
+    sampler's loader needs (made on first use, so accelerate is imported only then)."""
+    from accelerate.data_loader import BatchSamplerShard
 
-        class CroupierPassThrough(BatchSamplerShard):  # type: ignore[misc]
-            """Accelerate's ``BatchSamplerShard`` over a croupier sampler, which already deals
-            the data to the processes: every batch, in order; ``num_processes`` and
-            ``batch_size`` stay for what Accelerate computes from them."""
+    class CroupierPassThrough(BatchSamplerShard):  # type: ignore[misc]
+        """Accelerate's ``BatchSamplerShard`` over a croupier sampler, which already deals the
+        data to the processes: every batch, in order; ``num_processes`` and ``batch_size`` stay
+        for what Accelerate computes from them."""
 
-            def __iter__(self) -> Any:
-                return iter(self.batch_sampler)
+        def __iter__(self) -> Any:
+            return iter(self.batch_sampler)
 
-            def __len__(self) -> int:
-                return len(self.batch_sampler)
+        def __len__(self) -> int:
+            return len(self.batch_sampler)
 
-        _PASS_THROUGH.append(CroupierPassThrough)
-    return _PASS_THROUGH[0]
+    return CroupierPassThrough
