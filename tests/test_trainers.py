@@ -4,9 +4,11 @@ The multi-process tests run each framework for real, 2 CPU processes over gloo o
 with croupier's samplers passed as the framework's docs (and croupier's README) say, record the
 ids every rank trained on, and compare them batch for batch with what the samplers yield
 (``trainers/common.py``): every sample of every epoch per the sampler's rules, a new order each
-epoch, and after a run stopped mid-epoch (in the second epoch) and resumed from the framework's
-own checkpoint, exactly the batches the uninterrupted run trains. The in-process tests check the
-pieces: the types frameworks test for, the loud refusals of the unsafe paths, the loader's epoch.
+epoch, and after a run stopped (mid-way through the second epoch, or right after the first
+epoch's last batch) and resumed from the framework's own checkpoint, exactly the batches the
+uninterrupted run trains; with loader worker processes and gradient accumulation too. The
+in-process tests check the pieces: the types frameworks test for, the loud refusals of the
+unsafe paths, the loader's epoch.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 
 torch = pytest.importorskip("torch")  # before the runners' module, which imports it
 
-from trainers.common import N, batches_per_epoch, expected, recorded  # noqa: E402
+from trainers.common import N, batches_in, batches_per_epoch, expected, recorded  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORLD = 2
@@ -87,17 +89,25 @@ RUNS = [
     ("lightning", "mixture", ()),
 ]
 RESUMES = [
-    # (framework, kind, extra args): stopped mid-epoch 2, resumed from the framework's checkpoint.
-    ("lightning", "loader", ()),
-    ("lightning", "mixture", ("--stateful",)),
-    ("lightning", "buckets", ("--stateful",)),
-    ("accelerate", "distributed", ()),
-    ("accelerate", "mixture", ()),
-    ("accelerate", "buckets", ()),
-    ("accelerate", "loader", ()),
-    ("transformers", "distributed", ()),
-    ("transformers", "mixture", ()),
-    ("transformers", "buckets", ()),
+    # (framework, kind, where part1 stops: "mid" in the second epoch or at the "end" of the
+    # first, extra args): stopped there, resumed from the framework's checkpoint.
+    ("lightning", "loader", "mid", ()),
+    ("lightning", "loader", "mid", ("--workers", "2", "--accum", "2")),
+    ("lightning", "mixture", "mid", ("--stateful",)),
+    ("lightning", "buckets", "mid", ("--stateful",)),
+    ("lightning", "buckets", "end", ("--stateful", "--workers", "2")),
+    ("accelerate", "distributed", "mid", ()),
+    ("accelerate", "distributed", "mid", ("--workers", "2", "--accum", "2")),
+    ("accelerate", "mixture", "mid", ()),
+    ("accelerate", "buckets", "mid", ()),
+    ("accelerate", "loader", "mid", ()),
+    ("accelerate", "loader", "end", ()),
+    ("transformers", "distributed", "mid", ()),
+    ("transformers", "distributed", "mid", ("--workers", "2", "--accum", "2")),
+    ("transformers", "mixture", "mid", ()),
+    ("transformers", "buckets", "mid", ("--accum", "3")),
+    ("transformers", "loader", "mid", ()),
+    ("transformers", "loader", "end", ("--workers", "2")),
 ]
 
 
@@ -114,15 +124,18 @@ def test_two_epochs_train_every_sample_reshuffled(framework, kind, extra, tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("framework", "kind", "extra"), RESUMES)
-def test_a_run_stopped_mid_epoch_resumes_exactly(framework, kind, extra, tmp_path):
+@pytest.mark.parametrize(("framework", "kind", "where", "extra"), RESUMES)
+def test_a_stopped_run_resumes_exactly(framework, kind, where, extra, tmp_path):
     _needs(framework)
     if framework == "transformers":
         pytest.importorskip("accelerate")
-    steps = batches_per_epoch(kind, WORLD) + 7  # in the second epoch
+    accum = int(extra[extra.index("--accum") + 1]) if "--accum" in extra else 1
+    per_epoch = -(-batches_per_epoch(kind, WORLD) // accum)  # optimizer steps
+    steps = per_epoch + 4 if where == "mid" else per_epoch
     out = str(tmp_path)
     _run(framework, out, "--kind", kind, "--stage", "part1", "--steps", str(steps), *extra)
-    assert all(len(recorded(out, r)) == steps for r in range(WORLD))
+    trained = batches_in(kind, WORLD, steps, accum)
+    assert all(len(recorded(out, r)) == trained for r in range(WORLD))
     _run(framework, out, "--kind", kind, "--stage", "part2", *extra)
     _check(kind, out)
 
@@ -278,6 +291,32 @@ def test_the_epoch_reaches_a_batch_sampler_through_the_loaders_sampler():
         twin = croupier.BucketBatchSampler(lengths(), 8, num_replicas=2, rank=0, seed=1)
         twin.set_epoch(epoch)
         assert [x["ids"].tolist() for x in loader] == list(twin)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_loader_rebuilt_around_its_batch_sampler_still_selects_the_epoch(drop_last):
+    """The HF Trainer resumes a StatefulDataLoader from get_train_dataloader with Accelerate's
+    skip_first_batches, a new torch DataLoader around ``loader.batch_sampler``, and passes the
+    epoch to ``loader.batch_sampler.batch_sampler``: the epoch reaches croupier's sampler
+    through it, and the rebuilt loader yields exactly the rest of that epoch."""
+    data_loader = pytest.importorskip("accelerate.data_loader")
+    import croupier
+    from croupier.loader import StatefulDataLoader
+    from trainers.common import Ids
+
+    s = croupier.DistributedSampler(N - 3, num_replicas=2, rank=1, seed=3)
+    loader = StatefulDataLoader(Ids(), batch_size=8, sampler=s, drop_last=drop_last)
+    assert loader.batch_size == 8 and loader.drop_last is drop_last
+    for epoch, skip in ((0, 0), (1, 7), (3, len(loader) - 1)):
+        rebuilt = data_loader.skip_first_batches(loader, skip)
+        rebuilt.batch_sampler.batch_sampler.set_epoch(epoch)
+        assert s.epoch == epoch and loader.batch_sampler.epoch == epoch
+        ids = s.indices().tolist()
+        whole = [ids[i : i + 8] for i in range(0, len(ids), 8)]
+        if drop_last:
+            whole = [b for b in whole if len(b) == 8]
+        assert [b["ids"].tolist() for b in rebuilt] == whole[skip:]
+        assert len(whole) == len(loader)
 
 
 def test_accelerates_wrapper_becomes_a_pass_through_or_is_refused():

@@ -170,6 +170,12 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
             # rank-aware (Lightning re-creates it otherwise). Show them the truth: a view of
             # the batch sampler's indices, a DistributedSampler that is already dealt.
             object.__setattr__(self, "sampler", _BatchesAsIndices(batch_sampler))
+        if batch_sampler is None:
+            # torch's BatchSampler around the sampler, which passes the epoch on: a loader
+            # rebuilt around `loader.batch_sampler` (Accelerate's skip_first_batches, which the
+            # HF Trainer uses to resume) can still select the sampler's epoch through it.
+            batches = _EpochBatches(sampler, batch_size, self.drop_last)
+            object.__setattr__(self, "batch_sampler", batches)
         #: The sampler whose state is saved: the index sampler or the batch sampler.
         self.source = source
         # Sampler items per batch: indices, or 1 for a batch sampler (its items are batches).
@@ -432,6 +438,23 @@ class _BatchesAsIndices(DistributedSamplerBase[int]):
 
     def __repr__(self) -> str:
         return f"<indices of {self.batches!r}>"
+
+
+class _EpochBatches(TorchBatchSampler):
+    """torch's ``BatchSampler`` over an index sampler, with the sampler's ``epoch`` and
+    ``set_epoch``: a ``StatefulDataLoader``'s ``batch_sampler`` when it batches an index
+    sampler."""
+
+    @property
+    def epoch(self) -> int:
+        """The sampler's epoch."""
+        sampler: Any = self.sampler
+        return int(sampler.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the sampler's epoch."""
+        sampler: Any = self.sampler
+        sampler.set_epoch(epoch)
 
 
 def _is_batch_sampler(sampler: object) -> bool:

@@ -55,17 +55,26 @@ def sampler(kind: str, world: int, rank: int) -> Any:
     raise ValueError(kind)
 
 
-def loader(kind: str, world: int, rank: int, stateful: bool = False) -> DataLoader:  # type: ignore[type-arg]
+def workers(n: int) -> dict[str, Any]:
+    """A loader's options for ``n`` worker processes, kept across epochs."""
+    return {"num_workers": n, "persistent_workers": True} if n else {}
+
+
+def loader(  # type: ignore[type-arg]
+    kind: str, world: int, rank: int, stateful: bool = False, n_workers: int = 0
+) -> DataLoader:
     """The loader a user writes: torch's DataLoader with the sampler (or batch sampler), or
-    croupier's StatefulDataLoader (``kind == "loader"``, or ``stateful``)."""
+    croupier's StatefulDataLoader (``kind == "loader"``, or ``stateful``), with ``n_workers``
+    worker processes."""
     s = sampler(kind, world, rank)
+    opts = workers(n_workers)
     if kind == "loader" or stateful:
         if kind == "buckets":
-            return croupier.StatefulDataLoader(Ids(), batch_size=None, sampler=s)
-        return croupier.StatefulDataLoader(Ids(), batch_size=BATCH, sampler=s)
+            return croupier.StatefulDataLoader(Ids(), batch_size=None, sampler=s, **opts)
+        return croupier.StatefulDataLoader(Ids(), batch_size=BATCH, sampler=s, **opts)
     if kind == "buckets":
-        return DataLoader(Ids(), batch_sampler=s)
-    return DataLoader(Ids(), batch_size=BATCH, sampler=s)
+        return DataLoader(Ids(), batch_sampler=s, **opts)
+    return DataLoader(Ids(), batch_size=BATCH, sampler=s, **opts)
 
 
 def expected(kind: str, world: int, rank: int, epochs: int = EPOCHS) -> list[list[int]]:
@@ -85,6 +94,14 @@ def expected(kind: str, world: int, rank: int, epochs: int = EPOCHS) -> list[lis
 
 def batches_per_epoch(kind: str, world: int) -> int:
     return len(expected(kind, world, 0, epochs=1))
+
+
+def batches_in(kind: str, world: int, updates: int, accum: int) -> int:
+    """Batches trained in ``updates`` optimizer steps of ``accum`` batches each, the last step
+    of an epoch taking what is left of it (as Lightning and the HF Trainer step)."""
+    per_epoch = batches_per_epoch(kind, world)
+    epochs, rest = divmod(updates, -(-per_epoch // accum))
+    return epochs * per_epoch + rest * accum
 
 
 class Recorder:
@@ -108,12 +125,16 @@ def recorded(out: str, rank: int) -> list[list[int]]:
 
 def arguments(*flags: str) -> argparse.Namespace:
     """A runner's command line: ``--kind``, ``--out``, ``--stage`` (full, part1, part2),
-    ``--steps`` (where part1 stops), and the boolean ``flags`` it takes."""
+    ``--steps`` (the optimizer step part1 stops after), ``--workers`` (loader worker
+    processes), ``--accum`` (batches per optimizer step), and the boolean ``flags`` it
+    takes."""
     p = argparse.ArgumentParser()
     p.add_argument("--kind", required=True, choices=KINDS)
     p.add_argument("--out", required=True)
     p.add_argument("--stage", default="full", choices=("full", "part1", "part2"))
     p.add_argument("--steps", type=int, default=0)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--accum", type=int, default=1)
     for flag in flags:
         p.add_argument(flag, action="store_true")
     return p.parse_args()

@@ -3,9 +3,10 @@
 croupier must refuse loudly).
 
     torchrun --nproc_per_node 2 run_accelerate.py \
-        --kind K --out DIR --stage full|part1|part2 [--steps S]
+        --kind K --out DIR --stage full|part1|part2 [--steps S] [--workers W] [--accum A]
 
-``part1`` trains ``S`` steps, ``save_state`` and stops; ``part2`` ``load_state``s and resumes as
+``part1`` trains ``S`` optimizer steps (of ``A`` batches, under ``accelerator.accumulate``),
+``save_state`` and stops; ``part2`` ``load_state``s and resumes as
 Accelerate's docs say: ``set_epoch`` and ``skip_first_batches`` for the epoch in progress.
 """
 
@@ -25,10 +26,10 @@ from trainers.common import EPOCHS, Recorder, arguments, loader
 
 a = arguments("--plain")
 
-acc = Accelerator(cpu=True)
+acc = Accelerator(cpu=True, gradient_accumulation_steps=a.accum)
 model = torch.nn.Linear(1, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-dl = loader(a.kind, acc.num_processes, acc.process_index)
+dl = loader(a.kind, acc.num_processes, acc.process_index, n_workers=a.workers)
 if a.plain:
     model, opt, dl = acc.prepare(model, opt, dl)
 else:
@@ -36,31 +37,34 @@ else:
 rec = Recorder(a.out, acc.process_index)
 state_dir = os.path.join(a.out, "state")
 
-step, first_epoch, skip = 0, 0, 0
+# Batches trained, and optimizer steps taken (the last of an epoch takes what is left of it).
+done, updates, first_epoch, skip = 0, 0, 0, 0
 if a.stage == "part2":
     acc.load_state(state_dir)
     with open(os.path.join(state_dir, "step.json")) as f:
-        step = json.load(f)
-    first_epoch, skip = divmod(step, len(dl))
+        done = json.load(f)
+    first_epoch, skip = divmod(done, len(dl))
 
 
 def train() -> bool:
-    global step
+    global done, updates
     for epoch in range(first_epoch, EPOCHS):
         dl.set_epoch(epoch)
         batches = acc.skip_first_batches(dl, skip) if epoch == first_epoch and skip else dl
         for batch in batches:
             rec.add(batch["ids"])
-            loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
-            acc.backward(loss)
-            opt.step()
-            opt.zero_grad()
-            step += 1
-            if a.stage == "part1" and step == a.steps:
+            with acc.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
+                acc.backward(loss)
+                opt.step()
+                opt.zero_grad()
+            done += 1
+            updates += acc.sync_gradients
+            if a.stage == "part1" and updates == a.steps and acc.sync_gradients:
                 acc.save_state(state_dir)
                 if acc.is_main_process:
                     with open(os.path.join(state_dir, "step.json"), "w") as f:
-                        json.dump(step, f)
+                        json.dump(done, f)
                 return False
     return True
 

@@ -1,11 +1,12 @@
 """Lightning, 2 CPU processes (DDP over gloo), with Lightning's defaults
 (``use_distributed_sampler=True``) and the loader from ``train_dataloader``.
 
-    python run_lightning.py --kind K [--stateful] --out DIR --stage full|part1|part2 [--steps S]
+    python run_lightning.py --kind K [--stateful] --out DIR --stage full|part1|part2 [--steps S] \
+        [--workers W] [--accum A]
 
-``part1`` trains ``S`` steps with a checkpoint at step ``S`` and stops; ``part2`` resumes from
-that checkpoint (``fit(ckpt_path=...)``) to the end. Lightning's ddp strategy starts the second
-process by running this script again.
+``part1`` trains ``S`` optimizer steps with a checkpoint at step ``S`` and stops; ``part2``
+resumes from that checkpoint (``fit(ckpt_path=...)``) to the end. Lightning's ddp strategy
+starts the second process by running this script again.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ class Model(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
     def train_dataloader(self):  # type: ignore[no-untyped-def]
-        return loader(a.kind, self.trainer.world_size, self.trainer.global_rank, a.stateful)
+        return loader(
+            a.kind, self.trainer.world_size, self.trainer.global_rank, a.stateful, a.workers
+        )
 
 
 common = {
@@ -49,6 +52,7 @@ common = {
     "devices": 2,
     "strategy": "ddp",
     "max_epochs": EPOCHS,
+    "accumulate_grad_batches": a.accum,
     "enable_progress_bar": False,
     "logger": False,
     "enable_model_summary": False,
