@@ -1,46 +1,53 @@
 """The ``croupier`` command line: ``croupier bench`` (and its ``--sweep-ranks`` world-size sweep),
-``croupier demo``, ``croupier --version``."""
+``croupier demo``, ``croupier --version``.
+
+Every mistake on the command line is one line naming the option and what it accepts, plus a
+hint to ``--help``, before anything is printed or run; a bench run writes its results only
+when it finishes, all files together, each naming the run.
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import math
+import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from croupier import __version__
 
 __all__ = ["main"]
 
+U64 = 2**64
+I64_MAX = 2**63 - 1
 
-def _demo(args: argparse.Namespace) -> int:
-    from croupier.samplers import DistributedSampler
 
-    t0 = time.perf_counter()
-    sampler = DistributedSampler(
-        args.n, num_replicas=args.num_replicas, rank=args.rank, seed=args.seed
-    )
-    sampler.set_epoch(args.epoch)
-    it = iter(sampler)
-    first = [next(it) for _ in range(min(args.count, len(sampler)))]
-    elapsed = time.perf_counter() - t0
-    print(
-        f"croupier {__version__}: N={args.n:,}, rank {args.rank} of {args.num_replicas}, "
-        f"seed {args.seed}, epoch {args.epoch}"
-    )
-    print(f"this rank's epoch: {len(sampler):,} indices")
-    print(f"first {len(first)} indices: {first}")
-    print(f"time to the first indices: {elapsed:.3f} s")
-    return 0
+class _UsageError(Exception):
+    """A mistake on the command line: reported as one line and a hint, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake reported as one line and a hint instead of the usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        _complain(self.prog, message)
+        sys.exit(2)
+
+
+def _complain(prog: str, message: str) -> None:
+    print(f"{prog}: error: {message}\n(see '{prog} --help')", file=sys.stderr)
 
 
 def _count(text: str) -> int:
     """An integer written as ``100000000``, ``1e8``, ``1_000`` or ``2**33+5``."""
     t = text.replace("_", "").strip()
-    m = re.fullmatch(r"2\*\*(\d+)([+-]\d+)?", t)
+    m = re.fullmatch(r"2\*\*(\d{1,4})([+-]\d+)?", t)
     if m:
         return int(2 ** int(m.group(1))) + int(m.group(2) or 0)
     try:
@@ -56,6 +63,77 @@ def _count(text: str) -> int:
     return int(value)
 
 
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _in(option: str, value: int, lo: int, hi: int, hi_text: str | None = None) -> None:
+    """Refuses ``value`` outside ``[lo, hi]`` naming ``option`` and the range."""
+    if not lo <= value <= hi:
+        raise _UsageError(f"{option} must be in [{lo:,}, {hi_text or f'{hi:,}'}], got {value:,}")
+
+
+def _world(n: int | None, ranks: int, rank: int) -> None:
+    """The ranks checks ``demo`` and ``bench`` share (and ``--n`` when given)."""
+    if n is not None:
+        _in("--n", n, 1, 10**10, "1e10")
+    _in("--ranks", ranks, 1, I64_MAX, "2**63-1")
+    if not 0 <= rank < ranks:
+        raise _UsageError(f"--rank must be in [0, --ranks) = [0, {ranks:,}), got {rank:,}")
+
+
+def _out_dir(text: str) -> Path:
+    """The output folder, created if missing; refused when it cannot be written."""
+    out = Path(text)
+    if not text.strip():
+        raise _UsageError("--out must name a folder")
+    if out.exists() and not out.is_dir():
+        raise _UsageError(f"--out {text}: exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _UsageError(f"--out {text}: cannot create the folder ({e.strerror})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise _UsageError(f"--out {text}: the folder is not writable")
+    return out
+
+
+# -- demo -------------------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace) -> int:
+    _world(args.n, args.ranks, args.rank)
+    _in("--seed", args.seed, 0, U64 - 1, "2**64-1")
+    _in("--epoch", args.epoch, 0, U64 - 1, "2**64-1")
+    _in("--count", args.count, 1, 10_000)
+    from croupier.samplers import DistributedSampler
+
+    t0 = time.perf_counter()
+    sampler = DistributedSampler(args.n, num_replicas=args.ranks, rank=args.rank, seed=args.seed)
+    sampler.set_epoch(args.epoch)
+    it = iter(sampler)
+    first = [next(it) for _ in range(min(args.count, len(sampler)))]
+    elapsed = time.perf_counter() - t0
+    print(
+        f"croupier {__version__}: N={args.n:,}, rank {args.rank} of {args.ranks}, "
+        f"seed {args.seed}, epoch {args.epoch}"
+    )
+    print(f"this rank's epoch: {len(sampler):,} indices")
+    print(f"first {len(first)} indices: {first}")
+    print(f"time to the first indices: {elapsed:.3f} s")
+    return 0
+
+
+# -- bench ------------------------------------------------------------------------------------
+
+
 def _header(m: dict[str, Any]) -> str:
     """One line naming the machine and the software versions of a run."""
     return (
@@ -65,34 +143,72 @@ def _header(m: dict[str, Any]) -> str:
     )
 
 
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
 def _report(
     results: dict[str, Any],
     text: str,
     plot: Callable[[dict[str, Any], Path], bool],
     stem: Path,
 ) -> None:
-    """Writes ``stem``.json (every run), .md (the table under the machine) and .png (unless
-    matplotlib is missing), and prints the table."""
+    """Writes ``stem``.json (every run), .md (the table under the machine and the run) and .png
+    (unless matplotlib is missing), and prints the table. Every file is rendered first and
+    then all are moved into place together: an earlier run's files are replaced whole or not
+    at all, and a stale plot of an earlier run is removed."""
     from croupier.bench._report import write_json
 
-    json_path, md_path, png_path = (stem.with_suffix(ext) for ext in (".json", ".md", ".png"))
-    write_json(results, json_path)
-    header = _header(results["machine"])
-    md_path.write_text(f"{header}\n\n{text}\n")
-    drew = plot(results, png_path)
+    run = results["run"]
+    header = f"{_header(results['machine'])}\n`{run['command']}`, {run['started']}"
+    paths = {ext: stem.with_suffix(ext) for ext in (".json", ".md", ".png")}
+    tmp = {ext: p.with_name(f".{p.stem}.{os.getpid()}.tmp{ext}") for ext, p in paths.items()}
+    try:
+        write_json(results, tmp[".json"])
+        tmp[".md"].write_text(f"{header}\n\n{text}\n")
+        drew = plot(results, tmp[".png"])
+        for ext, p in paths.items():
+            if ext == ".png" and not drew:
+                p.unlink(missing_ok=True)  # it belongs to an earlier run
+                continue
+            os.replace(tmp[ext], p)
+    finally:
+        for t in tmp.values():
+            t.unlink(missing_ok=True)
     print(f"{header}\n\n{text}\n")
-    print(f"wrote {json_path}, {md_path}", end="")
-    print(f", {png_path}" if drew else " (no plot: matplotlib is not installed)")
+    wrote = [paths[".json"], paths[".md"]] + ([paths[".png"]] if drew else [])
+    print("wrote " + ", ".join(map(str, wrote)), end="")
+    print("" if drew else " (no plot: matplotlib is not installed)")
 
 
-def _sweep(args: argparse.Namespace) -> int:
+def _run_info(argv: Sequence[str]) -> dict[str, str]:
+    """The command and the start time a run's files name."""
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return {"command": shlex.join(["croupier", *argv]), "started": started}
+
+
+def _finish(results: dict[str, Any], write: Callable[[], None]) -> int:
+    """Writes the results unless no run succeeded (exit status 1 then, nothing replaced)."""
+    rows = results["rows"]
+    if not any(r.get("status") == "ok" for r in rows):
+        tried = [r for r in rows if "runs" in r] or rows
+        why = f"{tried[0].get('status')}: {tried[0].get('detail', '')}" if tried else "none ran"
+        print(f"croupier bench: no run succeeded ({why}); nothing written", file=sys.stderr)
+        return 1
+    write()
+    return 0
+
+
+def _sweep(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from croupier.bench._ranks import DEFAULT_NS, SweepConfig, check, plot, run, table
 
     given = [
-        f"--{name}" for name in ("systems", "ranks", "rank") if getattr(args, name) is not None
-    ]
+        f"--{name.replace('_', '-')}"
+        for name in ("systems", "families", "ranks", "rank")
+        if getattr(args, name) is not None
+    ] + (["--all"] if args.all else [])
     if given:
-        raise ValueError(
+        raise _UsageError(
             f"--sweep-ranks cannot be combined with {', '.join(given)}: the sweep times "
             "croupier alone, rank W // 2 of each W it lists"
         )
@@ -103,9 +219,12 @@ def _sweep(args: argparse.Namespace) -> int:
         repeats=args.repeats if args.repeats is not None else 3,
         timeout=args.timeout,
     )
-    check(cfg)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        check(cfg)
+    except ValueError as e:
+        raise _UsageError(str(e)) from None
+    out = _out_dir(args.out)
+    info = _run_info(argv)
     print(
         f"croupier bench --sweep-ranks: W in {sorted(cfg.ranks)}, N in "
         f"{[f'{n:,}' for n in cfg.ns]}, seeds {list(cfg.seeds)}, {cfg.repeats} run(s) each; "
@@ -113,49 +232,75 @@ def _sweep(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     results = run(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    _report(results, table(results), plot, out / "ranks-sweep")
-    return 0
+    results["run"] = info
+    return _finish(results, lambda: _report(results, table(results), plot, out / "ranks-sweep"))
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.sweep_ranks is not None:
-        return _sweep(args)
+        return _sweep(args, argv)
     from croupier.bench import BenchConfig, run
+    from croupier.bench._progress import progress_for
     from croupier.bench._report import plot, table
-    from croupier.bench._runner import DEFAULT_NS
+    from croupier.bench._runner import ALL_NS, DEFAULT_NS
+    from croupier.bench._runner import plan as plan_runs
 
+    ranks = args.ranks if args.ranks is not None else 8
+    rank = args.rank if args.rank is not None else 3
+    _world(None, ranks, rank)
     cfg = BenchConfig(
-        ns=tuple(args.n) if args.n is not None else DEFAULT_NS,
-        ranks=args.ranks if args.ranks is not None else 8,
-        rank=args.rank if args.rank is not None else 3,
+        ns=tuple(args.n) if args.n is not None else (ALL_NS if args.all else DEFAULT_NS),
+        ranks=ranks,
+        rank=rank,
         seeds=tuple(args.seeds),
         repeats=args.repeats if args.repeats is not None else 1,
         systems=tuple(args.systems or ()),
+        families=tuple(args.families or ()),
+        everything=args.all,
         timeout=args.timeout,
     )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        planned = plan_runs(cfg)
+    except ValueError as e:
+        raise _UsageError(str(e)) from None
+    out = _out_dir(args.out)
+    info = _run_info(argv)
+    todo = [p for p in planned if p.skip is None]
+    cpu = sum(p.cpu_s for p in todo)
+    peak = max((p.peak_bytes for p in todo), default=0)
+    systems = len({p.system.name for p in planned})
     print(
-        f"croupier bench: N in {[f'{n:,}' for n in cfg.ns]}, {cfg.ranks} ranks (rank "
-        f"{cfg.rank}), seeds {list(cfg.seeds)}, {cfg.repeats} run(s) each; results in {out}/",
+        f"croupier bench: {systems} systems at N = {', '.join(f'{n:,}' for n in cfg.ns)}, "
+        f"{cfg.ranks} ranks (rank {cfg.rank}), seeds {list(cfg.seeds)}, {cfg.repeats} run(s) "
+        f"each: {len(todo) * len(cfg.seeds) * cfg.repeats} runs, one at a time, about "
+        f"{_minutes(cpu)} of CPU and {peak / 2**30:.1f} GiB at most; results in {out}/",
         file=sys.stderr,
     )
-    results = run(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    _report(results, table(results), plot, out / "bench")
-    return 0
+    progress = progress_for(cpu)
+    try:
+        results = run(cfg, progress=progress)
+    finally:
+        progress.close()
+    results["run"] = info
+    return _finish(results, lambda: _report(results, table(results), plot, out / "bench"))
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+# -- the parser -------------------------------------------------------------------------------
+
+
+def _parser() -> tuple[_Parser, dict[str, _Parser]]:
+    parser = _Parser(
         prog="croupier", description="Fast, reproducible, resumable index samplers for PyTorch."
     )
     parser.add_argument("--version", action="version", version=f"croupier {__version__}")
-    sub = parser.add_subparsers(dest="command")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     bench = sub.add_parser(
         "bench",
-        help="compare croupier with torch, torchdata and numpy (time, resume, peak RSS)",
+        help="compare croupier with what people use instead (time, resume, peak RSS)",
         description="Runs each system in its own subprocess, one at a time, and prints a "
-        "table of medians with ratios; writes bench.json, bench.md and bench.png. With "
+        "table of medians with ratios; writes bench.json, bench.md and bench.png. By default "
+        "croupier and the main alternative of each family (samplers, mixtures, buckets, "
+        "reads, elastic, permutations) at N = 1e5, 1e6, 1e7: about 3 minutes of CPU. With "
         "--sweep-ranks, runs the world-size sweep instead: one rank's "
         'DistributedSampler(order="fast") epoch for each W and N (time per index, first '
         "index, memory added); writes ranks-sweep.json, ranks-sweep.md and ranks-sweep.png.",
@@ -165,17 +310,40 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         type=_count,
         default=None,
-        help="dataset lengths, up to 1e10 (default: 1e6 1e7 1e8; with --sweep-ranks 1e8 1e9); "
-        "1e8 and 2**33+5 work",
+        metavar="N",
+        help="dataset lengths in [1e3, 1e10] (default: 1e5 1e6 1e7; with --all 1e6 1e7 1e8; "
+        "with --sweep-ranks 1e8 1e9); 1e8 and 2**33+5 work",
+    )
+    bench.add_argument(
+        "--all",
+        action="store_true",
+        help="every system (not only the headline ones), at 1e6 1e7 1e8 unless --n says",
+    )
+    from croupier.bench._systems import FAMILIES, SYSTEMS  # stdlib only: keeps --help light
+
+    bench.add_argument(
+        "--families",
+        nargs="+",
+        default=None,
+        choices=FAMILIES,
+        metavar="FAMILY",
+        help="every system of these families: " + ", ".join(FAMILIES),
+    )
+    bench.add_argument(
+        "--systems",
+        nargs="+",
+        default=None,
+        metavar="SYSTEM",
+        help="these systems: " + ", ".join(s.name for s in SYSTEMS),
     )
     bench.add_argument("--ranks", type=_count, default=None, help="number of ranks W (default 8)")
     bench.add_argument("--rank", type=_count, default=None, help="the rank timed (default 3)")
     bench.add_argument("--seeds", nargs="+", type=_count, default=[0], help="seeds (default 0)")
     bench.add_argument(
         "--repeats",
-        type=int,
+        type=_count,
         default=None,
-        help="runs per seed (default 1; with --sweep-ranks 3)",
+        help="runs per seed, in [1, 1000] (default 1; with --sweep-ranks 3)",
     )
     bench.add_argument(
         "--sweep-ranks",
@@ -184,42 +352,60 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="W",
         help="run the world-size sweep over these W (e.g. 8 64 256 1024 4096) instead of the "
-        "systems table; not with --systems, --ranks or --rank",
+        "systems table; not with --systems, --families, --all, --ranks or --rank",
     )
-    from croupier.bench._systems import SYSTEMS  # stdlib only: keeps --help light
-
     bench.add_argument(
-        "--systems",
-        nargs="+",
-        default=None,
-        help="which systems (default: all installed): " + ", ".join(s.name for s in SYSTEMS),
+        "--timeout", type=_seconds, default=1800.0, help="seconds per run (default 1800)"
     )
-    bench.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     bench.add_argument("--out", default="croupier-bench", help="output folder")
     bench.set_defaults(func=_bench)
     demo = sub.add_parser("demo", help="print one rank's first indices and how long they took")
-    demo.add_argument("--n", type=int, default=10_000_000, help="dataset length (default 1e7)")
-    demo.add_argument("--num-replicas", type=int, default=8, help="number of ranks (default 8)")
-    demo.add_argument("--rank", type=int, default=0, help="this rank (default 0)")
-    demo.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
-    demo.add_argument("--epoch", type=int, default=0, help="epoch (default 0)")
-    demo.add_argument("--count", type=int, default=10, help="how many indices to print")
+    demo.add_argument(
+        "--n", type=_count, default=10_000_000, help="dataset length in [1, 1e10] (default 1e7)"
+    )
+    demo.add_argument(
+        "--ranks",
+        "--num-replicas",
+        dest="ranks",
+        type=_count,
+        default=8,
+        help="number of ranks W (default 8)",
+    )
+    demo.add_argument("--rank", type=_count, default=0, help="this rank, in [0, W) (default 0)")
+    demo.add_argument("--seed", type=_count, default=0, help="shuffle seed (default 0)")
+    demo.add_argument("--epoch", type=_count, default=0, help="epoch (default 0)")
+    demo.add_argument(
+        "--count", type=_count, default=10, help="how many indices to print, in [1, 10000]"
+    )
     demo.set_defaults(func=_demo)
-    return parser
+    return parser, {"bench": bench, "demo": demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``croupier`` command."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, commands = _parser()
+    try:  # --help, --version and mistakes exit here (with the status argparse gives)
+        args, extra = parser.parse_known_args(argv)
+        if args.command is None:
+            if extra:
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            parser.print_help()
+            return 0
+        command = commands[args.command]
+        if extra:
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
     try:
-        return int(args.func(args))
-    except (ValueError, TypeError) as e:
-        print(f"croupier: error: {e}", file=sys.stderr)
+        return int(args.func(args, argv) if args.command == "bench" else args.func(args))
+    except _UsageError as e:
+        _complain(command.prog, str(e))
         return 2
+    except KeyboardInterrupt:
+        done = "; nothing written" if args.command == "bench" else ""
+        print(f"{command.prog}: interrupted{done}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -368,16 +368,17 @@ def main(argv: list[str] | None = None) -> int:
     # Imports first, untimed: every system pays them once per process anyway.
     for module in spec["needs"]:
         __import__(module)
-    if spec["family"] != "permutation" and spec["system"].startswith("croupier"):
+    if spec["family"] != "permutations" and spec["system"].startswith("croupier"):
         # croupier's samplers load lazily (they import torch when it is installed); the
         # baselines import torch untimed above, so croupier's must not pay it in "first index".
         __import__("croupier.samplers")
     base = _status_mib("VmRSS")
     measure = {
-        "sampler": _measure_sampler,
-        "batches": _measure_batches,
+        "samplers": _measure_sampler,
+        "mixtures": _measure_sampler,
+        "buckets": _measure_batches,
         "reads": _measure_reads,
-        "permutation": _measure_permutation,
+        "permutations": _measure_permutation,
         "elastic": _measure_elastic,
     }[spec["family"]]
     result = measure(spec)

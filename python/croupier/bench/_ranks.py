@@ -11,6 +11,7 @@ A per-rank cost that stays flat as W grows means each rank pays for its own shar
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -58,25 +59,25 @@ class SweepConfig:
 
 
 def check(cfg: SweepConfig) -> None:
-    """Raises ``ValueError`` naming the first argument of ``cfg`` out of its range."""
+    """Raises ``ValueError`` naming the first option of ``cfg`` out of its range."""
     if not cfg.ranks:
-        raise ValueError("sweep ranks must list at least one world size")
+        raise ValueError("--sweep-ranks must list at least one world size")
     for w in cfg.ranks:
-        if w < 1:
-            raise ValueError(f"sweep ranks must each be at least 1, got {w}")
+        if not 1 <= w <= 2**63 - 1:
+            raise ValueError(f"--sweep-ranks must each be in [1, 2**63-1], got {w:,}")
     if len(set(cfg.ranks)) != len(cfg.ranks):
-        raise ValueError(f"sweep ranks must not repeat, got {list(cfg.ranks)}")
+        raise ValueError(f"--sweep-ranks must not repeat, got {list(cfg.ranks)}")
     if not cfg.ns:
-        raise ValueError("n must list at least one dataset length")
+        raise ValueError("--n must list at least one dataset length")
     for n in cfg.ns:
         if not 1 <= n <= 10**10:
-            raise ValueError(f"n must be in [1, 1e10], got {n}")
-    if cfg.repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {cfg.repeats}")
-    if not cfg.seeds or any(s < 0 for s in cfg.seeds):
-        raise ValueError(f"seeds must be non-negative and at least one, got {list(cfg.seeds)}")
-    if not cfg.timeout > 0:
-        raise ValueError(f"timeout must be positive, got {cfg.timeout}")
+            raise ValueError(f"--n must be in [1, 1e10], got {n:,}")
+    if not 1 <= cfg.repeats <= 1000:
+        raise ValueError(f"--repeats must be in [1, 1000], got {cfg.repeats:,}")
+    if not cfg.seeds or any(not 0 <= s < 2**64 for s in cfg.seeds):
+        raise ValueError(f"--seeds must be in [0, 2**64), at least one, got {list(cfg.seeds)}")
+    if not (cfg.timeout > 0 and math.isfinite(cfg.timeout)):
+        raise ValueError(f"--timeout must be a positive number of seconds, got {cfg.timeout}")
 
 
 def _world(cfg: SweepConfig, w: int) -> BenchConfig:
@@ -218,6 +219,6 @@ def plot(results: dict[str, Any], path: Path) -> bool:
         f"{m.get('cpu', '?')}, {m.get('cpus')} cores, {m.get('memory_gib')} GiB"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
     return True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import os
@@ -16,11 +15,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from croupier import __version__
-from croupier.bench._systems import SYSTEMS, System, by_name
+from croupier.bench._systems import System, choose
 
-__all__ = ["BenchConfig", "machine", "run"]
+__all__ = ["BenchConfig", "Plan", "machine", "plan", "run"]
 
-DEFAULT_NS = (1_000_000, 10_000_000, 100_000_000)
+#: The default run's sizes: three decades, enough to show how each system scales, in about
+#: three minutes of CPU on 2 cores with the headline systems.
+DEFAULT_NS = (100_000, 1_000_000, 10_000_000)
+#: The sizes of ``--all``.
+ALL_NS = (1_000_000, 10_000_000, 100_000_000)
+MIN_N, MAX_N = 1_000, 10**10
 METRICS = (
     "first_s",
     "epoch_s",
@@ -38,14 +42,17 @@ class BenchConfig:
     """What ``croupier bench`` measures.
 
     Attributes:
-        ns: dataset lengths (each up to ``1e10``).
+        ns: dataset lengths (each in ``[1e3, 1e10]``).
         ranks: number of data-parallel ranks ``W``.
         rank: the rank whose share is timed.
         seeds: one repeat per seed and per ``repeats``; medians are reported.
         repeats: runs per seed. Runs go round-robin over the systems of one N (every
             system's first run, then every system's second run, ..., each round starting
             one system later).
-        systems: names from :data:`croupier.bench._systems.SYSTEMS` (default: all installed).
+        systems: names from :data:`croupier.bench._systems.SYSTEMS` (default: the headline
+            systems, or every system with ``everything``).
+        families: run every system of these families instead (see ``FAMILIES``).
+        everything: every system, not only the headline ones.
         timeout: seconds before one run is abandoned (reported as a timeout).
         memory_fraction: skip a run whose estimated memory exceeds this fraction of the
             memory available now.
@@ -57,6 +64,8 @@ class BenchConfig:
     seeds: tuple[int, ...] = (0,)
     repeats: int = 1
     systems: tuple[str, ...] = ()
+    families: tuple[str, ...] = ()
+    everything: bool = False
     timeout: float = 1800.0
     memory_fraction: float = 0.8
     digest: bool = True
@@ -189,49 +198,102 @@ def _summarise(row: dict[str, Any], cfg: BenchConfig) -> None:
     row["checks_ok"] = all(r.get("first_ok", True) and r.get("resume_ok", True) for r in ok)
 
 
-def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def check(cfg: BenchConfig) -> list[System]:
+    """Refuses a configuration that cannot run (``ValueError`` naming the option and its
+    range), before any work; returns the systems it measures."""
+    if not cfg.ns:
+        raise ValueError("--n needs at least one size")
+    for n in cfg.ns:
+        if not MIN_N <= n <= MAX_N:
+            raise ValueError(
+                f"--n must be in [1e3, 1e10], got {n:,} (below 1e3 there is nothing to time)"
+            )
+    if not 1 <= cfg.ranks <= 2**63 - 1:
+        raise ValueError(f"--ranks must be in [1, 2**63-1], got {cfg.ranks:,}")
+    if not 0 <= cfg.rank < cfg.ranks:
+        raise ValueError(f"--rank must be in [0, --ranks) = [0, {cfg.ranks:,}), got {cfg.rank:,}")
+    if not 1 <= cfg.repeats <= 1000:
+        raise ValueError(f"--repeats must be in [1, 1000], got {cfg.repeats:,}")
+    if not cfg.seeds or any(not 0 <= s < 2**64 for s in cfg.seeds):
+        raise ValueError(f"--seeds must be in [0, 2**64), at least one, got {list(cfg.seeds)}")
+    if not (cfg.timeout > 0 and cfg.timeout < float("inf")):
+        raise ValueError(f"--timeout must be a positive number of seconds, got {cfg.timeout}")
+    return choose(cfg.systems, cfg.families, cfg.everything)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One system at one N: why it is not run (``skip``: status and detail) or what it is
+    expected to cost (CPU seconds of all its runs, peak bytes of one)."""
+
+    system: System
+    n: int
+    skip: tuple[str, str] | None
+    cpu_s: float
+    peak_bytes: int
+
+
+def plan(cfg: BenchConfig) -> list[Plan]:
+    """Every (system, N) pair of ``cfg``, N by N, with its estimate or the reason it is skipped
+    (not installed, or more memory than is available)."""
+    chosen = check(cfg)
+    runs = len(cfg.seeds) * cfg.repeats
+    out = []
+    for n in cfg.ns:
+        for system in chosen:
+            skip = _cannot_run(system, n, cfg)
+            cpu = 0.0 if skip else system.cpu_estimate(n) * runs
+            # The interpreter and its imports (torch's are ~450 MiB) plus the work.
+            peak = 0 if skip else system.memory_estimate(n, cfg.ranks) + (512 << 20)
+            out.append(Plan(system, n, skip, cpu, peak))
+    return out
+
+
+class Progress:
+    """Where a run reports: ``say`` a line, ``advance`` by the estimated CPU seconds of a
+    finished run (a progress bar counts those)."""
+
+    def say(self, line: str) -> None:
+        """One line about the run."""
+
+    def advance(self, estimated_s: float) -> None:
+        """A run of ``estimated_s`` estimated seconds is done."""
+
+
+def run(
+    cfg: BenchConfig, progress: Progress | Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Runs every (system, N) pair of ``cfg`` and returns the results as a JSON-ready dict.
 
-    ``progress`` receives one line per step (what runs, then how long it took, or why it was
-    skipped).
+    ``progress`` hears of every step: a :class:`Progress`, or a function that receives one
+    line per step (what runs, then how long it took, or why it was skipped).
     """
-    say = progress or (lambda _line: None)
-    for n in cfg.ns:
-        if not 0 <= n <= 10**10:
-            raise ValueError(f"n must be in [0, 1e10], got {n}")
-    if cfg.ranks < 1:
-        raise ValueError(f"ranks must be at least 1, got {cfg.ranks}")
-    if not 0 <= cfg.rank < cfg.ranks:
-        raise ValueError(f"rank must be in [0, ranks) = [0, {cfg.ranks}), got {cfg.rank}")
-    if cfg.repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {cfg.repeats}")
-    if not cfg.seeds or any(s < 0 for s in cfg.seeds):
-        raise ValueError(f"seeds must be non-negative and at least one, got {list(cfg.seeds)}")
-    chosen = [by_name(name) for name in cfg.systems] if cfg.systems else list(SYSTEMS)
+    if progress is None:
+        progress = Progress()
+    elif not isinstance(progress, Progress):
+        progress = _Lines(progress)
+    pairs = plan(cfg)
+    runs = len(cfg.seeds) * cfg.repeats
     rows: list[dict[str, Any]] = []
-    total, step = len(cfg.ns) * len(chosen), 0
+    total = len(pairs)
     for n in cfg.ns:
-        pending: list[tuple[System, dict[str, Any], str]] = []
-        for system in chosen:
-            step += 1
-            head = f"[{step}/{total}] {system.name} N={n:,}"
-            row: dict[str, Any] = {"system": system.name, "family": system.family, "n": n}
+        pending: list[tuple[dict[str, Any], str, Callable[[int], dict[str, Any]]]] = []
+        for step, p in enumerate(pairs, 1):
+            if p.n != n:
+                continue
+            head = f"[{step}/{total}] {p.system.name} N={n:,}"
+            row: dict[str, Any] = {"system": p.system.name, "family": p.system.family, "n": n}
             rows.append(row)
-            reason = _cannot_run(system, n, cfg)
-            if reason:
-                row["status"], row["detail"] = reason
-                say(f"{head}: skipped, {row['detail']}")
+            if p.skip:
+                row["status"], row["detail"] = p.skip
+                progress.say(f"{head}: skipped, {row['detail']}")
                 continue
             row["runs"] = []
-            pending.append((system, row, head))
-        round_robin(
-            [(row, head, functools.partial(_one, system, n, cfg)) for system, row, head in pending],
-            cfg.seeds,
-            cfg.repeats,
-            say,
-        )
-        for _system, row, _head in pending:
+            pending.append((row, head, _counted(progress, p.cpu_s / runs, p.system, n, cfg)))
+        round_robin(pending, cfg.seeds, cfg.repeats, progress.say)
+        for row, _head, _run in pending:
             _summarise(row, cfg)
+    chosen = list(dict.fromkeys(p.system for p in pairs))
     return {
         "config": asdict(cfg),
         "machine": machine(),
@@ -247,3 +309,26 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
         "baselines": {s.name: s.baseline_for for s in chosen if s.baseline_for},
         "rows": rows,
     }
+
+
+class _Lines(Progress):
+    """A :class:`Progress` that hands each line to a function."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self._say = say
+
+    def say(self, line: str) -> None:
+        self._say(line)
+
+
+def _counted(
+    progress: Progress, estimate: float, system: System, n: int, cfg: BenchConfig
+) -> Callable[[int], dict[str, Any]]:
+    """One run of ``system`` at ``n`` for a seed, then the progress advanced by its estimate."""
+
+    def one(seed: int) -> dict[str, Any]:
+        result = _one(system, n, cfg, seed)
+        progress.advance(estimate)
+        return result
+
+    return one

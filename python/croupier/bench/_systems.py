@@ -1,9 +1,9 @@
 """What ``croupier bench`` compares: each system, what it measures and how much memory it needs.
 
-Five families. *Sampler* systems produce one rank's epoch of a ``DistributedSampler`` or, for the
-mixture systems, of a 100-dataset ``MixtureSampler`` over the same N (time to the first index,
-to the whole epoch, to the first index after resuming at mid-epoch).
-*Batches* systems produce one rank's epoch of token-budget batches over N log-normal lengths
+Six families. *Samplers* produce one rank's epoch of a ``DistributedSampler`` (time to the first
+index, to the whole epoch, to the first index after resuming at mid-epoch); *mixtures* the same
+for one rank's epoch of a ``MixtureSampler`` over 100 datasets that add up to N.
+*Buckets* systems produce one rank's epoch of token-budget batches over N log-normal lengths
 (time to the first batch, to the whole epoch, to the first batch after resuming, and the
 padding efficiency), ``numpy.argsort`` alone being the yardstick. *Reads* systems read one
 rank's epoch of N rows of 16 bytes from a memory-mapped ``.npy`` file (time to read them all
@@ -11,14 +11,21 @@ and the throughput in MB/s): in ``ChunkSampler`` load requests, or row by row in
 order as a map-style dataset is read. *Elastic* systems resume an epoch checkpointed at its
 middle on W ranks on ``W' = max(1, 3W/4)`` ranks (8 -> 6) and produce one new rank's rest of
 the epoch (time to its first index after loading the state, to the whole rest, peak memory).
-*Permutation* systems produce a full permutation of ``[0, N)`` (time to the whole of it).
+*Permutations* produce a full permutation of ``[0, N)`` (time to the whole of it).
+
+The *headline* systems (croupier and the main alternative of each family) are what a plain
+``croupier bench`` runs; ``--all`` adds the rest. Each system's cost model (``startup_s``,
+``s_per_index``: CPU seconds of one run) gives the estimate printed before a run starts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SYSTEMS", "System", "by_name"]
+__all__ = ["FAMILIES", "SYSTEMS", "System", "by_name", "choose"]
+
+#: The families, in the order tables and plots show them.
+FAMILIES = ("samplers", "mixtures", "buckets", "reads", "elastic", "permutations")
 
 
 @dataclass(frozen=True)
@@ -26,10 +33,15 @@ class System:
     """One benchmarked implementation."""
 
     name: str
-    family: str  # "sampler", "batches", "reads", "elastic" or "permutation"
+    family: str  # one of FAMILIES
     label: str
     needs: tuple[str, ...]  # importable modules it needs
     bytes_per_index: float  # working memory per sample of N (per share sample if per_rank)
+    # CPU seconds of one run: the process, its imports and its untimed data, plus per sample
+    # of N (measured on a 2-core EPYC VM at N = 1e6 to 1e8; an estimate, not a promise).
+    startup_s: float
+    s_per_index: float
+    headline: bool = True  # in the default run
     per_rank: bool = False  # memory scales with N / W instead of N
     # The system it is compared with: a baseline names the croupier system it is measured
     # against; a croupier system may name a baseline that yields the same output.
@@ -49,90 +61,117 @@ class System:
             per_index *= 2  # croupier's buffers widen from uint32 to int64 above 2**32
         return int(count * per_index) + (64 << 20)
 
+    def cpu_estimate(self, n: int) -> float:
+        """CPU seconds one run at ``n`` takes, roughly (imports included)."""
+        return self.startup_s + n * self.s_per_index
+
 
 SYSTEMS: tuple[System, ...] = (
     System(
         "croupier",
-        "sampler",
+        "samplers",
         'croupier.DistributedSampler(order="fast")',
         ("croupier",),
         bytes_per_index=8,
+        startup_s=3.8,
+        s_per_index=2.0e-08,
         per_rank=True,
     ),
     System(
         "torch-sampler",
-        "sampler",
+        "samplers",
         "torch.utils.data.DistributedSampler",
         ("torch",),
         # a torch tensor, a Python list of N ints and the int objects: ~50 bytes measured
         bytes_per_index=56,
+        startup_s=3.9,
+        s_per_index=4.6e-07,
         baseline_for="croupier",
     ),
     System(
         "torchdata-sampler",
-        "sampler",
+        "samplers",
         "torchdata StatefulDistributedSampler",
         ("torch", "torchdata"),
         bytes_per_index=56,
+        startup_s=3.8,
+        s_per_index=5.1e-07,
         baseline_for="croupier",
     ),
     System(
         "croupier-torch-order",
-        "sampler",
+        "samplers",
         'croupier.DistributedSampler(order="torch")',
         ("croupier", "torch"),
         bytes_per_index=4.5,
+        startup_s=3.2,
+        s_per_index=1.0e-07,
+        headline=False,
         baseline_for="torch-sampler",
         same_output=True,
     ),
     System(
         "croupier-mixture",
-        "sampler",
+        "mixtures",
         "croupier.MixtureSampler (100 datasets)",
         ("croupier",),
         bytes_per_index=12,
+        startup_s=3.6,
+        s_per_index=5.0e-08,
         per_rank=True,
     ),
     System(
         "croupier-mixture-10k",
-        "sampler",
+        "mixtures",
         "croupier.MixtureSampler (10,000 datasets of unequal sizes)",
         ("croupier",),
         bytes_per_index=12,
+        startup_s=3.2,
+        s_per_index=8.0e-08,
+        headline=False,
         per_rank=True,
     ),
     System(
         "kempnerforge-mixture",
-        "sampler",
+        "mixtures",
         "kempnerforge-style MixtureSampler (100 datasets)",
         ("torch",),
         # every dataset's randperm as a list, the rank's lists, the reshuffled list
         bytes_per_index=64,
+        startup_s=3.0,
+        s_per_index=6.9e-07,
         baseline_for="croupier-mixture",
     ),
     System(
         "croupier-buckets",
-        "batches",
+        "buckets",
         "croupier.BucketBatchSampler (token budget)",
         ("croupier",),
         # the lengths as given and copied (u32 + u64), the buckets' members (u64)
         bytes_per_index=24,
+        startup_s=3.5,
+        s_per_index=7.6e-08,
     ),
     System(
         "python-buckets",
-        "batches",
+        "buckets",
         "Python bucketing (argsort, buckets, greedy token batches)",
         ("numpy",),
         # the argsort, a list of lengths and the batches as lists of ints
         bytes_per_index=72,
+        startup_s=0.6,
+        s_per_index=1.1e-06,
         baseline_for="croupier-buckets",
     ),
     System(
         "numpy-argsort",
-        "batches",
+        "buckets",
         'numpy.argsort(lengths, kind="stable") alone',
         ("numpy",),
         bytes_per_index=12,
+        startup_s=0.3,
+        s_per_index=1.2e-07,
+        headline=False,
         baseline_for="croupier-buckets",
     ),
     System(
@@ -142,6 +181,8 @@ SYSTEMS: tuple[System, ...] = (
         ("croupier",),
         # one request's rows and positions (the file is in the page cache, not counted)
         bytes_per_index=0.1,
+        startup_s=3.3,
+        s_per_index=1.0e-07,
         per_rank=True,
     ),
     System(
@@ -151,6 +192,8 @@ SYSTEMS: tuple[System, ...] = (
         ("numpy",),
         # the rank's shuffled row ids as Python ints
         bytes_per_index=40,
+        startup_s=0.5,
+        s_per_index=4.2e-07,
         per_rank=True,
         baseline_for="croupier-chunks",
     ),
@@ -162,6 +205,8 @@ SYSTEMS: tuple[System, ...] = (
         # the rest of the epoch on the new rank (u32) and one old share's piece (about half
         # an old share), per sample of the share
         bytes_per_index=8,
+        startup_s=3.9,
+        s_per_index=3.0e-08,
         per_rank=True,
     ),
     System(
@@ -171,29 +216,37 @@ SYSTEMS: tuple[System, ...] = (
         ("torch",),
         # the whole permutation (int64) and the rank's slice of the rest
         bytes_per_index=10,
+        startup_s=3.9,
+        s_per_index=4.0e-08,
         baseline_for="croupier-elastic",
     ),
     System(
         "croupier-permutation",
-        "permutation",
+        "permutations",
         "croupier.permutation",
         ("croupier",),
         bytes_per_index=4.5,
+        startup_s=0.35,
+        s_per_index=1.0e-08,
     ),
     System(
         "numpy-permutation",
-        "permutation",
+        "permutations",
         "numpy.random.default_rng().permutation",
         ("numpy",),
         bytes_per_index=8,
+        startup_s=0.35,
+        s_per_index=7.8e-08,
         baseline_for="croupier-permutation",
     ),
     System(
         "torch-randperm",
-        "permutation",
+        "permutations",
         "torch.randperm",
         ("torch",),
         bytes_per_index=8,
+        startup_s=4.0,
+        s_per_index=7.0e-08,
         baseline_for="croupier-permutation",
     ),
 )
@@ -205,3 +258,20 @@ def by_name(name: str) -> System:
         if s.name == name:
             return s
     raise ValueError(f"unknown system {name!r}; known: {', '.join(s.name for s in SYSTEMS)}")
+
+
+def choose(
+    systems: tuple[str, ...] = (), families: tuple[str, ...] = (), everything: bool = False
+) -> list[System]:
+    """The systems a run measures: those named, else every system of the families named, else
+    the headline systems (every system if ``everything``)."""
+    if systems and families:
+        raise ValueError("name --systems or --families, not both")
+    if systems:
+        return [by_name(name) for name in dict.fromkeys(systems)]
+    for family in families:
+        if family not in FAMILIES:
+            raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+    if families:
+        return [s for s in SYSTEMS if s.family in families]
+    return [s for s in SYSTEMS if everything or s.headline]

@@ -1,0 +1,190 @@
+"""The ``croupier`` command line as a newcomer meets it: every mistake is one line and a hint,
+before anything is printed or run; ``demo`` and ``bench`` take sizes and ranks alike; a bench run
+writes its files only when it succeeds, all together, each naming the run; the default run's
+plan and its estimate; the progress display."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+
+import pytest
+
+from croupier import cli
+from croupier.bench import BenchConfig
+from croupier.bench._progress import progress_for
+from croupier.bench._runner import DEFAULT_NS, plan
+from croupier.bench._systems import FAMILIES, SYSTEMS, choose
+
+needs_matplotlib = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason="draws the plot with matplotlib"
+)
+
+
+def _refused(capsys, argv: list[str], match: str) -> None:
+    """``argv`` exits with status 2, prints nothing on stdout and exactly one error line
+    naming ``match`` plus the hint on stderr."""
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 2, err
+    prog = f"croupier {argv[0]}" if argv and argv[0] in ("bench", "demo") else "croupier"
+    assert lines[0].startswith(f"{prog}: error: "), err
+    assert match in lines[0], err
+    assert lines[1] == f"(see '{prog} --help')"
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["bench", "--n", "0"], "--n must be in [1e3, 1e10], got 0"),
+        (["bench", "--n", "-5"], "--n must be in [1e3, 1e10], got -5"),
+        (["bench", "--n", "1e11"], "--n must be in [1e3, 1e10]"),
+        (["bench", "--n", "1e400"], "argument --n: not an integer: '1e400'"),
+        (["bench", "--n", "abc"], "argument --n: not an integer: 'abc'"),
+        (["bench", "--n"], "argument --n: expected at least one argument"),
+        (["bench", "--timeout", "0"], "argument --timeout: must be a positive number"),
+        (["bench", "--timeout", "-1"], "argument --timeout: must be a positive number"),
+        (["bench", "--timeout", "nan"], "argument --timeout: must be a positive number"),
+        (["bench", "--timeout", "inf"], "argument --timeout: must be a positive number"),
+        (["bench", "--timeout", "soon"], "argument --timeout: not a number of seconds"),
+        (["bench", "--systems", "nope"], "unknown system 'nope'"),
+        (["bench", "--families", "nope"], "argument --families: invalid choice: 'nope'"),
+        (["bench", "--systems", "croupier", "--families", "reads"], "not both"),
+        (["bench", "--repeats", "0"], "--repeats must be in [1, 1000], got 0"),
+        (["bench", "--seeds", "-1"], "--seeds must be in [0, 2**64)"),
+        (["bench", "--ranks", "0"], "--ranks must be in [1, 2**63-1], got 0"),
+        (["bench", "--rank", "8"], "--rank must be in [0, --ranks) = [0, 8), got 8"),
+        (["bench", "--bad"], "unrecognized arguments: --bad"),
+        (["demo", "--count", "-1"], "--count must be in [1, 10,000], got -1"),
+        (["demo", "--count", "0"], "--count must be in [1, 10,000], got 0"),
+        (["demo", "--rank", "8"], "--rank must be in [0, --ranks) = [0, 8), got 8"),
+        (["demo", "--num-replicas", "4", "--rank", "4"], "[0, 4), got 4"),
+        (["demo", "--ranks", "0"], "--ranks must be in [1, 2**63-1], got 0"),
+        (["demo", "--n", "-1"], "--n must be in [1, 1e10], got -1"),
+        (["demo", "--n", "1.5"], "argument --n: not an integer: '1.5'"),
+        (["demo", "--seed", "-1"], "--seed must be in [0, 2**64-1], got -1"),
+        (["demo", "--epoch", "2**64"], "--epoch must be in [0, 2**64-1]"),
+        (["demo", "--bad"], "unrecognized arguments: --bad"),
+        (["nope"], "argument command: invalid choice: 'nope'"),
+    ],
+)
+def test_every_mistake_is_one_line_and_a_hint(capsys, tmp_path, argv, match):
+    out = tmp_path / "out"
+    if argv[0] == "bench":
+        argv = [*argv, "--out", str(out)]
+    _refused(capsys, argv, match)
+    assert not out.exists()  # refused before any work
+
+
+def test_bad_output_folders_are_refused(capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    _refused(capsys, ["bench", "--out", str(afile)], "exists and is not a folder")
+    _refused(capsys, ["bench", "--out", str(afile / "sub")], "cannot create the folder")
+    _refused(capsys, ["bench", "--out", ""], "--out must name a folder")
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        _refused(capsys, ["bench", "--out", str(locked)], "the folder is not writable")
+
+
+def test_demo_takes_sizes_and_ranks_as_bench_does(capsys):
+    assert cli.main(["demo", "--n", "1e5", "--ranks", "4", "--rank", "3", "--count", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "N=100,000, rank 3 of 4" in out and "this rank's epoch: 25,000 indices" in out
+    assert "first 3 indices: [" in out
+    # --num-replicas, torch's name, is the same option.
+    assert cli.main(["demo", "--n", "2**10", "--num-replicas", "4", "--count", "2"]) == 0
+    assert "N=1,024, rank 0 of 4" in capsys.readouterr().out
+
+
+def test_the_default_run_is_the_headline_systems_in_about_three_minutes():
+    """The default: croupier and the main alternative of each family at three decades of N,
+    estimated (by the per-system cost model) at about 3 minutes of CPU; --all is every system."""
+    headline = choose()
+    assert {s.family for s in headline} == set(FAMILIES)
+    for family in FAMILIES:
+        mine = [s for s in headline if s.family == family]
+        assert any(s.ours for s in mine) and any(not s.ours for s in mine), family
+    assert DEFAULT_NS == (10**5, 10**6, 10**7)
+    cpu = sum(p.cpu_s for p in plan(BenchConfig()) if p.skip is None)
+    assert 100 < cpu < 240, cpu
+    assert choose(everything=True) == list(SYSTEMS)
+    assert [s.name for s in choose(families=("buckets",))] == [
+        "croupier-buckets",
+        "python-buckets",
+        "numpy-argsort",
+    ]
+    assert [s.name for s in choose(systems=("torch-sampler", "croupier", "croupier"))] == [
+        "torch-sampler",
+        "croupier",
+    ]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_bar_with_the_time_left_on_a_terminal_and_lines_elsewhere():
+    log = io.StringIO()
+    lines = progress_for(10.0, log)
+    lines.say("[1/2] croupier N=1,000 seed=0 run 1/1 ...")
+    lines.advance(5.0)
+    lines.close()
+    assert log.getvalue() == "[1/2] croupier N=1,000 seed=0 run 1/1 ...\n"
+    pytest.importorskip("tqdm")
+    term = _Terminal()
+    bar = progress_for(10.0, term)
+    bar.say("[1/2] croupier N=1,000 seed=0 run 1/1 ...")
+    bar.say("[1/2] croupier N=1,000: ok in 0.1 s")
+    bar.advance(5.0)
+    bar.close()
+    shown = term.getvalue()
+    assert "left" in shown and "50%" in shown
+    assert "[1/2] croupier N=1,000: ok in 0.1 s" in shown
+
+
+def _small(out, *extra: str) -> list[str]:
+    return [
+        "bench", "--n", "2000", "--ranks", "2", "--rank", "1",
+        "--systems", "croupier-permutation", "numpy-permutation", "--out", str(out), *extra,
+    ]  # fmt: skip
+
+
+@needs_matplotlib
+def test_results_name_their_run_and_are_replaced_whole_or_not_at_all(capsys, tmp_path):
+    out = tmp_path / "res"
+    assert cli.main(_small(out)) == 0
+    capsys.readouterr()
+    names = ("bench.json", "bench.md", "bench.png")
+    before = {name: (out / name).read_bytes() for name in names}
+    data = json.loads(before["bench.json"])
+    command = data["run"]["command"]
+    assert command.startswith("croupier bench --n 2000") and command.endswith(str(out))
+    assert command in before["bench.md"].decode()
+    # A run in which nothing succeeds (every run times out) writes nothing.
+    assert cli.main(_small(out, "--timeout", "1e-3")) == 1
+    err = capsys.readouterr().err
+    assert "no run succeeded (timeout" in err and "nothing written" in err
+    assert {name: (out / name).read_bytes() for name in names} == before
+    # A run whose report fails half-way (the plot) replaces none of the earlier files.
+    import croupier.bench._report as report
+
+    def broken(results, path):
+        path.write_bytes(b"half a plot")
+        raise RuntimeError("the plot broke")
+
+    original = report.plot
+    report.plot = broken
+    try:
+        with pytest.raises(RuntimeError, match="the plot broke"):
+            cli.main(_small(out))
+    finally:
+        report.plot = original
+    assert {name: (out / name).read_bytes() for name in names} == before
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)  # no temporary files left
