@@ -46,10 +46,16 @@ def _refused(capsys, argv: list[str], match: str) -> None:
         (["bench", "--n", "1e400"], "argument --n: not an integer: '1e400'"),
         (["bench", "--n", "abc"], "argument --n: not an integer: 'abc'"),
         (["bench", "--n"], "argument --n: expected at least one argument"),
-        (["bench", "--timeout", "0"], "argument --timeout: must be a positive number"),
-        (["bench", "--timeout", "-1"], "argument --timeout: must be a positive number"),
-        (["bench", "--timeout", "nan"], "argument --timeout: must be a positive number"),
-        (["bench", "--timeout", "inf"], "argument --timeout: must be a positive number"),
+        (["bench", "--n", "1e30"], "--n must be in [1e3, 1e10], got 1e+30"),
+        (["bench", "--n", "10"], "got 10 (below 1e3 there is nothing to time)"),
+        (["bench", "--timeout", "0"], "argument --timeout: must be in (0, 1e6] seconds"),
+        (["bench", "--timeout", "-1"], "argument --timeout: must be in (0, 1e6] seconds"),
+        (["bench", "--timeout", "nan"], "argument --timeout: must be in (0, 1e6] seconds"),
+        (["bench", "--timeout", "inf"], "argument --timeout: must be in (0, 1e6] seconds"),
+        (["bench", "--timeout", "1e10"], "argument --timeout: must be in (0, 1e6] seconds"),
+        (["bench", "--all", "--systems", "croupier"], "--all runs every system: not with"),
+        (["bench", "--n", "1e10", "--systems", "torch-sampler"], "nothing to run: torch-sampler"),
+        (["bench", "--num-replicas", "4", "--rank", "4"], "[0, 4), got 4"),
         (["bench", "--timeout", "soon"], "argument --timeout: not a number of seconds"),
         (["bench", "--systems", "nope"], "unknown system 'nope'"),
         (["bench", "--families", "nope"], "argument --families: invalid choice: 'nope'"),
@@ -86,6 +92,8 @@ def test_bad_output_folders_are_refused(capsys, tmp_path):
     _refused(capsys, ["bench", "--out", str(afile)], "exists and is not a folder")
     _refused(capsys, ["bench", "--out", str(afile / "sub")], "cannot create the folder")
     _refused(capsys, ["bench", "--out", ""], "--out must name a folder")
+    (tmp_path / "res" / "bench.md").mkdir(parents=True)
+    _refused(capsys, ["bench", "--out", str(tmp_path / "res")], "bench.md is in the way")
     if os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
@@ -167,11 +175,14 @@ def test_results_name_their_run_and_are_replaced_whole_or_not_at_all(capsys, tmp
     command = data["run"]["command"]
     assert command.startswith("croupier bench --n 2000") and command.endswith(str(out))
     assert command in before["bench.md"].decode()
-    # A run in which nothing succeeds (every run times out) writes nothing.
+    # A run in which nothing succeeds (every run times out) writes nothing, and creates no
+    # folder.
     assert cli.main(_small(out, "--timeout", "1e-3")) == 1
     err = capsys.readouterr().err
-    assert "no run succeeded (timeout" in err and "nothing written" in err
+    assert "no run succeeded (timeout: over 0.001 s" in err and "nothing written" in err
     assert {name: (out / name).read_bytes() for name in names} == before
+    assert cli.main(_small(tmp_path / "new", "--timeout", "1e-3")) == 1
+    assert not (tmp_path / "new").exists()
     # A run whose report fails half-way (the plot) replaces none of the earlier files.
     import croupier.bench._report as report
 
@@ -188,3 +199,81 @@ def test_results_name_their_run_and_are_replaced_whole_or_not_at_all(capsys, tmp
         report.plot = original
     assert {name: (out / name).read_bytes() for name in names} == before
     assert sorted(p.name for p in out.iterdir()) == sorted(names)  # no temporary files left
+
+
+def test_a_run_with_a_failed_measurement_is_written_and_exits_1(capsys, tmp_path, monkeypatch):
+    """The results name the failure in the table; the exit status says a run failed."""
+    import croupier.bench._runner as runner
+
+    real = runner._one
+
+    def one(system, n, cfg, seed, extra=None):
+        if system.name == "numpy-permutation":
+            return {"status": "timeout", "detail": "over 1 s"}
+        return real(system, n, cfg, seed, extra)
+
+    monkeypatch.setattr(runner, "_one", one)
+    out = tmp_path / "res"
+    assert cli.main(_small(out)) == 1
+    std = capsys.readouterr()
+    assert "1 measurement failed or timed out in some run: numpy-permutation" in std.err
+    assert "| 2,000 | numpy-permutation | timeout: over 1 s |" in std.out
+    assert "numpy-permutation | timeout" in (out / "bench.md").read_text()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a killed child not yet reaped is a zombie, dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the child through /proc")
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_stopped_run_kills_its_measurement_and_writes_nothing(tmp_path, signame):
+    """SIGTERM and SIGHUP are handled as Ctrl-C: the running measurement's process is killed
+    (not left to run out its timeout), nothing is written, exit status 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "res"
+    code = (
+        "import signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # as in a terminal
+        "from croupier import cli\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    argv = ["bench", "--n", "1e7", "--systems", "python-buckets", "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-c", code, *argv], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    children: list[int] = []
+    while not children and time.monotonic() < deadline:
+        time.sleep(0.1)
+        children = _children(proc.pid)
+    assert children, "the measurement never started"
+    time.sleep(1.0)
+    proc.send_signal(getattr(signal, signame))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted; nothing written" in err and "Traceback" not in err
+    time.sleep(0.5)
+    assert not any(_running(c) for c in children)
+    assert not out.exists()

@@ -9,8 +9,8 @@ when it finishes, all files together, each naming the run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
-import math
 import os
 import re
 import shlex
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from croupier import __version__
+from croupier.bench._runner import show
 
 __all__ = ["main"]
 
@@ -64,20 +65,22 @@ def _count(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
-    """A positive, finite number of seconds."""
+    """A number of seconds in ``(0, 1e6]``."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    if not 0 < value <= 1e6:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1e6] seconds, got {text!r}")
     return value
 
 
 def _in(option: str, value: int, lo: int, hi: int, hi_text: str | None = None) -> None:
     """Refuses ``value`` outside ``[lo, hi]`` naming ``option`` and the range."""
     if not lo <= value <= hi:
-        raise _UsageError(f"{option} must be in [{lo:,}, {hi_text or f'{hi:,}'}], got {value:,}")
+        raise _UsageError(
+            f"{option} must be in [{lo:,}, {hi_text or f'{hi:,}'}], got {show(value)}"
+        )
 
 
 def _world(n: int | None, ranks: int, rank: int) -> None:
@@ -86,22 +89,30 @@ def _world(n: int | None, ranks: int, rank: int) -> None:
         _in("--n", n, 1, 10**10, "1e10")
     _in("--ranks", ranks, 1, I64_MAX, "2**63-1")
     if not 0 <= rank < ranks:
-        raise _UsageError(f"--rank must be in [0, --ranks) = [0, {ranks:,}), got {rank:,}")
+        raise _UsageError(f"--rank must be in [0, --ranks) = [0, {show(ranks)}), got {show(rank)}")
 
 
-def _out_dir(text: str) -> Path:
-    """The output folder, created if missing; refused when it cannot be written."""
-    out = Path(text)
+def _out_dir(text: str, stem: str) -> Path:
+    """The output folder, checked (not created: that waits until there is something to
+    write): a folder, or a path whose first existing parent is a writable folder, and where
+    ``stem``.json, .md and .png can replace whatever is there."""
     if not text.strip():
         raise _UsageError("--out must name a folder")
+    out = Path(text)
     if out.exists() and not out.is_dir():
         raise _UsageError(f"--out {text}: exists and is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise _UsageError(f"--out {text}: cannot create the folder ({e.strerror})") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise _UsageError(f"--out {text}: the folder is not writable")
+    first = out
+    while not first.exists() and first.parent != first:
+        first = first.parent
+    if not first.is_dir():
+        raise _UsageError(f"--out {text}: cannot create the folder ({first} is not a folder)")
+    if not os.access(first, os.W_OK | os.X_OK):
+        what = "the folder" if first == out else str(first)
+        raise _UsageError(f"--out {text}: {what} is not writable")
+    for ext in (".json", ".md", ".png"):
+        target = out / f"{stem}{ext}"
+        if target.exists() and not target.is_file():
+            raise _UsageError(f"--out {text}: {target} is in the way (not a file)")
     return out
 
 
@@ -164,6 +175,7 @@ def _report(
     paths = {ext: stem.with_suffix(ext) for ext in (".json", ".md", ".png")}
     tmp = {ext: p.with_name(f".{p.stem}.{os.getpid()}.tmp{ext}") for ext, p in paths.items()}
     try:
+        stem.parent.mkdir(parents=True, exist_ok=True)
         write_json(results, tmp[".json"])
         tmp[".md"].write_text(f"{header}\n\n{text}\n")
         drew = plot(results, tmp[".png"])
@@ -183,20 +195,65 @@ def _report(
 
 def _run_info(argv: Sequence[str]) -> dict[str, str]:
     """The command and the start time a run's files name."""
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     return {"command": shlex.join(["croupier", *argv]), "started": started}
 
 
 def _finish(results: dict[str, Any], write: Callable[[], None]) -> int:
-    """Writes the results unless no run succeeded (exit status 1 then, nothing replaced)."""
+    """Writes the results unless no run succeeded (nothing replaced then). Exit status 1 if a
+    run failed or timed out (the table says which), else 0."""
     rows = results["rows"]
     if not any(r.get("status") == "ok" for r in rows):
         tried = [r for r in rows if "runs" in r] or rows
         why = f"{tried[0].get('status')}: {tried[0].get('detail', '')}" if tried else "none ran"
         print(f"croupier bench: no run succeeded ({why}); nothing written", file=sys.stderr)
         return 1
-    write()
+    try:
+        write()
+    except OSError as e:
+        print(f"croupier bench: cannot write the results: {e}", file=sys.stderr)
+        return 1
+    bad = [r for r in rows if r.get("runs") and any(x.get("status") != "ok" for x in r["runs"])]
+    if bad:
+        print(
+            f"croupier bench: {_plural(len(bad), 'measurement')} failed or timed out in some "
+            f"run: {', '.join(sorted({r['system'] for r in bad}))} (see the table)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP during a run: handled as Ctrl-C (the running measurement is killed,
+    nothing is written)."""
+
+
+def _stop_on_signals() -> Callable[[], None]:
+    """Turns SIGTERM and SIGHUP into :class:`_Stopped` until the returned function is
+    called."""
+    import signal
+
+    def stop(signum: int, _frame: object) -> None:
+        raise _Stopped(signal.Signals(signum).name)
+
+    saved: dict[Any, Any] = {}
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            # Outside the main thread signal.signal raises: the signals are left alone.
+            with contextlib.suppress(ValueError):
+                saved[sig] = signal.signal(sig, stop)
+
+    def restore() -> None:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+    return restore
 
 
 def _sweep(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -214,8 +271,8 @@ def _sweep(args: argparse.Namespace, argv: Sequence[str]) -> int:
         )
     cfg = SweepConfig(
         ranks=tuple(args.sweep_ranks),
-        ns=tuple(args.n) if args.n is not None else DEFAULT_NS,
-        seeds=tuple(args.seeds),
+        ns=tuple(dict.fromkeys(args.n)) if args.n is not None else DEFAULT_NS,
+        seeds=tuple(dict.fromkeys(args.seeds)),
         repeats=args.repeats if args.repeats is not None else 3,
         timeout=args.timeout,
     )
@@ -223,7 +280,7 @@ def _sweep(args: argparse.Namespace, argv: Sequence[str]) -> int:
         check(cfg)
     except ValueError as e:
         raise _UsageError(str(e)) from None
-    out = _out_dir(args.out)
+    out = _out_dir(args.out, "ranks-sweep")
     info = _run_info(argv)
     print(
         f"croupier bench --sweep-ranks: W in {sorted(cfg.ranks)}, N in "
@@ -231,7 +288,11 @@ def _sweep(args: argparse.Namespace, argv: Sequence[str]) -> int:
         f"results in {out}/",
         file=sys.stderr,
     )
-    results = run(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    restore = _stop_on_signals()
+    try:
+        results = run(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    finally:
+        restore()
     results["run"] = info
     return _finish(results, lambda: _report(results, table(results), plot, out / "ranks-sweep"))
 
@@ -249,10 +310,12 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     rank = args.rank if args.rank is not None else 3
     _world(None, ranks, rank)
     cfg = BenchConfig(
-        ns=tuple(args.n) if args.n is not None else (ALL_NS if args.all else DEFAULT_NS),
+        ns=tuple(dict.fromkeys(args.n))
+        if args.n is not None
+        else (ALL_NS if args.all else DEFAULT_NS),
         ranks=ranks,
         rank=rank,
-        seeds=tuple(args.seeds),
+        seeds=tuple(dict.fromkeys(args.seeds)),
         repeats=args.repeats if args.repeats is not None else 1,
         systems=tuple(args.systems or ()),
         families=tuple(args.families or ()),
@@ -263,23 +326,34 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         planned = plan_runs(cfg)
     except ValueError as e:
         raise _UsageError(str(e)) from None
-    out = _out_dir(args.out)
-    info = _run_info(argv)
     todo = [p for p in planned if p.skip is None]
+    if not todo:
+        first = planned[0]
+        status, detail = first.skip or ("", "")
+        raise _UsageError(
+            f"nothing to run: {first.system.name} at N={first.n:,} is {status} ({detail})"
+            + ("" if len(planned) == 1 else f", and so is every other of the {len(planned)}")
+        )
+    out = _out_dir(args.out, "bench")
+    info = _run_info(argv)
     cpu = sum(p.cpu_s for p in todo)
     peak = max((p.peak_bytes for p in todo), default=0)
     systems = len({p.system.name for p in planned})
+    runs = len(todo) * len(cfg.seeds) * cfg.repeats
     print(
-        f"croupier bench: {systems} systems at N = {', '.join(f'{n:,}' for n in cfg.ns)}, "
-        f"{cfg.ranks} ranks (rank {cfg.rank}), seeds {list(cfg.seeds)}, {cfg.repeats} run(s) "
-        f"each: {len(todo) * len(cfg.seeds) * cfg.repeats} runs, one at a time, about "
-        f"{_minutes(cpu)} of CPU and {peak / 2**30:.1f} GiB at most; results in {out}/",
+        f"croupier bench: {_plural(systems, 'system')} at N = "
+        f"{', '.join(f'{n:,}' for n in cfg.ns)}, {cfg.ranks:,} ranks (rank {cfg.rank:,}), "
+        f"seeds {list(cfg.seeds)}, {_plural(cfg.repeats, 'run')} each: {_plural(runs, 'run')}, "
+        f"one at a time, about {_minutes(cpu)} of CPU and {peak / 2**30:.1f} GiB at most; "
+        f"results in {out}/",
         file=sys.stderr,
     )
     progress = progress_for(cpu)
+    restore = _stop_on_signals()
     try:
         results = run(cfg, progress=progress)
     finally:
+        restore()
         progress.close()
     results["run"] = info
     return _finish(results, lambda: _report(results, table(results), plot, out / "bench"))
@@ -311,8 +385,9 @@ def _parser() -> tuple[_Parser, dict[str, _Parser]]:
         type=_count,
         default=None,
         metavar="N",
-        help="dataset lengths in [1e3, 1e10] (default: 1e5 1e6 1e7; with --all 1e6 1e7 1e8; "
-        "with --sweep-ranks 1e8 1e9); 1e8 and 2**33+5 work",
+        help="dataset lengths in [1e3, 1e10] (with --sweep-ranks [1, 1e10]), written as 1e8, "
+        "100_000_000 or 2**33+5 (default: 1e5 1e6 1e7; with --all 1e6 1e7 1e8; with "
+        "--sweep-ranks 1e8 1e9)",
     )
     bench.add_argument(
         "--all",
@@ -336,9 +411,20 @@ def _parser() -> tuple[_Parser, dict[str, _Parser]]:
         metavar="SYSTEM",
         help="these systems: " + ", ".join(s.name for s in SYSTEMS),
     )
-    bench.add_argument("--ranks", type=_count, default=None, help="number of ranks W (default 8)")
-    bench.add_argument("--rank", type=_count, default=None, help="the rank timed (default 3)")
-    bench.add_argument("--seeds", nargs="+", type=_count, default=[0], help="seeds (default 0)")
+    bench.add_argument(
+        "--ranks",
+        "--num-replicas",
+        dest="ranks",
+        type=_count,
+        default=None,
+        help="number of ranks W, in [1, 2**63-1] (default 8)",
+    )
+    bench.add_argument(
+        "--rank", type=_count, default=None, help="the rank timed, in [0, W) (default 3)"
+    )
+    bench.add_argument(
+        "--seeds", nargs="+", type=_count, default=[0], help="seeds in [0, 2**64) (default 0)"
+    )
     bench.add_argument(
         "--repeats",
         type=_count,
@@ -355,11 +441,22 @@ def _parser() -> tuple[_Parser, dict[str, _Parser]]:
         "systems table; not with --systems, --families, --all, --ranks or --rank",
     )
     bench.add_argument(
-        "--timeout", type=_seconds, default=1800.0, help="seconds per run (default 1800)"
+        "--timeout",
+        type=_seconds,
+        default=1800.0,
+        help="seconds per run before it is abandoned, in (0, 1e6] (default 1800)",
     )
-    bench.add_argument("--out", default="croupier-bench", help="output folder")
+    bench.add_argument(
+        "--out", default="croupier-bench", help="output folder (default croupier-bench)"
+    )
     bench.set_defaults(func=_bench)
-    demo = sub.add_parser("demo", help="print one rank's first indices and how long they took")
+    demo = sub.add_parser(
+        "demo",
+        help="print one rank's first indices and how long they took",
+        description="Builds one rank's croupier.DistributedSampler over N samples and prints "
+        "its first indices and the time they took (a share shorter than --count prints all "
+        "of it; torch's padding repeats the first indices when W does not divide N).",
+    )
     demo.add_argument(
         "--n", type=_count, default=10_000_000, help="dataset length in [1, 1e10] (default 1e7)"
     )
@@ -372,10 +469,15 @@ def _parser() -> tuple[_Parser, dict[str, _Parser]]:
         help="number of ranks W (default 8)",
     )
     demo.add_argument("--rank", type=_count, default=0, help="this rank, in [0, W) (default 0)")
-    demo.add_argument("--seed", type=_count, default=0, help="shuffle seed (default 0)")
-    demo.add_argument("--epoch", type=_count, default=0, help="epoch (default 0)")
     demo.add_argument(
-        "--count", type=_count, default=10, help="how many indices to print, in [1, 10000]"
+        "--seed", type=_count, default=0, help="shuffle seed, in [0, 2**64) (default 0)"
+    )
+    demo.add_argument("--epoch", type=_count, default=0, help="epoch, in [0, 2**64) (default 0)")
+    demo.add_argument(
+        "--count",
+        type=_count,
+        default=10,
+        help="how many indices to print, in [1, 10000] (default 10)",
     )
     demo.set_defaults(func=_demo)
     return parser, {"bench": bench, "demo": demo}

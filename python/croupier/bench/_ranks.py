@@ -11,7 +11,6 @@ A per-rank cost that stays flat as W grows means each rank pays for its own shar
 from __future__ import annotations
 
 import functools
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -26,6 +25,7 @@ from croupier.bench._runner import (
     _summarise,
     machine,
     round_robin,
+    show,
 )
 from croupier.bench._systems import by_name
 
@@ -64,20 +64,20 @@ def check(cfg: SweepConfig) -> None:
         raise ValueError("--sweep-ranks must list at least one world size")
     for w in cfg.ranks:
         if not 1 <= w <= 2**63 - 1:
-            raise ValueError(f"--sweep-ranks must each be in [1, 2**63-1], got {w:,}")
+            raise ValueError(f"--sweep-ranks must each be in [1, 2**63-1], got {show(w)}")
     if len(set(cfg.ranks)) != len(cfg.ranks):
         raise ValueError(f"--sweep-ranks must not repeat, got {list(cfg.ranks)}")
     if not cfg.ns:
         raise ValueError("--n must list at least one dataset length")
     for n in cfg.ns:
         if not 1 <= n <= 10**10:
-            raise ValueError(f"--n must be in [1, 1e10], got {n:,}")
+            raise ValueError(f"--n must be in [1, 1e10] for the sweep, got {show(n)}")
     if not 1 <= cfg.repeats <= 1000:
-        raise ValueError(f"--repeats must be in [1, 1000], got {cfg.repeats:,}")
+        raise ValueError(f"--repeats must be in [1, 1000], got {show(cfg.repeats)}")
     if not cfg.seeds or any(not 0 <= s < 2**64 for s in cfg.seeds):
         raise ValueError(f"--seeds must be in [0, 2**64), at least one, got {list(cfg.seeds)}")
-    if not (cfg.timeout > 0 and math.isfinite(cfg.timeout)):
-        raise ValueError(f"--timeout must be a positive number of seconds, got {cfg.timeout}")
+    if not 0 < cfg.timeout <= 1e6:
+        raise ValueError(f"--timeout must be in (0, 1e6] seconds, got {cfg.timeout:g}")
 
 
 def _world(cfg: SweepConfig, w: int) -> BenchConfig:

@@ -25,6 +25,7 @@ DEFAULT_NS = (100_000, 1_000_000, 10_000_000)
 #: The sizes of ``--all``.
 ALL_NS = (1_000_000, 10_000_000, 100_000_000)
 MIN_N, MAX_N = 1_000, 10**10
+MAX_TIMEOUT = 1e6  # seconds; subprocess refuses much longer waits
 METRICS = (
     "first_s",
     "epoch_s",
@@ -135,7 +136,7 @@ def _one(
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=cfg.timeout)
     except subprocess.TimeoutExpired:
-        return {"status": "timeout", "detail": f"over {cfg.timeout:.0f} s"}
+        return {"status": "timeout", "detail": f"over {cfg.timeout:g} s"}
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         killed = done.returncode < 0 or "MemoryError" in done.stderr
@@ -205,20 +206,28 @@ def check(cfg: BenchConfig) -> list[System]:
         raise ValueError("--n needs at least one size")
     for n in cfg.ns:
         if not MIN_N <= n <= MAX_N:
-            raise ValueError(
-                f"--n must be in [1e3, 1e10], got {n:,} (below 1e3 there is nothing to time)"
-            )
+            why = " (below 1e3 there is nothing to time)" if n < MIN_N else ""
+            raise ValueError(f"--n must be in [1e3, 1e10], got {show(n)}{why}")
     if not 1 <= cfg.ranks <= 2**63 - 1:
-        raise ValueError(f"--ranks must be in [1, 2**63-1], got {cfg.ranks:,}")
+        raise ValueError(f"--ranks must be in [1, 2**63-1], got {show(cfg.ranks)}")
     if not 0 <= cfg.rank < cfg.ranks:
-        raise ValueError(f"--rank must be in [0, --ranks) = [0, {cfg.ranks:,}), got {cfg.rank:,}")
+        raise ValueError(
+            f"--rank must be in [0, --ranks) = [0, {show(cfg.ranks)}), got {show(cfg.rank)}"
+        )
     if not 1 <= cfg.repeats <= 1000:
-        raise ValueError(f"--repeats must be in [1, 1000], got {cfg.repeats:,}")
+        raise ValueError(f"--repeats must be in [1, 1000], got {show(cfg.repeats)}")
     if not cfg.seeds or any(not 0 <= s < 2**64 for s in cfg.seeds):
         raise ValueError(f"--seeds must be in [0, 2**64), at least one, got {list(cfg.seeds)}")
-    if not (cfg.timeout > 0 and cfg.timeout < float("inf")):
-        raise ValueError(f"--timeout must be a positive number of seconds, got {cfg.timeout}")
+    if not 0 < cfg.timeout <= MAX_TIMEOUT:
+        raise ValueError(f"--timeout must be in (0, 1e6] seconds, got {cfg.timeout:g}")
+    if cfg.everything and (cfg.systems or cfg.families):
+        raise ValueError("--all runs every system: not with --systems or --families")
     return choose(cfg.systems, cfg.families, cfg.everything)
+
+
+def show(value: int) -> str:
+    """An integer for a message: digits with separators, or ``1.2e+30`` when very long."""
+    return f"{value:,}" if abs(value) < 10**15 else f"{value:.3g}"
 
 
 @dataclass(frozen=True)
