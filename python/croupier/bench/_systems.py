@@ -74,7 +74,7 @@ SYSTEMS: tuple[System, ...] = (
         ("croupier",),
         bytes_per_index=8,
         startup_s=3.8,
-        s_per_index=2.0e-08,
+        s_per_index=1.0e-08,
         per_rank=True,
     ),
     System(
@@ -85,7 +85,7 @@ SYSTEMS: tuple[System, ...] = (
         # a torch tensor, a Python list of N ints and the int objects: ~50 bytes measured
         bytes_per_index=56,
         startup_s=3.9,
-        s_per_index=4.6e-07,
+        s_per_index=3.8e-07,
         baseline_for="croupier",
     ),
     System(
@@ -95,7 +95,7 @@ SYSTEMS: tuple[System, ...] = (
         ("torch", "torchdata"),
         bytes_per_index=56,
         startup_s=3.8,
-        s_per_index=5.1e-07,
+        s_per_index=5.3e-07,
         baseline_for="croupier",
     ),
     System(
@@ -105,7 +105,7 @@ SYSTEMS: tuple[System, ...] = (
         ("croupier", "torch"),
         bytes_per_index=4.5,
         startup_s=3.2,
-        s_per_index=1.0e-07,
+        s_per_index=1.2e-07,
         headline=False,
         baseline_for="torch-sampler",
         same_output=True,
@@ -117,7 +117,7 @@ SYSTEMS: tuple[System, ...] = (
         ("croupier",),
         bytes_per_index=12,
         startup_s=3.6,
-        s_per_index=5.0e-08,
+        s_per_index=1.0e-08,
         per_rank=True,
     ),
     System(
@@ -127,7 +127,7 @@ SYSTEMS: tuple[System, ...] = (
         ("croupier",),
         bytes_per_index=12,
         startup_s=3.2,
-        s_per_index=8.0e-08,
+        s_per_index=2.5e-08,
         headline=False,
         per_rank=True,
     ),
@@ -139,7 +139,7 @@ SYSTEMS: tuple[System, ...] = (
         # every dataset's randperm as a list, the rank's lists, the reshuffled list
         bytes_per_index=64,
         startup_s=3.0,
-        s_per_index=6.9e-07,
+        s_per_index=8.8e-07,
         baseline_for="croupier-mixture",
     ),
     System(
@@ -150,7 +150,7 @@ SYSTEMS: tuple[System, ...] = (
         # the lengths as given and copied (u32 + u64), the buckets' members (u64)
         bytes_per_index=24,
         startup_s=3.5,
-        s_per_index=7.6e-08,
+        s_per_index=1.3e-07,
     ),
     System(
         "python-buckets",
@@ -160,7 +160,7 @@ SYSTEMS: tuple[System, ...] = (
         # the argsort, a list of lengths and the batches as lists of ints
         bytes_per_index=72,
         startup_s=0.6,
-        s_per_index=1.1e-06,
+        s_per_index=1.6e-06,
         baseline_for="croupier-buckets",
     ),
     System(
@@ -170,7 +170,7 @@ SYSTEMS: tuple[System, ...] = (
         ("numpy",),
         bytes_per_index=12,
         startup_s=0.3,
-        s_per_index=1.2e-07,
+        s_per_index=2.4e-07,
         headline=False,
         baseline_for="croupier-buckets",
     ),
@@ -182,7 +182,7 @@ SYSTEMS: tuple[System, ...] = (
         # one request's rows and positions (the file is in the page cache, not counted)
         bytes_per_index=0.1,
         startup_s=3.3,
-        s_per_index=1.0e-07,
+        s_per_index=3.0e-08,
         per_rank=True,
     ),
     System(
@@ -193,7 +193,7 @@ SYSTEMS: tuple[System, ...] = (
         # the rank's shuffled row ids as Python ints
         bytes_per_index=40,
         startup_s=0.5,
-        s_per_index=4.2e-07,
+        s_per_index=5.0e-07,
         per_rank=True,
         baseline_for="croupier-chunks",
     ),
@@ -206,7 +206,7 @@ SYSTEMS: tuple[System, ...] = (
         # an old share), per sample of the share
         bytes_per_index=8,
         startup_s=3.9,
-        s_per_index=3.0e-08,
+        s_per_index=2.5e-08,
         per_rank=True,
     ),
     System(
@@ -217,7 +217,7 @@ SYSTEMS: tuple[System, ...] = (
         # the whole permutation (int64) and the rank's slice of the rest
         bytes_per_index=10,
         startup_s=3.9,
-        s_per_index=4.0e-08,
+        s_per_index=7.0e-08,
         baseline_for="croupier-elastic",
     ),
     System(
@@ -227,7 +227,7 @@ SYSTEMS: tuple[System, ...] = (
         ("croupier",),
         bytes_per_index=4.5,
         startup_s=0.35,
-        s_per_index=1.0e-08,
+        s_per_index=1.2e-08,
     ),
     System(
         "numpy-permutation",
@@ -236,7 +236,7 @@ SYSTEMS: tuple[System, ...] = (
         ("numpy",),
         bytes_per_index=8,
         startup_s=0.35,
-        s_per_index=7.8e-08,
+        s_per_index=1.1e-07,
         baseline_for="croupier-permutation",
     ),
     System(
@@ -246,7 +246,7 @@ SYSTEMS: tuple[System, ...] = (
         ("torch",),
         bytes_per_index=8,
         startup_s=4.0,
-        s_per_index=7.0e-08,
+        s_per_index=1.2e-07,
         baseline_for="croupier-permutation",
     ),
 )
