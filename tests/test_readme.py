@@ -1,4 +1,5 @@
-"""Every ``python`` example in README.md runs as pasted, and the README's test command is intact.
+"""Every ``python`` example in README.md and the guides under docs/ runs as pasted, and the
+README's test command is intact.
 
 Each fenced ``python`` block is one test, named after the heading above it. A block right after
 a ``<!-- fragment -->`` line is a piece of a larger program (a method of a Lightning module, the
@@ -18,6 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# The documents whose examples run: the README and every page under docs/.
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 TEST_COMMAND = 'python -m pip install ".[test]" && cargo test --workspace && python -m pytest'
 # Blocks that import torch, or use croupier's classes built on it (the loader and datasets).
 _NEEDS_TORCH = re.compile(
@@ -49,31 +52,40 @@ def _examples(text: str) -> list[tuple[str, int, str]]:
             heading = line.lstrip("#").strip()
         if line.strip():
             previous = line.strip()
-    assert lines is None, f"README.md: the python block opened on line {start - 1} is not closed"
+    assert lines is None, f"the python block opened on line {start - 1} is not closed"
     return examples
 
 
 EXAMPLES = _examples(README.read_text(encoding="utf-8"))
+ALL_EXAMPLES = [
+    (doc, f"{doc.stem}-{name}", first, code)
+    for doc in DOCUMENTS
+    for name, first, code in _examples(doc.read_text(encoding="utf-8"))
+]
 
 
-def _run(code: str, first_line: int, path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _run(
+    code: str, first_line: int, path: Path, monkeypatch: pytest.MonkeyPatch, doc: Path = README
+) -> None:
     """Runs ``code`` as a script in ``path``; its exception, if any, propagates."""
     if _NEEDS_TORCH.search(code):
         pytest.importorskip("torch")
     monkeypatch.chdir(path)
-    # Leading newlines make the line numbers of a traceback those of README.md.
-    compiled = compile("\n" * (first_line - 1) + code, str(README), "exec")
+    # Leading newlines make the line numbers of a traceback those of the document.
+    compiled = compile("\n" * (first_line - 1) + code, str(doc), "exec")
     exec(compiled, {"__name__": "__main__"})
 
 
 @pytest.mark.parametrize(
-    ("first_line", "code"), [(s, c) for _, s, c in EXAMPLES], ids=[i for i, _, _ in EXAMPLES]
+    ("doc", "first_line", "code"),
+    [(d, s, c) for d, _, s, c in ALL_EXAMPLES],
+    ids=[i for _, i, _, _ in ALL_EXAMPLES],
 )
-def test_readme_example_runs(first_line, code, tmp_path, monkeypatch, request):
+def test_documented_example_runs(doc, first_line, code, tmp_path, monkeypatch, request):
     if request.node.callspec.id.endswith("-fragment"):
-        compile("\n" * (first_line - 1) + code, str(README), "exec")
+        compile("\n" * (first_line - 1) + code, str(doc), "exec")
         return
-    _run(code, first_line, tmp_path, monkeypatch)
+    _run(code, first_line, tmp_path, monkeypatch, doc)
 
 
 def test_a_broken_example_fails(tmp_path, monkeypatch):
@@ -106,3 +118,21 @@ def test_the_test_command_is_intact():
     start = next(i for i in range(marker + 1, len(lines)) if lines[i].startswith("```sh"))
     end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("```"))
     assert "\n".join(lines[start + 1 : end]) == TEST_COMMAND
+
+
+def test_the_readme_is_short_and_its_links_lead_somewhere():
+    """The README is read in five minutes (under 300 lines); the details live under docs/, and
+    every link of the README and the docs into this repository (relative, or to its files on
+    GitHub, as the README's must be to work on PyPI) names a file that exists."""
+    assert len(README.read_text(encoding="utf-8").splitlines()) < 300
+    repo = re.compile(r"https://github\.com/croupier-rs/croupier/(?:blob|tree)/main/(.*)")
+    for doc in DOCUMENTS:
+        for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", doc.read_text(encoding="utf-8")):
+            ours = repo.fullmatch(target)
+            if ours:
+                path = ROOT / ours.group(1)
+            elif "://" in target:
+                continue
+            else:
+                path = doc.parent / target
+            assert path.exists(), f"{doc.name} links to missing {target}"

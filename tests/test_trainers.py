@@ -1,7 +1,7 @@
 """croupier inside the trainers people use: Lightning, Accelerate and the Hugging Face Trainer.
 
 The multi-process tests run each framework for real, 2 CPU processes over gloo on 127.0.0.1,
-with croupier's samplers passed as the framework's docs (and croupier's README) say, record the
+with croupier's samplers passed as the framework's docs (and docs/trainers.md) say, record the
 ids every rank trained on, and compare them batch for batch with what the samplers yield
 (``trainers/common.py``): every sample of every epoch per the sampler's rules, a new order each
 epoch, and after a run stopped (mid-way through the second epoch, or right after the first

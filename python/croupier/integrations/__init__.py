@@ -1,7 +1,7 @@
 """Integrations with the training frameworks whose data paths re-shard every sampler.
 
 croupier's samplers already deal the data to the ranks. Lightning needs nothing (its
-``isinstance`` check recognises them; see the README), but Accelerate's ``prepare`` (and so the
+``isinstance`` check recognises them; docs/trainers.md), but Accelerate's ``prepare`` (and so the
 Hugging Face Trainer) wraps every loader in a sharding batch sampler. The modules here make
 that wrapper a pass-through for croupier's samplers; each imports its framework only when
 used:
