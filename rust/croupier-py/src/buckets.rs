@@ -1,0 +1,181 @@
+//! `Buckets`: token-budget length buckets and a rank's batches of any epoch
+//! (`BucketBatchSampler`).
+
+use croupier_core::Error;
+use numpy::IntoPyArray;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+
+use crate::runtime::{core, detached, interruptible, to_numpy};
+
+/// Samples grouped into length buckets with their batch sizes (`croupier_core::BucketPlan`),
+/// from which a rank's batches of any epoch are read.
+#[pyclass(module = "croupier._core", frozen)]
+pub(crate) struct Buckets {
+    plan: std::sync::Arc<croupier_core::bucket::BucketPlan>,
+    boundaries: Vec<u64>,
+}
+
+impl Buckets {
+    fn build<L: Copy + Into<u64> + Send + Sync>(
+        lengths: &[L],
+        boundaries: Option<Vec<u64>>,
+        num_buckets: u64,
+        limits: croupier_core::bucket::Limits,
+    ) -> Result<Self, Error> {
+        let boundaries = match boundaries {
+            Some(b) => b,
+            None => croupier_core::bucket::quantile_boundaries(lengths, num_buckets.max(1)),
+        };
+        let plan = croupier_core::bucket::BucketPlan::new(lengths, &boundaries, limits)?;
+        Ok(Buckets {
+            plan: std::sync::Arc::new(plan),
+            boundaries,
+        })
+    }
+}
+
+#[pymethods]
+impl Buckets {
+    #[new]
+    #[pyo3(signature = (lengths, boundaries, num_buckets, batch_size, max_tokens, multiple, oversized_alone, full_batches))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        lengths: &Bound<'_, PyAny>,
+        boundaries: Option<Vec<u64>>,
+        num_buckets: u64,
+        batch_size: Option<u64>,
+        max_tokens: Option<u64>,
+        multiple: u64,
+        oversized_alone: bool,
+        full_batches: bool,
+    ) -> PyResult<Self> {
+        // Copied out of the borrowed numpy memory while attached; the work runs detached.
+        let limits = croupier_core::bucket::Limits {
+            batch_size,
+            max_tokens,
+            multiple,
+            oversized_alone,
+            full_batches,
+        };
+        if let Ok(arr) = lengths.extract::<numpy::PyReadonlyArray1<'_, u32>>() {
+            let lengths: Vec<u32> = arr.as_array().to_vec();
+            return detached(py, move || {
+                Self::build(&lengths, boundaries, num_buckets, limits)
+            });
+        }
+        if let Ok(arr) = lengths.extract::<numpy::PyReadonlyArray1<'_, u64>>() {
+            let lengths: Vec<u64> = arr.as_array().to_vec();
+            return detached(py, move || {
+                Self::build(&lengths, boundaries, num_buckets, limits)
+            });
+        }
+        Err(PyTypeError::new_err(
+            "lengths must be a 1-D numpy array of uint32 or uint64",
+        ))
+    }
+
+    /// The bucket boundaries in use (a bucket is `[b_j, b_{j+1})`).
+    #[getter]
+    fn boundaries(&self) -> Vec<u64> {
+        self.boundaries.clone()
+    }
+
+    /// A fingerprint of the lengths (16 hex digits), for checkpoints.
+    #[getter]
+    fn digest(&self) -> String {
+        format!("{:016x}", self.plan.digest())
+    }
+
+    /// Batches of an epoch over all ranks, before padding or cutting.
+    #[getter]
+    fn batches(&self) -> u64 {
+        self.plan.batches()
+    }
+
+    /// Per bucket: `(members, batch size, batches, longest sample)`; the last entry holds the
+    /// samples longer than `max_tokens`.
+    fn buckets(&self) -> Vec<(u64, u64, u64, u64)> {
+        self.plan.buckets()
+    }
+
+    /// Batches each rank yields per epoch with `num_replicas` ranks.
+    fn rank_batches(&self, num_replicas: u64, drop_last: bool) -> PyResult<u64> {
+        core(self.plan.rank_batches(num_replicas, drop_last))
+    }
+
+    /// Rank `rank`'s batches `[start, stop)` of `epoch`: `(indices, offsets)`, batch `i` being
+    /// `indices[offsets[i]:offsets[i + 1]]`. With `elastic = (origin, offset)`: new rank
+    /// `rank`'s batches of the rest of an epoch first dealt over `origin` ranks, continued on
+    /// `num_replicas` ranks from global batch position `offset` (an elastic resume).
+    #[pyo3(signature = (num_replicas, rank, drop_last, seed, epoch, shuffle, shuffle_batches, start, stop, elastic=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn range<'py>(
+        &self,
+        py: Python<'py>,
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        seed: u64,
+        epoch: u64,
+        shuffle: bool,
+        shuffle_batches: bool,
+        start: u64,
+        stop: u64,
+        elastic: Option<(u64, u64)>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let el = elastic
+            .map(|(origin, offset)| self.elastic(origin, offset, num_replicas, drop_last))
+            .transpose()?;
+        // About the samples of the batches asked for, as `u64` with their offsets.
+        let per_batch = self.plan.len() / self.plan.batches().max(1) + 1;
+        let bytes = per_batch
+            .saturating_mul(stop.saturating_sub(start))
+            .saturating_mul(8);
+        let plan = std::sync::Arc::clone(&self.plan);
+        let (flat, offsets) = interruptible(py, bytes, move || {
+            let (seeds, shuffles, range) =
+                ((seed, epoch), (shuffle, shuffle_batches), (start, stop));
+            match el {
+                None => {
+                    plan.rank_batches_range(num_replicas, rank, drop_last, seeds, shuffles, range)
+                }
+                Some(el) => plan.elastic_batches_range(&el, rank, seeds, shuffles, range),
+            }
+        })?;
+        Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
+    }
+
+    /// Batches per rank for the rest of an epoch first dealt over `origin` ranks, continued
+    /// on `num_replicas` ranks from global batch position `offset` (an elastic resume).
+    fn elastic_batches(
+        &self,
+        origin: u64,
+        offset: u64,
+        num_replicas: u64,
+        drop_last: bool,
+    ) -> PyResult<u64> {
+        Ok(self
+            .elastic(origin, offset, num_replicas, drop_last)?
+            .num_samples())
+    }
+}
+
+impl Buckets {
+    fn elastic(
+        &self,
+        origin: u64,
+        offset: u64,
+        num_replicas: u64,
+        drop_last: bool,
+    ) -> PyResult<croupier_core::Elastic> {
+        core(croupier_core::Elastic::new(
+            self.plan.batches(),
+            origin,
+            drop_last,
+            offset,
+            num_replicas,
+        ))
+    }
+}

@@ -1,0 +1,100 @@
+//! `ChunkPlan`: a rank's chunked reading plan (`ChunkSampler`).
+
+use numpy::IntoPyArray;
+use pyo3::prelude::*;
+
+use crate::runtime::{core, detached, to_numpy};
+
+/// A rank's chunked reading plan (`croupier_core::chunk::ChunkPlan`): chunk order and load
+/// requests of any epoch.
+#[pyclass(module = "croupier._core", frozen)]
+pub(crate) struct ChunkPlan {
+    plan: std::sync::Arc<croupier_core::chunk::ChunkPlan>,
+}
+
+#[pymethods]
+impl ChunkPlan {
+    #[new]
+    #[pyo3(signature = (start, stop, chunk_size, preload, batch_size, shuffle, drop_last, seed, num_replicas, rank))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        start: u64,
+        stop: u64,
+        chunk_size: u64,
+        preload: u64,
+        batch_size: u64,
+        shuffle: bool,
+        drop_last: bool,
+        seed: u64,
+        num_replicas: u64,
+        rank: u64,
+    ) -> PyResult<Self> {
+        let plan = core(croupier_core::chunk::ChunkPlan::new(
+            start,
+            stop,
+            chunk_size,
+            preload,
+            batch_size,
+            shuffle,
+            drop_last,
+            seed,
+            num_replicas,
+            rank,
+        ))?;
+        Ok(ChunkPlan {
+            plan: std::sync::Arc::new(plan),
+        })
+    }
+
+    /// Batches every rank yields per epoch.
+    #[getter]
+    fn batches(&self) -> u64 {
+        self.plan.batches()
+    }
+
+    /// Load requests this rank yields per epoch.
+    #[getter]
+    fn requests(&self) -> u64 {
+        self.plan.requests()
+    }
+
+    /// Batches of one full request.
+    #[getter]
+    fn batches_per_request(&self) -> u64 {
+        self.plan.batches_per_request()
+    }
+
+    /// This rank's chunk ids of `epoch`, in reading order, as a `uint64` array: O(its own
+    /// chunks). Sampling does not need it (each request is computed on its own).
+    fn rank_chunks<'py>(&self, py: Python<'py>, epoch: u64) -> PyResult<Bound<'py, PyAny>> {
+        let plan = std::sync::Arc::clone(&self.plan);
+        let chunks = detached(py, move || Ok(plan.rank_chunks(epoch)))?;
+        Ok(chunks.into_pyarray(py).into_any())
+    }
+
+    /// Request `j` of `epoch`, computed on its own in O(`preload`) chunk ids:
+    /// `(starts, stops, positions, offsets)`, batch `i` being
+    /// `positions[offsets[i]:offsets[i + 1]]`.
+    #[allow(clippy::type_complexity)]
+    fn request<'py>(
+        &self,
+        py: Python<'py>,
+        epoch: u64,
+        j: u64,
+    ) -> PyResult<(
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+    )> {
+        let plan = std::sync::Arc::clone(&self.plan);
+        let req = detached(py, move || plan.request(epoch, j))?;
+        let (starts, stops): (Vec<u64>, Vec<u64>) = req.ranges.into_iter().unzip();
+        Ok((
+            starts.into_pyarray(py).into_any(),
+            stops.into_pyarray(py).into_any(),
+            to_numpy(py, req.positions),
+            req.offsets.into_pyarray(py).into_any(),
+        ))
+    }
+}

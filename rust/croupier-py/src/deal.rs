@@ -1,0 +1,164 @@
+//! `Deal`: one rank's share of a `DistributedSampler` epoch, whole, in ranges, or after an
+//! elastic resume.
+
+use croupier_core::Layout;
+use pyo3::prelude::*;
+
+use crate::order::Order;
+use crate::runtime::{check_memory, core, interruptible, to_numpy};
+
+/// How one rank is dealt an epoch: the dataset length, the ranks, shuffling, seed,
+/// `drop_last` and the order. Immutable; the epoch is given per call.
+#[pyclass(module = "croupier._core", frozen)]
+pub(crate) struct Deal {
+    layout: Layout,
+    rank: u64,
+    shuffle: bool,
+    seed: u64,
+    order: Order,
+}
+
+#[pymethods]
+impl Deal {
+    #[new]
+    #[pyo3(signature = (n, num_replicas, rank, shuffle, seed, drop_last, order))]
+    fn new(
+        n: u64,
+        num_replicas: u64,
+        rank: u64,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+        order: Order,
+    ) -> PyResult<Self> {
+        let layout = core(Layout::new(n, num_replicas, drop_last))?;
+        core(layout.check_rank(rank))?;
+        Ok(Deal {
+            layout,
+            rank,
+            shuffle,
+            seed,
+            order,
+        })
+    }
+
+    /// This rank's number of indices per epoch (torch's `num_samples`).
+    #[getter]
+    fn num_samples(&self) -> u64 {
+        self.layout.num_samples()
+    }
+
+    /// `num_samples * num_replicas` (torch's `total_size`).
+    #[getter]
+    fn total_size(&self) -> u64 {
+        self.layout.total_size()
+    }
+
+    /// Positions `[start, stop)` (default: to the end) of the sequence this rank receives in
+    /// `epoch`, padded or cut as torch does.
+    #[pyo3(signature = (epoch, start=0, stop=None))]
+    fn indices<'py>(
+        &self,
+        py: Python<'py>,
+        epoch: u64,
+        start: u64,
+        stop: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let stop = stop.unwrap_or(self.layout.num_samples());
+        let order = self.order.core();
+        let bytes = croupier_core::rank_range_bytes(
+            &self.layout,
+            self.rank,
+            self.shuffle,
+            order,
+            start,
+            stop,
+        );
+        check_memory(
+            bytes,
+            match self.order {
+                Order::Fast => "this rank's indices",
+                _ => "torch's order (the whole permutation, as torch builds it)",
+            },
+        )?;
+        let (layout, rank, shuffle, seed) = (self.layout, self.rank, self.shuffle, self.seed);
+        let out = interruptible(py, bytes, move || {
+            croupier_core::rank_range(&layout, rank, shuffle, order, seed, epoch, start, stop)
+        })?;
+        Ok(to_numpy(py, out))
+    }
+
+    /// Where an `indices` call starting at `start` should stop to hand out its first index
+    /// soonest: in the fast shuffled order the end of the block holding `start`, or
+    /// `start + 64` inside a long block (read by random access); else `num_samples`.
+    fn first_stop(&self, start: u64) -> PyResult<u64> {
+        core(croupier_core::first_stop(
+            &self.layout,
+            self.rank,
+            self.shuffle,
+            self.order.core(),
+            start,
+        ))
+    }
+
+    /// Positions `[start, stop)` (default: to the end) of this rank's sequence for the rest of
+    /// `epoch`, first dealt over `origin` ranks, continued from global position `offset`.
+    #[pyo3(signature = (origin, offset, epoch, start=0, stop=None))]
+    fn elastic_indices<'py>(
+        &self,
+        py: Python<'py>,
+        origin: u64,
+        offset: u64,
+        epoch: u64,
+        start: u64,
+        stop: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let el = self.elastic(origin, offset)?;
+        let stop = stop.unwrap_or(el.num_samples());
+        let order = self.order.core();
+        let bytes = el.range_bytes(self.shuffle, order, start, stop.max(start));
+        check_memory(bytes, "this rank's indices after a change of world size")?;
+        let (rank, shuffle, seed) = (self.rank, self.shuffle, self.seed);
+        let out = interruptible(py, bytes, move || {
+            el.range(rank, shuffle, order, seed, epoch, start, stop)
+        })?;
+        Ok(to_numpy(py, out))
+    }
+
+    fn __getnewargs__(&self) -> (u64, u64, u64, bool, u64, bool, Order) {
+        (
+            self.layout.n(),
+            self.layout.num_replicas(),
+            self.rank,
+            self.shuffle,
+            self.seed,
+            self.layout.drop_last(),
+            self.order,
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Deal(n={}, num_replicas={}, rank={}, shuffle={}, seed={}, drop_last={}, order=Order.{})",
+            self.layout.n(),
+            self.layout.num_replicas(),
+            self.rank,
+            if self.shuffle { "True" } else { "False" },
+            self.seed,
+            if self.layout.drop_last() { "True" } else { "False" },
+            self.order.name(),
+        )
+    }
+}
+
+impl Deal {
+    fn elastic(&self, origin: u64, offset: u64) -> PyResult<croupier_core::Elastic> {
+        core(croupier_core::Elastic::new(
+            self.layout.n(),
+            origin,
+            self.layout.drop_last(),
+            offset,
+            self.layout.num_replicas(),
+        ))
+    }
+}

@@ -1,0 +1,202 @@
+//! `Mixture`: a weighted mixture of datasets on one rank (`MixtureSampler`).
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::runtime::{check_memory, core, interruptible, to_numpy};
+
+/// One phase of a mixture as Python passes it: `(start, nominal_length, weights,
+/// temperature)`.
+type PhaseArgs = (u64, u64, Vec<f64>, f64);
+
+/// A mixture's constructor arguments, kept for pickling.
+type MixtureArgs = (
+    Vec<u64>,
+    u64,
+    u64,
+    bool,
+    bool,
+    u64,
+    Option<u64>,
+    Vec<PhaseArgs>,
+);
+
+/// A weighted mixture of datasets on one rank (`croupier_core::Mixture`): phases of exact
+/// per-dataset counts, a uniform interleave, per-dataset pass streams.
+#[pyclass(module = "croupier._core", frozen)]
+pub(crate) struct Mixture {
+    mixture: std::sync::Arc<croupier_core::Mixture>,
+    args: MixtureArgs,
+}
+
+#[pymethods]
+impl Mixture {
+    #[new]
+    #[pyo3(signature = (sizes, num_replicas, rank, drop_last, shuffle, seed, length, phases))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        sizes: Vec<u64>,
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        shuffle: bool,
+        seed: u64,
+        length: Option<u64>,
+        phases: Vec<PhaseArgs>,
+    ) -> PyResult<Self> {
+        let specs: Vec<croupier_core::PhaseSpec> = phases
+            .iter()
+            .map(
+                |(start, length, weights, temperature)| croupier_core::PhaseSpec {
+                    start: *start,
+                    length: *length,
+                    weights: weights.clone(),
+                    temperature: *temperature,
+                },
+            )
+            .collect();
+        let mixture = core(croupier_core::Mixture::new(
+            &sizes,
+            num_replicas,
+            rank,
+            drop_last,
+            shuffle,
+            seed,
+            length,
+            &specs,
+        ))?;
+        Ok(Mixture {
+            mixture: std::sync::Arc::new(mixture),
+            args: (
+                sizes,
+                num_replicas,
+                rank,
+                drop_last,
+                shuffle,
+                seed,
+                length,
+                phases,
+            ),
+        })
+    }
+
+    /// Positions per rank and epoch.
+    fn __len__(&self) -> usize {
+        self.mixture.len() as usize
+    }
+
+    /// Positions per rank and epoch.
+    #[getter]
+    fn length(&self) -> u64 {
+        self.mixture.len()
+    }
+
+    /// Samples in all datasets together.
+    #[getter]
+    fn total(&self) -> u64 {
+        self.mixture.total()
+    }
+
+    /// Phase `phase`'s nominal counts per dataset.
+    fn phase_counts(&self, phase: usize) -> PyResult<Vec<u64>> {
+        self.mixture
+            .phase_counts(phase)
+            .map(<[u64]>::to_vec)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "phase must be in [0, {}), got {phase}",
+                    self.args.7.len()
+                ))
+            })
+    }
+
+    /// How many positions of phase `phase` each dataset takes in `epoch` (its nominal counts
+    /// unless the next phase starts before its nominal end).
+    fn effective_counts(&self, epoch: u64, phase: usize) -> PyResult<Vec<u64>> {
+        if phase >= self.args.7.len() {
+            return Err(PyValueError::new_err(format!(
+                "phase must be in [0, {}), got {phase}",
+                self.args.7.len()
+            )));
+        }
+        Ok(self.mixture.effective_counts(epoch, phase))
+    }
+
+    /// Positions `[start, stop)` (default: to the end) of this rank's sequence in `epoch`, as
+    /// global indices into the concatenated datasets.
+    #[pyo3(signature = (epoch, start=0, stop=None))]
+    fn indices<'py>(
+        &self,
+        py: Python<'py>,
+        epoch: u64,
+        start: u64,
+        stop: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let stop = stop.unwrap_or(self.mixture.len());
+        let bytes = self.mixture.range_bytes(start, stop);
+        check_memory(bytes, "this rank's mixture indices")?;
+        let mixture = std::sync::Arc::clone(&self.mixture);
+        let out = interruptible(py, bytes, move || mixture.range(epoch, start, stop))?;
+        Ok(to_numpy(py, out))
+    }
+
+    /// New rank `rank`'s positions `[start, stop)` (default: to the end) of the rest of
+    /// `epoch` of this mixture, continued on `num_replicas` ranks from global position
+    /// `offset`: the old ranks' sequences, position after position, dealt with torch's
+    /// arithmetic.
+    #[pyo3(signature = (offset, num_replicas, rank, drop_last, epoch, start=0, stop=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn elastic_indices<'py>(
+        &self,
+        py: Python<'py>,
+        offset: u64,
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        epoch: u64,
+        start: u64,
+        stop: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let el = core(self.mixture.elastic(offset, num_replicas, drop_last))?;
+        let stop = stop.unwrap_or(el.num_samples());
+        // The output, and one old rank's range (about as long) with its own working memory.
+        let old = stop.saturating_sub(start).saturating_mul(num_replicas) / self.args.1.max(1);
+        let bytes = self
+            .mixture
+            .range_bytes(0, old.min(self.mixture.len()))
+            .saturating_add(stop.saturating_sub(start).saturating_mul(8));
+        check_memory(
+            bytes,
+            "this rank's mixture indices after a change of world size",
+        )?;
+        let mixture = std::sync::Arc::clone(&self.mixture);
+        let out = interruptible(py, bytes, move || {
+            mixture.elastic_range(&el, rank, epoch, start, stop)
+        })?;
+        Ok(to_numpy(py, out))
+    }
+
+    /// Where an `indices` call starting at `start` should stop to hand out its first index
+    /// soonest.
+    fn first_stop(&self, start: u64) -> u64 {
+        start
+            .saturating_add(croupier_core::mix::MIX_FIRST_STOP)
+            .min(self.mixture.len())
+    }
+
+    fn __getnewargs__(&self) -> MixtureArgs {
+        self.args.clone()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Mixture(datasets={}, total={}, num_replicas={}, rank={}, length={}, phases={})",
+            self.mixture.datasets(),
+            self.mixture.total(),
+            self.args.1,
+            self.args.2,
+            self.mixture.len(),
+            self.args.7.len(),
+        )
+    }
+}

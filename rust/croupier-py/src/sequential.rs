@@ -1,0 +1,78 @@
+//! `SequentialBuckets`: NeMo Automodel's bucket-by-bucket batches (`SequentialBucketSampler`).
+
+use numpy::IntoPyArray;
+use pyo3::prelude::*;
+
+use crate::order::Order;
+use crate::runtime::{core, interruptible, to_numpy};
+
+/// NeMo Automodel's bucket-by-bucket batches on one rank
+/// (`croupier_core::bucket::SequentialBuckets`).
+#[pyclass(module = "croupier._core", frozen)]
+pub(crate) struct SequentialBuckets {
+    inner: std::sync::Arc<croupier_core::bucket::SequentialBuckets>,
+    /// Samples over all buckets, for the size of a call.
+    samples: u64,
+}
+
+#[pymethods]
+impl SequentialBuckets {
+    #[new]
+    #[pyo3(signature = (buckets, sizes, num_replicas, rank, drop_last, shuffle_buckets, shuffle_within, order))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        buckets: Vec<Vec<u64>>,
+        sizes: Vec<u64>,
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        shuffle_buckets: bool,
+        shuffle_within: bool,
+        order: Order,
+    ) -> PyResult<Self> {
+        let order = match order.core() {
+            croupier_core::Order::Fast => croupier_core::bucket::SeqOrder::Fast,
+            croupier_core::Order::Torch(v) => croupier_core::bucket::SeqOrder::Torch(v),
+        };
+        let samples = buckets.iter().map(|b| b.len() as u64).sum();
+        let inner = core(croupier_core::bucket::SequentialBuckets::new(
+            &buckets,
+            &sizes,
+            num_replicas,
+            rank,
+            drop_last,
+            (shuffle_buckets, shuffle_within),
+            order,
+        ))?;
+        Ok(SequentialBuckets {
+            inner: std::sync::Arc::new(inner),
+            samples,
+        })
+    }
+
+    /// Batches per rank and epoch.
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+
+    /// Batches of bucket `j` (in the dataset's sorted key order) on every rank.
+    fn bucket_batches(&self, j: usize) -> u64 {
+        self.inner.bucket_batches(j)
+    }
+
+    /// This rank's batches `[start, stop)` of `epoch`: `(indices, offsets)`.
+    fn range<'py>(
+        &self,
+        py: Python<'py>,
+        seed: u64,
+        epoch: u64,
+        start: u64,
+        stop: u64,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let bytes = self.samples.saturating_mul(8);
+        let inner = std::sync::Arc::clone(&self.inner);
+        let (flat, offsets) =
+            interruptible(py, bytes, move || inner.range(seed, epoch, start, stop))?;
+        Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
+    }
+}
