@@ -142,12 +142,18 @@ def test_concurrent_use_from_threads_gives_the_serial_results():
         ),
         ("DistributedSampler(10**9, num_replicas=1, rank=0).indices()", "this rank's indices"),
         ("croupier.permutation(10**8)", "the permutation"),
+        (
+            "croupier.BucketBatchSampler(np.ones(2 * 10**7, np.uint32), batch_size=1,"
+            " num_replicas=1, rank=0).batches()",
+            "this rank's batches",
+        ),
     ],
 )
 def test_what_cannot_fit_is_refused_before_any_work(call, words):
     # CROUPIER_MEMORY_LIMIT caps what croupier may take (as a container's cgroup limit would).
     code = textwrap.dedent(
         f"""
+        import numpy as np
         import croupier
         from croupier import DistributedSampler
         try:

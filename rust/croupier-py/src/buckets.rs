@@ -6,7 +6,7 @@ use numpy::IntoPyArray;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
-use crate::runtime::{core, detached, interruptible, to_numpy};
+use crate::runtime::{core, detached, sized, to_numpy};
 
 /// Samples grouped into length buckets with their batch sizes (`croupier_core::BucketPlan`),
 /// from which a rank's batches of any epoch are read.
@@ -134,7 +134,7 @@ impl Buckets {
             .saturating_mul(stop.saturating_sub(start))
             .saturating_mul(8);
         let plan = std::sync::Arc::clone(&self.plan);
-        let (flat, offsets) = interruptible(py, bytes, move || {
+        let (flat, offsets) = sized(py, bytes, "this rank's batches", move || {
             let (seeds, shuffles, range) =
                 ((seed, epoch), (shuffle, shuffle_batches), (start, stop));
             match el {

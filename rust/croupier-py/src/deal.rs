@@ -5,7 +5,7 @@ use croupier_core::Layout;
 use pyo3::prelude::*;
 
 use crate::order::Order;
-use crate::runtime::{check_memory, core, interruptible, to_numpy};
+use crate::runtime::{core, sized, to_numpy};
 
 /// How one rank is dealt an epoch: the dataset length, the ranks, shuffling, seed,
 /// `drop_last` and the order. Immutable; the epoch is given per call.
@@ -74,15 +74,12 @@ impl Deal {
             start,
             stop,
         );
-        check_memory(
-            bytes,
-            match self.order {
-                Order::Fast => "this rank's indices",
-                _ => "torch's order (the whole permutation, as torch builds it)",
-            },
-        )?;
+        let what = match self.order {
+            Order::Fast => "this rank's indices",
+            _ => "torch's order (the whole permutation, as torch builds it)",
+        };
         let (layout, rank, shuffle, seed) = (self.layout, self.rank, self.shuffle, self.seed);
-        let out = interruptible(py, bytes, move || {
+        let out = sized(py, bytes, what, move || {
             croupier_core::rank_range(&layout, rank, shuffle, order, seed, epoch, start, stop)
         })?;
         Ok(to_numpy(py, out))
@@ -117,11 +114,13 @@ impl Deal {
         let stop = stop.unwrap_or(el.num_samples());
         let order = self.order.core();
         let bytes = el.range_bytes(self.shuffle, order, start, stop.max(start));
-        check_memory(bytes, "this rank's indices after a change of world size")?;
         let (rank, shuffle, seed) = (self.rank, self.shuffle, self.seed);
-        let out = interruptible(py, bytes, move || {
-            el.range(rank, shuffle, order, seed, epoch, start, stop)
-        })?;
+        let out = sized(
+            py,
+            bytes,
+            "this rank's indices after a change of world size",
+            move || el.range(rank, shuffle, order, seed, epoch, start, stop),
+        )?;
         Ok(to_numpy(py, out))
     }
 

@@ -34,9 +34,7 @@ use crate::chunk::ChunkPlan;
 use crate::deal::Deal;
 use crate::mixture::Mixture;
 use crate::order::Order;
-use crate::runtime::{
-    check_memory, core, detached, interruptible, quiet_panics_of_abandoned_work, to_numpy,
-};
+use crate::runtime::{core, detached, quiet_panics_of_abandoned_work, sized, to_numpy};
 use crate::sequential::SequentialBuckets;
 
 /// Per-rank positions of one pass of each dataset (`size // W` with `drop_last`, else
@@ -77,8 +75,7 @@ fn layout(n: u64, num_replicas: u64, drop_last: bool) -> PyResult<(u64, u64)> {
 #[pyfunction]
 fn permutation(py: Python<'_>, n: u64, seed: u64, epoch: u64) -> PyResult<Bound<'_, PyAny>> {
     let bytes = croupier_core::permutation_bytes(n);
-    check_memory(bytes, "the permutation")?;
-    let out = interruptible(py, bytes, move || {
+    let out = sized(py, bytes, "the permutation", move || {
         croupier_core::permutation(n, seed, epoch)
     })?;
     Ok(to_numpy(py, out))
@@ -132,8 +129,7 @@ fn torch_randperm(py: Python<'_>, n: u64, seed: u64, order: Order) -> PyResult<B
         ));
     };
     let bytes = n.saturating_mul(croupier_core::index_bytes(n));
-    check_memory(bytes, "randperm")?;
-    let out = interruptible(py, bytes, move || {
+    let out = sized(py, bytes, "randperm", move || {
         croupier_core::torch_randperm(n, seed, variant)
     })?;
     Ok(to_numpy(py, out))

@@ -3,7 +3,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::runtime::{check_memory, core, interruptible, to_numpy};
+use crate::runtime::{core, sized, to_numpy};
 
 /// One phase of a mixture as Python passes it: `(start, nominal_length, weights,
 /// temperature)`.
@@ -134,9 +134,10 @@ impl Mixture {
     ) -> PyResult<Bound<'py, PyAny>> {
         let stop = stop.unwrap_or(self.mixture.len());
         let bytes = self.mixture.range_bytes(start, stop);
-        check_memory(bytes, "this rank's mixture indices")?;
         let mixture = std::sync::Arc::clone(&self.mixture);
-        let out = interruptible(py, bytes, move || mixture.range(epoch, start, stop))?;
+        let out = sized(py, bytes, "this rank's mixture indices", move || {
+            mixture.range(epoch, start, stop)
+        })?;
         Ok(to_numpy(py, out))
     }
 
@@ -165,14 +166,13 @@ impl Mixture {
             .mixture
             .range_bytes(0, old.min(self.mixture.len()))
             .saturating_add(stop.saturating_sub(start).saturating_mul(8));
-        check_memory(
+        let mixture = std::sync::Arc::clone(&self.mixture);
+        let out = sized(
+            py,
             bytes,
             "this rank's mixture indices after a change of world size",
+            move || mixture.elastic_range(&el, rank, epoch, start, stop),
         )?;
-        let mixture = std::sync::Arc::clone(&self.mixture);
-        let out = interruptible(py, bytes, move || {
-            mixture.elastic_range(&el, rank, epoch, start, stop)
-        })?;
         Ok(to_numpy(py, out))
     }
 

@@ -88,18 +88,24 @@ pub(crate) fn detached<T: Send>(
 /// Calls whose buffers take at least this many bytes run interruptibly.
 const INTERRUPTIBLE_FROM: u64 = 1 << 26;
 
-/// [`detached`] for a long call: the work runs on a thread of its own, with a thread pool of
+/// [`detached`] for a call that builds a buffer: the work runs on a thread of its own, with a thread pool of
 /// its own, while the calling thread waits, checking Python's signals every 10 ms. When a
 /// signal handler raises (Ctrl-C's `KeyboardInterrupt`), the call's cancellation flag is
 /// raised: every thread of the call carries it, and the core's long loops stop at their next
 /// look at it (a few milliseconds); the caller waits for that, so no thread keeps running
 /// behind, and the exception reaches Python. Short calls (`bytes` below
 /// [`INTERRUPTIBLE_FROM`]) run as [`detached`] does.
-pub(crate) fn interruptible<T: Send + 'static>(
+///
+/// Every call that builds a buffer goes through here: `bytes` is what it will hold, checked
+/// first against the memory available ([`check_memory`], naming `what`), so no heavy call
+/// can skip the check.
+pub(crate) fn sized<T: Send + 'static>(
     py: Python<'_>,
     bytes: u64,
+    what: &str,
     work: impl FnOnce() -> Result<T, Error> + Send + 'static,
 ) -> PyResult<T> {
+    check_memory(bytes, what)?;
     if bytes < INTERRUPTIBLE_FROM {
         return detached(py, work);
     }
@@ -229,7 +235,7 @@ pub(crate) fn available_memory() -> Option<u64> {
 /// Refuses, before any work, a call whose buffers need more memory than is available: a
 /// `MemoryError` naming the bytes, instead of minutes of work and then a failed allocation (or
 /// the kernel's OOM killer). Small calls are not checked.
-pub(crate) fn check_memory(bytes: u64, what: &str) -> PyResult<()> {
+fn check_memory(bytes: u64, what: &str) -> PyResult<()> {
     const CHECKED_FROM: u64 = 1 << 26;
     if bytes < CHECKED_FROM {
         return Ok(());

@@ -4,7 +4,7 @@ use numpy::IntoPyArray;
 use pyo3::prelude::*;
 
 use crate::order::Order;
-use crate::runtime::{core, interruptible, to_numpy};
+use crate::runtime::{core, sized, to_numpy};
 
 /// NeMo Automodel's bucket-by-bucket batches on one rank
 /// (`croupier_core::bucket::SequentialBuckets`).
@@ -71,8 +71,9 @@ impl SequentialBuckets {
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let bytes = self.samples.saturating_mul(8);
         let inner = std::sync::Arc::clone(&self.inner);
-        let (flat, offsets) =
-            interruptible(py, bytes, move || inner.range(seed, epoch, start, stop))?;
+        let (flat, offsets) = sized(py, bytes, "this rank's batches", move || {
+            inner.range(seed, epoch, start, stop)
+        })?;
         Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
     }
 }
