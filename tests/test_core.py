@@ -221,3 +221,30 @@ def test_read_only_buffer_is_refused():
     buf.flags.writeable = False
     with pytest.raises(ValueError, match="writable"):
         croupier.permutation(2, out=buf)
+
+
+def test_typed_configs_take_every_keyword_and_refuse_unknown_or_missing_ones():
+    """Settings reach the core by name: a keyword the config does not know, or one it needs
+    and did not get, is a TypeError naming it, and nothing is built."""
+    lengths = np.array([5, 9, 3, 7], dtype=np.uint32)
+    config = {
+        "boundaries": None, "num_buckets": 2, "batch_size": 2, "max_tokens": None,
+        "multiple": 1, "oversized_alone": True, "full_batches": False,
+    }  # fmt: skip
+    plan = _core.Buckets(lengths, **config)
+    deal = {
+        "num_replicas": 1, "rank": 0, "drop_last": False, "seed": 0, "shuffle": False,
+        "shuffle_batches": False, "elastic": None,
+    }  # fmt: skip
+    flat, offsets = plan.range(0, 0, plan.batches, **deal)
+    assert sorted(flat.tolist()) == [0, 1, 2, 3] and offsets[-1] == 4
+    with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
+        _core.Buckets(lengths, **config, batchsize=3)
+    with pytest.raises(TypeError, match="missing required keyword arguments: full_batches"):
+        _core.Buckets(lengths, **{k: v for k, v in config.items() if k != "full_batches"})
+    with pytest.raises(TypeError, match="missing required keyword arguments: boundaries, num"):
+        _core.Buckets(lengths)
+    with pytest.raises(TypeError, match=r"Buckets.range\(\) missing .*: elastic"):
+        plan.range(0, 0, 1, **{k: v for k, v in deal.items() if k != "elastic"})
+    with pytest.raises(TypeError, match=r"Buckets.range\(\) got an unexpected keyword"):
+        plan.range(0, 0, 1, **deal, epoch=3)

@@ -95,7 +95,8 @@ class Buckets:
 
     def __new__(
         cls,
-        lengths: npt.NDArray[Any],
+        lengths: npt.NDArray[np.uint32] | npt.NDArray[np.uint64],
+        *,
         boundaries: list[int] | None,
         num_buckets: int,
         batch_size: int | None,
@@ -103,7 +104,12 @@ class Buckets:
         multiple: int,
         oversized_alone: bool,
         full_batches: bool,
-    ) -> Buckets: ...
+    ) -> Buckets:
+        """Groups ``lengths`` into buckets (``boundaries``, or ``num_buckets`` quantile
+        buckets) with their batch sizes: at most ``batch_size`` samples, at most ``max_tokens``
+        padded tokens, rounded down to a ``multiple``; a sample over ``max_tokens`` alone
+        (``oversized_alone``); only full batches of ``batch_size`` (``full_batches``). Every
+        keyword is required; an unknown one is a ``TypeError``."""
     @property
     def boundaries(self) -> list[int]:
         """The bucket boundaries in use."""
@@ -119,21 +125,22 @@ class Buckets:
         """Batches each rank yields per epoch."""
     def range(
         self,
+        epoch: int,
+        start: int,
+        stop: int,
+        *,
         num_replicas: int,
         rank: int,
         drop_last: bool,
         seed: int,
-        epoch: int,
         shuffle: bool,
         shuffle_batches: bool,
-        start: int,
-        stop: int,
-        elastic: tuple[int, int] | None = None,
+        elastic: tuple[int, int] | None,
     ) -> tuple[_Indices, npt.NDArray[np.uint64]]:
         """Rank ``rank``'s batches ``[start, stop)`` of ``epoch``: ``(indices, offsets)``. With
         ``elastic=(origin, offset)``: new rank ``rank``'s batches of the rest of an epoch first
         dealt over ``origin`` ranks, continued on ``num_replicas`` ranks from global batch
-        position ``offset``."""
+        position ``offset``. Every keyword is required."""
     def elastic_batches(self, origin: int, offset: int, num_replicas: int, drop_last: bool) -> int:
         """Batches per rank for the rest of an epoch first dealt over ``origin`` ranks,
         continued on ``num_replicas`` ranks from global batch position ``offset``."""

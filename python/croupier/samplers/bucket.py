@@ -200,13 +200,13 @@ class BucketBatchSampler(BatchSampler):
         boundaries, count = self._buckets_arg
         return _core.Buckets(
             self._lengths,
-            boundaries,
-            count,
-            self.batch_size,
-            self.max_tokens,
-            self.batch_size_multiple,
-            self.oversized == "alone",
-            self._full_batches,
+            boundaries=boundaries,
+            num_buckets=count,
+            batch_size=self.batch_size,
+            max_tokens=self.max_tokens,
+            multiple=self.batch_size_multiple,
+            oversized_alone=self.oversized == "alone",
+            full_batches=self._full_batches,
         )
 
     @property
@@ -246,16 +246,16 @@ class BucketBatchSampler(BatchSampler):
         """Batches ``[start, stop)`` of ``epoch`` (of its elastic rest when ``elastic`` is
         ``(origin, offset)``)."""
         flat, offsets = self._plan.range(
-            self.num_replicas,
-            self.rank,
-            self.drop_last,
-            self.seed,
             epoch,
-            self.shuffle,
-            self.bucket_order == "shuffled",
             start,
             stop,
-            elastic,
+            num_replicas=self.num_replicas,
+            rank=self.rank,
+            drop_last=self.drop_last,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            shuffle_batches=self.bucket_order == "shuffled",
+            elastic=elastic,
         )
         return _frozen(flat, offsets)
 

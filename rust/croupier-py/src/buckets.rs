@@ -5,8 +5,68 @@ use croupier_core::Error;
 use numpy::IntoPyArray;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
+use crate::config::Config;
 use crate::runtime::{core, detached, sized, to_numpy};
+
+/// How samples are grouped and batched (`Buckets(lengths, **config)`).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct BucketsConfig {
+    /// Bucket boundaries, or `None` for `num_buckets` quantile buckets.
+    boundaries: Option<Vec<u64>>,
+    num_buckets: u64,
+    batch_size: Option<u64>,
+    max_tokens: Option<u64>,
+    /// Batch sizes are rounded down to a multiple of this.
+    multiple: u64,
+    /// A sample longer than `max_tokens` is served alone (else the Python layer refused it).
+    oversized_alone: bool,
+    /// Only full batches of `batch_size` (`drop_last` without `max_tokens`).
+    full_batches: bool,
+}
+
+impl Config for BucketsConfig {
+    const KEYWORDS: &'static [&'static str] = &[
+        "boundaries",
+        "num_buckets",
+        "batch_size",
+        "max_tokens",
+        "multiple",
+        "oversized_alone",
+        "full_batches",
+    ];
+}
+
+/// Which rank's batches, dealt how (`Buckets.range(epoch, start, stop, **deal)`).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct BatchDeal {
+    num_replicas: u64,
+    rank: u64,
+    drop_last: bool,
+    seed: u64,
+    /// Shuffle the samples within each bucket.
+    shuffle: bool,
+    /// Shuffle the batch order (`bucket_order="shuffled"`).
+    shuffle_batches: bool,
+    /// `(origin, offset)`: the rest of an epoch first dealt over `origin` ranks, continued on
+    /// `num_replicas` ranks from global batch position `offset` (an elastic resume).
+    elastic: Option<(u64, u64)>,
+}
+
+impl Config for BatchDeal {
+    const KEYWORDS: &'static [&'static str] = &[
+        "num_replicas",
+        "rank",
+        "drop_last",
+        "seed",
+        "shuffle",
+        "shuffle_batches",
+        "elastic",
+    ];
+}
 
 /// Samples grouped into length buckets with their batch sizes (`croupier_core::BucketPlan`),
 /// from which a rank's batches of any epoch are read.
@@ -38,19 +98,21 @@ impl Buckets {
 #[pymethods]
 impl Buckets {
     #[new]
-    #[pyo3(signature = (lengths, boundaries, num_buckets, batch_size, max_tokens, multiple, oversized_alone, full_batches))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (lengths, **config))]
     fn new(
         py: Python<'_>,
         lengths: &Bound<'_, PyAny>,
-        boundaries: Option<Vec<u64>>,
-        num_buckets: u64,
-        batch_size: Option<u64>,
-        max_tokens: Option<u64>,
-        multiple: u64,
-        oversized_alone: bool,
-        full_batches: bool,
+        config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let BucketsConfig {
+            boundaries,
+            num_buckets,
+            batch_size,
+            max_tokens,
+            multiple,
+            oversized_alone,
+            full_batches,
+        } = BucketsConfig::from_kwargs(config, "Buckets")?;
         // Copied out of the borrowed numpy memory while attached; the work runs detached.
         let limits = croupier_core::bucket::Limits {
             batch_size,
@@ -105,26 +167,27 @@ impl Buckets {
         core(self.plan.rank_batches(num_replicas, drop_last))
     }
 
-    /// Rank `rank`'s batches `[start, stop)` of `epoch`: `(indices, offsets)`, batch `i` being
-    /// `indices[offsets[i]:offsets[i + 1]]`. With `elastic = (origin, offset)`: new rank
-    /// `rank`'s batches of the rest of an epoch first dealt over `origin` ranks, continued on
-    /// `num_replicas` ranks from global batch position `offset` (an elastic resume).
-    #[pyo3(signature = (num_replicas, rank, drop_last, seed, epoch, shuffle, shuffle_batches, start, stop, elastic=None))]
-    #[allow(clippy::too_many_arguments)]
+    /// The batches `[start, stop)` of `epoch` that `deal` (a [`BatchDeal`]: the rank, its
+    /// world, the shuffles, an elastic rest) names: `(indices, offsets)`, batch `i` being
+    /// `indices[offsets[i]:offsets[i + 1]]`.
+    #[pyo3(signature = (epoch, start, stop, **deal))]
     fn range<'py>(
         &self,
         py: Python<'py>,
-        num_replicas: u64,
-        rank: u64,
-        drop_last: bool,
-        seed: u64,
         epoch: u64,
-        shuffle: bool,
-        shuffle_batches: bool,
         start: u64,
         stop: u64,
-        elastic: Option<(u64, u64)>,
+        deal: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let BatchDeal {
+            num_replicas,
+            rank,
+            drop_last,
+            seed,
+            shuffle,
+            shuffle_batches,
+            elastic,
+        } = BatchDeal::from_kwargs(deal, "Buckets.range")?;
         let el = elastic
             .map(|(origin, offset)| self.elastic(origin, offset, num_replicas, drop_last))
             .transpose()?;

@@ -17,6 +17,7 @@
 
 mod buckets;
 mod chunk;
+mod config;
 mod deal;
 mod mixture;
 mod order;
