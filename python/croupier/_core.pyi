@@ -4,7 +4,7 @@ The module only converts: arguments are checked with clear messages by the Pytho
 (``croupier._validate``) before they reach it; the core's own checks raise ``ValueError``.
 """
 
-from typing import Any, final
+from typing import final
 
 import numpy as np
 import numpy.typing as npt
