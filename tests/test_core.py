@@ -247,4 +247,4 @@ def test_typed_configs_take_every_keyword_and_refuse_unknown_or_missing_ones():
     with pytest.raises(TypeError, match=r"Buckets.range\(\) missing .*: elastic"):
         plan.range(0, 0, 1, **{k: v for k, v in deal.items() if k != "elastic"})
     with pytest.raises(TypeError, match=r"Buckets.range\(\) got an unexpected keyword"):
-        plan.range(0, 0, 1, **deal, epoch=3)
+        plan.range(0, 0, 1, **deal, seeds=3)
