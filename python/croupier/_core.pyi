@@ -153,13 +153,16 @@ class SequentialBuckets:
         cls,
         buckets: list[list[int]],
         sizes: list[int],
+        *,
         num_replicas: int,
         rank: int,
         drop_last: bool,
         shuffle_buckets: bool,
         shuffle_within: bool,
         order: Order,
-    ) -> SequentialBuckets: ...
+    ) -> SequentialBuckets:
+        """The buckets' sample lists and batch sizes, dealt to rank ``rank`` of
+        ``num_replicas``. Every keyword is required; an unknown one is a ``TypeError``."""
     def __len__(self) -> int: ...
     def bucket_batches(self, j: int) -> int:
         """Batches of bucket ``j`` on every rank."""
@@ -175,6 +178,7 @@ class ChunkPlan:
 
     def __new__(
         cls,
+        *,
         start: int,
         stop: int,
         chunk_size: int,
@@ -185,7 +189,8 @@ class ChunkPlan:
         seed: int,
         num_replicas: int,
         rank: int,
-    ) -> ChunkPlan: ...
+    ) -> ChunkPlan:
+        """Every keyword is required; an unknown one is a ``TypeError``."""
     @property
     def batches(self) -> int:
         """Batches every rank yields per epoch."""

@@ -202,16 +202,16 @@ class ChunkSampler:
         plan = self._plans.get(key)
         if plan is None:
             plan = _core.ChunkPlan(
-                key[0],
-                key[1],
-                self._chunk_size,
-                self._preload,
-                self._batch_size,
-                self._shuffle,
-                self._drop_last,
-                self._seed,
-                self._num_replicas,
-                self._rank,
+                start=key[0],
+                stop=key[1],
+                chunk_size=self._chunk_size,
+                preload=self._preload,
+                batch_size=self._batch_size,
+                shuffle=self._shuffle,
+                drop_last=self._drop_last,
+                seed=self._seed,
+                num_replicas=self._num_replicas,
+                rank=self._rank,
             )
             self._plans = {key: plan}
         return plan

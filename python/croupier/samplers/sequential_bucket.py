@@ -130,19 +130,26 @@ class SequentialBucketSampler(BatchSampler):
                 raise ValueError(f"bucket_groups[{key!r}]['indices'] must be >= 0")
             lists.append(indices.astype(np.uint64).tolist())
             sizes.append(self._get_batch_size(key, group["resolution"]))
-        self._core_args = (
+        self._core_args: tuple[list[list[int]], list[int], dict[str, Any]] = (
             lists,
             sizes,
-            num_replicas,
-            rank,
-            self.drop_last,
-            self.shuffle_buckets,
-            self.shuffle_within_bucket,
-            core_order,
+            {
+                "num_replicas": num_replicas,
+                "rank": rank,
+                "drop_last": self.drop_last,
+                "shuffle_buckets": self.shuffle_buckets,
+                "shuffle_within": self.shuffle_within_bucket,
+                "order": core_order,
+            },
         )
-        self._core = _core.SequentialBuckets(*self._core_args)
+        self._core = self._build_core()
         self._sizes = sizes
         super().__init__(num_replicas, rank, len(self._core))
+
+    def _build_core(self) -> _core.SequentialBuckets:
+        """The core object of these buckets (built here only: at construction and unpickling)."""
+        buckets, sizes, config = self._core_args
+        return _core.SequentialBuckets(buckets, sizes, **config)
 
     def _get_batch_size(self, key: Any, resolution: Any) -> int:
         """The batch size of bucket ``key`` of ``resolution``: fixed, or scaled by area (at
@@ -272,4 +279,4 @@ class SequentialBucketSampler(BatchSampler):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        object.__setattr__(self, "_core", _core.SequentialBuckets(*self._core_args))
+        object.__setattr__(self, "_core", self._build_core())

@@ -2,9 +2,36 @@
 
 use numpy::IntoPyArray;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
+use crate::config::Config;
 use crate::order::Order;
 use crate::runtime::{core, sized, to_numpy};
+
+/// How the buckets are dealt (`SequentialBuckets(buckets, sizes, **config)`).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct SequentialConfig {
+    num_replicas: u64,
+    rank: u64,
+    drop_last: bool,
+    /// Shuffle the order of the buckets.
+    shuffle_buckets: bool,
+    /// Shuffle the samples within each bucket.
+    shuffle_within: bool,
+    order: Order,
+}
+
+impl Config for SequentialConfig {
+    const KEYWORDS: &'static [&'static str] = &[
+        "num_replicas",
+        "rank",
+        "drop_last",
+        "shuffle_buckets",
+        "shuffle_within",
+        "order",
+    ];
+}
 
 /// NeMo Automodel's bucket-by-bucket batches on one rank
 /// (`croupier_core::bucket::SequentialBuckets`).
@@ -18,18 +45,20 @@ pub(crate) struct SequentialBuckets {
 #[pymethods]
 impl SequentialBuckets {
     #[new]
-    #[pyo3(signature = (buckets, sizes, num_replicas, rank, drop_last, shuffle_buckets, shuffle_within, order))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (buckets, sizes, **config))]
     fn new(
         buckets: Vec<Vec<u64>>,
         sizes: Vec<u64>,
-        num_replicas: u64,
-        rank: u64,
-        drop_last: bool,
-        shuffle_buckets: bool,
-        shuffle_within: bool,
-        order: Order,
+        config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let SequentialConfig {
+            num_replicas,
+            rank,
+            drop_last,
+            shuffle_buckets,
+            shuffle_within,
+            order,
+        } = SequentialConfig::from_kwargs(config, "SequentialBuckets")?;
         let order = match order.core() {
             croupier_core::Order::Fast => croupier_core::bucket::SeqOrder::Fast,
             croupier_core::Order::Torch(v) => croupier_core::bucket::SeqOrder::Torch(v),
