@@ -248,3 +248,20 @@ def test_typed_configs_take_every_keyword_and_refuse_unknown_or_missing_ones():
         plan.range(0, 0, 1, **{k: v for k, v in deal.items() if k != "elastic"})
     with pytest.raises(TypeError, match=r"Buckets.range\(\) got an unexpected keyword"):
         plan.range(0, 0, 1, **deal, seeds=3)
+
+
+def test_a_mixture_pickles_with_its_keywords():
+    import pickle
+
+    mix = _core.Mixture(
+        [30, 70], [(0, 40, [1.0, 2.0], 1.0)], num_replicas=2, rank=1, drop_last=False,
+        shuffle=True, seed=5, length=40,
+    )  # fmt: skip
+    again = pickle.loads(pickle.dumps(mix))
+    assert again.indices(3).tolist() == mix.indices(3).tolist()
+    assert repr(again) == repr(mix)
+    with pytest.raises(TypeError, match=r"Mixture\(\) missing required keyword arguments: seed"):
+        _core.Mixture(
+            [30, 70], [(0, 40, [1.0, 2.0], 1.0)], num_replicas=2, rank=1, drop_last=False,
+            shuffle=True, length=40,
+        )  # fmt: skip

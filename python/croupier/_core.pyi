@@ -218,14 +218,22 @@ class Mixture:
     def __new__(
         cls,
         sizes: list[int],
+        phases: list[tuple[int, int, list[float], float]],
+        *,
         num_replicas: int,
         rank: int,
         drop_last: bool,
         shuffle: bool,
         seed: int,
         length: int | None,
-        phases: list[tuple[int, int, list[float], float]],
-    ) -> Mixture: ...
+    ) -> Mixture:
+        """The datasets' ``sizes`` mixed over ``phases`` for rank ``rank`` of
+        ``num_replicas``, ``length`` positions per epoch (``None``: one pass of every
+        dataset's share). Every keyword is required; an unknown one is a ``TypeError``."""
+    def __getnewargs_ex__(
+        self,
+    ) -> tuple[tuple[list[int], list[tuple[int, int, list[float], float]]], dict[str, object]]:
+        """Pickles as ``Mixture(sizes, phases, **config)``."""
     def __len__(self) -> int: ...
     @property
     def length(self) -> int:
@@ -243,15 +251,17 @@ class Mixture:
         samples, else ``int64``."""
     def elastic_indices(
         self,
+        epoch: int,
+        start: int = 0,
+        stop: int | None = None,
+        *,
         offset: int,
         num_replicas: int,
         rank: int,
         drop_last: bool,
-        epoch: int,
-        start: int = 0,
-        stop: int | None = None,
     ) -> _Indices:
-        """New rank ``rank``'s positions ``[start, stop)`` of such a rest."""
+        """New rank ``rank``'s positions ``[start, stop)`` of such a rest. Every keyword is
+        required."""
     def first_stop(self, start: int) -> int:
         """Where an :meth:`indices` call starting at ``start`` should stop to hand out its
         first index soonest."""

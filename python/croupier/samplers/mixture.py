@@ -297,7 +297,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             "total_size": sum(sizes),
             "sizes_digest": digest,
         }
-        self._mixtures: dict[tuple[_Phase, ...], Any] = {}
+        self._mixtures: dict[tuple[_Phase, ...], _core.Mixture] = {}
         self._schedule: tuple[_Entry, ...] = ((0, weights_t, temperature_f),)
         # Changes wait for the next iteration; the phases of the epoch being iterated.
         self._pending = False
@@ -322,14 +322,27 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         if mix is None:
             w = self.num_replicas if num_replicas is None else num_replicas
             r = self.rank if rank is None else rank
-            mix = _core.Mixture(
-                self._sizes, w, r, self.drop_last, self.shuffle, self.seed, self.num_samples,
-                [(s, n, list(ws), t) for s, n, ws, t in phases],
-            )  # fmt: skip
+            mix = self._core_mixture(w, r, self.num_samples, phases)
             if len(self._mixtures) > 8:
                 self._mixtures.clear()
             self._mixtures[phases] = mix
         return mix
+
+    def _core_mixture(
+        self, num_replicas: int, rank: int, length: int, phases: tuple[_Phase, ...]
+    ) -> _core.Mixture:
+        """The core mixture of these datasets for ``rank`` of ``num_replicas`` over
+        ``phases`` (every core mixture is built here)."""
+        return _core.Mixture(
+            self._sizes,
+            [(s, n, list(ws), t) for s, n, ws, t in phases],
+            num_replicas=num_replicas,
+            rank=rank,
+            drop_last=self.drop_last,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            length=length,
+        )
 
     def _fresh(self, schedule: tuple[_Entry, ...]) -> tuple[_Phase, ...]:
         """The phases of an epoch that starts under ``schedule``."""
@@ -569,10 +582,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             raise RuntimeError("an elastic resume without its phases")
         key = (origin, phases)
         if self._origin_mix is None or self._origin_mix[0] != key:
-            mix = _core.Mixture(
-                self._sizes, origin, 0, self.drop_last, self.shuffle, self.seed,
-                self._epoch_length(origin), [(s, n, list(ws), t) for s, n, ws, t in phases],
-            )  # fmt: skip
+            mix = self._core_mixture(origin, 0, self._epoch_length(origin), phases)
             self._origin_mix = (key, mix)
         return self._origin_mix[1]
 
@@ -580,7 +590,13 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         self, origin: int, offset: int, epoch: int, start: int, stop: int | None
     ) -> npt.NDArray[Any]:
         arr = self._origin_mixture(origin).elastic_indices(
-            offset, self.num_replicas, self.rank, self.drop_last, epoch, start, stop
+            epoch,
+            start,
+            stop,
+            offset=offset,
+            num_replicas=self.num_replicas,
+            rank=self.rank,
+            drop_last=self.drop_last,
         )
         arr.flags.writeable = False
         return arr  # type: ignore[no-any-return]
@@ -680,10 +696,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         el = self._elastic
         assert el is not None
         try:
-            _core.Mixture(
-                self._sizes, el[1], 0, self.drop_last, self.shuffle, self.seed,
-                self._epoch_length(el[1]), [(s, n, list(ws), t) for s, n, ws, t in phases],
-            )  # fmt: skip
+            self._core_mixture(el[1], 0, self._epoch_length(el[1]), phases)
         except ValueError as e:
             raise StateError(f"state['phases'] is not a valid schedule: {e}") from None
 

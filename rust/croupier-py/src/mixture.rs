@@ -2,48 +2,98 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
+use crate::config::Config;
 use crate::runtime::{core, sized, to_numpy};
 
 /// One phase of a mixture as Python passes it: `(start, nominal_length, weights,
 /// temperature)`.
 type PhaseArgs = (u64, u64, Vec<f64>, f64);
 
-/// A mixture's constructor arguments, kept for pickling.
-type MixtureArgs = (
-    Vec<u64>,
-    u64,
-    u64,
-    bool,
-    bool,
-    u64,
-    Option<u64>,
-    Vec<PhaseArgs>,
-);
+/// Which rank's mixture, dealt how (`Mixture(sizes, phases, **config)`).
+#[derive(FromPyObject, Clone)]
+#[pyo3(from_item_all)]
+struct MixtureConfig {
+    num_replicas: u64,
+    rank: u64,
+    drop_last: bool,
+    shuffle: bool,
+    seed: u64,
+    /// Positions per rank and epoch; `None` for one pass of every dataset's share.
+    length: Option<u64>,
+}
+
+impl Config for MixtureConfig {
+    const KEYWORDS: &'static [&'static str] = &[
+        "num_replicas",
+        "rank",
+        "drop_last",
+        "shuffle",
+        "seed",
+        "length",
+    ];
+}
+
+impl MixtureConfig {
+    /// The keywords that build this config again (for pickling).
+    fn to_kwargs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("num_replicas", self.num_replicas)?;
+        d.set_item("rank", self.rank)?;
+        d.set_item("drop_last", self.drop_last)?;
+        d.set_item("shuffle", self.shuffle)?;
+        d.set_item("seed", self.seed)?;
+        d.set_item("length", self.length)?;
+        Ok(d)
+    }
+}
+
+/// The world an elastic rest is dealt to (`Mixture.elastic_indices(epoch, start, stop,
+/// **rest)`).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct ElasticRest {
+    /// The global position the old world's ranks had consumed up to.
+    offset: u64,
+    num_replicas: u64,
+    rank: u64,
+    drop_last: bool,
+}
+
+impl Config for ElasticRest {
+    const KEYWORDS: &'static [&'static str] = &["offset", "num_replicas", "rank", "drop_last"];
+}
 
 /// A weighted mixture of datasets on one rank (`croupier_core::Mixture`): phases of exact
 /// per-dataset counts, a uniform interleave, per-dataset pass streams.
 #[pyclass(module = "croupier._core", frozen)]
 pub(crate) struct Mixture {
     mixture: std::sync::Arc<croupier_core::Mixture>,
-    args: MixtureArgs,
+    /// The constructor's arguments, kept for pickling.
+    sizes: Vec<u64>,
+    phases: Vec<PhaseArgs>,
+    config: MixtureConfig,
 }
 
 #[pymethods]
 impl Mixture {
     #[new]
-    #[pyo3(signature = (sizes, num_replicas, rank, drop_last, shuffle, seed, length, phases))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (sizes, phases, **config))]
     fn new(
         sizes: Vec<u64>,
-        num_replicas: u64,
-        rank: u64,
-        drop_last: bool,
-        shuffle: bool,
-        seed: u64,
-        length: Option<u64>,
         phases: Vec<PhaseArgs>,
+        config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let config = MixtureConfig::from_kwargs(config, "Mixture")?;
+        let MixtureConfig {
+            num_replicas,
+            rank,
+            drop_last,
+            shuffle,
+            seed,
+            length,
+        } = config.clone();
         let specs: Vec<croupier_core::PhaseSpec> = phases
             .iter()
             .map(
@@ -67,16 +117,9 @@ impl Mixture {
         ))?;
         Ok(Mixture {
             mixture: std::sync::Arc::new(mixture),
-            args: (
-                sizes,
-                num_replicas,
-                rank,
-                drop_last,
-                shuffle,
-                seed,
-                length,
-                phases,
-            ),
+            sizes,
+            phases,
+            config,
         })
     }
 
@@ -105,7 +148,7 @@ impl Mixture {
             .ok_or_else(|| {
                 PyValueError::new_err(format!(
                     "phase must be in [0, {}), got {phase}",
-                    self.args.7.len()
+                    self.phases.len()
                 ))
             })
     }
@@ -113,10 +156,10 @@ impl Mixture {
     /// How many positions of phase `phase` each dataset takes in `epoch` (its nominal counts
     /// unless the next phase starts before its nominal end).
     fn effective_counts(&self, epoch: u64, phase: usize) -> PyResult<Vec<u64>> {
-        if phase >= self.args.7.len() {
+        if phase >= self.phases.len() {
             return Err(PyValueError::new_err(format!(
                 "phase must be in [0, {}), got {phase}",
-                self.args.7.len()
+                self.phases.len()
             )));
         }
         Ok(self.mixture.effective_counts(epoch, phase))
@@ -145,23 +188,26 @@ impl Mixture {
     /// `epoch` of this mixture, continued on `num_replicas` ranks from global position
     /// `offset`: the old ranks' sequences, position after position, dealt with torch's
     /// arithmetic.
-    #[pyo3(signature = (offset, num_replicas, rank, drop_last, epoch, start=0, stop=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (epoch, start=0, stop=None, **rest))]
     fn elastic_indices<'py>(
         &self,
         py: Python<'py>,
-        offset: u64,
-        num_replicas: u64,
-        rank: u64,
-        drop_last: bool,
         epoch: u64,
         start: u64,
         stop: Option<u64>,
+        rest: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let ElasticRest {
+            offset,
+            num_replicas,
+            rank,
+            drop_last,
+        } = ElasticRest::from_kwargs(rest, "Mixture.elastic_indices")?;
         let el = core(self.mixture.elastic(offset, num_replicas, drop_last))?;
         let stop = stop.unwrap_or(el.num_samples());
         // The output, and one old rank's range (about as long) with its own working memory.
-        let old = stop.saturating_sub(start).saturating_mul(num_replicas) / self.args.1.max(1);
+        let old = stop.saturating_sub(start).saturating_mul(num_replicas)
+            / self.config.num_replicas.max(1);
         let bytes = self
             .mixture
             .range_bytes(0, old.min(self.mixture.len()))
@@ -184,8 +230,16 @@ impl Mixture {
             .min(self.mixture.len())
     }
 
-    fn __getnewargs__(&self) -> MixtureArgs {
-        self.args.clone()
+    /// Pickles as `Mixture(sizes, phases, **config)`.
+    #[allow(clippy::type_complexity)]
+    fn __getnewargs_ex__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<((Vec<u64>, Vec<PhaseArgs>), Bound<'py, PyDict>)> {
+        Ok((
+            (self.sizes.clone(), self.phases.clone()),
+            self.config.to_kwargs(py)?,
+        ))
     }
 
     fn __repr__(&self) -> String {
@@ -193,10 +247,10 @@ impl Mixture {
             "Mixture(datasets={}, total={}, num_replicas={}, rank={}, length={}, phases={})",
             self.mixture.datasets(),
             self.mixture.total(),
-            self.args.1,
-            self.args.2,
+            self.config.num_replicas,
+            self.config.rank,
             self.mixture.len(),
-            self.args.7.len(),
+            self.phases.len(),
         )
     }
 }
