@@ -196,7 +196,7 @@ class BucketBatchSampler(BatchSampler):
             f"{type(buckets).__name__}"
         )
 
-    def _build(self) -> Any:
+    def _build(self) -> _core.Buckets:
         boundaries, count = self._buckets_arg
         return _core.Buckets(
             self._lengths,
@@ -217,7 +217,7 @@ class BucketBatchSampler(BatchSampler):
     def bucket_sizes(self) -> list[tuple[int, int, int, int]]:
         """Per bucket: ``(samples, batch size, batches, longest length)``; the last entry holds
         the samples longer than ``max_tokens`` (served alone)."""
-        return [tuple(b) for b in self._plan.buckets()]
+        return list(self._plan.buckets())
 
     # -- the sampler base ----------------------------------------------------------------------
 

@@ -116,7 +116,7 @@ class ChunkSampler:
         # any instant is exact.
         self._at: tuple[int, int, bool, int] = (0, 0, False, 0)
         self._n_obs: int | None = None
-        self._plans: dict[tuple[int, int], Any] = {}
+        self._plans: dict[tuple[int, int], _core.ChunkPlan] = {}
 
     # -- configuration (read-only; mask is annbatch's settable one) ----------------------------
 
@@ -193,11 +193,11 @@ class ChunkSampler:
             )
         return start, stop
 
-    def _plan(self, n_obs: int) -> Any:
+    def _plan(self, n_obs: int) -> _core.ChunkPlan:
         n_obs = check_int("n_obs", n_obs, 0, MAX_LEN)
         return self._plan_of(self._range(n_obs))
 
-    def _plan_of(self, key: tuple[int, int]) -> Any:
+    def _plan_of(self, key: tuple[int, int]) -> _core.ChunkPlan:
         """The core's plan over observations ``[start, stop)`` (the latest one is kept)."""
         plan = self._plans.get(key)
         if plan is None:

@@ -306,18 +306,18 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         # that iteration's phases, and a pending schedule waits for the iteration after it.
         self._continuing: _Pending | _Cursor | None = None
         self._phases = self._fresh(self._schedule)
-        self._active = self._mixture(self._phases, num_replicas, rank)
+        self._active: _core.Mixture | None = self._mixture(self._phases, num_replicas, rank)
         # After an elastic resume: the phases of the epoch in the world it started in (its
         # rest keeps them), and that world's mixture, built on demand.
         self._origin_phases: tuple[_Phase, ...] | None = None
-        self._origin_mix: tuple[tuple[int, tuple[_Phase, ...]], Any] | None = None
+        self._origin_mix: tuple[tuple[int, tuple[_Phase, ...]], _core.Mixture] | None = None
         super().__init__(num_replicas, rank, length)
 
     # -- schedule ------------------------------------------------------------------------------
 
     def _mixture(
         self, phases: tuple[_Phase, ...], num_replicas: int | None = None, rank: int | None = None
-    ) -> Any:
+    ) -> _core.Mixture:
         mix = self._mixtures.get(phases)
         if mix is None:
             w = self.num_replicas if num_replicas is None else num_replicas
@@ -498,7 +498,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             self._cache = None
         self._active = active
 
-    def _drawable(self, phases: tuple[_Phase, ...]) -> Any:
+    def _drawable(self, phases: tuple[_Phase, ...]) -> _core.Mixture:
         """The mixture of ``phases`` on this sampler's ranks, or a ``ValueError`` saying why
         this world cannot draw it (a schedule loaded from another world size)."""
         try:
@@ -509,7 +509,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
                 f"{e}; call set_schedule() or update_weights() with weights this world can draw"
             ) from None
 
-    def _current(self) -> Any:
+    def _current(self) -> _core.Mixture:
         """The mixture of the current epoch's phases (built when first needed)."""
         if self._active is None:
             self._active = self._drawable(self._phases)
@@ -535,7 +535,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             return super().indices()
         arr = self._mixture(phases).indices(epoch, start, None)
         arr.flags.writeable = False
-        return arr  # type: ignore[no-any-return]
+        return arr
 
     def _config(self) -> dict[str, Any]:
         config = {
@@ -558,7 +558,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     def _compute(self, epoch: int, start: int, stop: int | None) -> npt.NDArray[Any]:
         arr = self._current().indices(epoch, start, stop)
         arr.flags.writeable = False
-        return arr  # type: ignore[no-any-return]
+        return arr
 
     def _first_stop(self, start: int) -> int:
         return int(self._current().first_stop(start))
@@ -576,7 +576,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         rest = self._global_end(origin) - offset
         return int(_core.layout(rest, num_replicas, self.drop_last)[0]) if rest else 0
 
-    def _origin_mixture(self, origin: int) -> Any:
+    def _origin_mixture(self, origin: int) -> _core.Mixture:
         phases = self._origin_phases
         if phases is None:  # an elastic state always brings its phases
             raise RuntimeError("an elastic resume without its phases")
@@ -599,7 +599,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             drop_last=self.drop_last,
         )
         arr.flags.writeable = False
-        return arr  # type: ignore[no-any-return]
+        return arr
 
     def _elastic_first_stop(self, start: int, length: int) -> int:
         # A few positions read a few old ranks' sequences there: the first index comes
