@@ -191,11 +191,7 @@ impl Buckets {
         let el = elastic
             .map(|(origin, offset)| self.elastic(origin, offset, num_replicas, drop_last))
             .transpose()?;
-        // About the samples of the batches asked for, as `u64` with their offsets.
-        let per_batch = self.plan.len() / self.plan.batches().max(1) + 1;
-        let bytes = per_batch
-            .saturating_mul(stop.saturating_sub(start))
-            .saturating_mul(8);
+        let bytes = self.plan.range_bytes(start, stop);
         let plan = std::sync::Arc::clone(&self.plan);
         let (flat, offsets) = sized(py, bytes, "this rank's batches", move || {
             let (seeds, shuffles, range) =

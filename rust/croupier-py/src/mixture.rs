@@ -205,13 +205,7 @@ impl Mixture {
         } = ElasticRest::from_kwargs(rest, "Mixture.elastic_indices")?;
         let el = core(self.mixture.elastic(offset, num_replicas, drop_last))?;
         let stop = stop.unwrap_or(el.num_samples());
-        // The output, and one old rank's range (about as long) with its own working memory.
-        let old = stop.saturating_sub(start).saturating_mul(num_replicas)
-            / self.config.num_replicas.max(1);
-        let bytes = self
-            .mixture
-            .range_bytes(0, old.min(self.mixture.len()))
-            .saturating_add(stop.saturating_sub(start).saturating_mul(8));
+        let bytes = self.mixture.elastic_range_bytes(&el, start, stop);
         let mixture = std::sync::Arc::clone(&self.mixture);
         let out = sized(
             py,
@@ -225,9 +219,7 @@ impl Mixture {
     /// Where an `indices` call starting at `start` should stop to hand out its first index
     /// soonest.
     fn first_stop(&self, start: u64) -> u64 {
-        start
-            .saturating_add(croupier_core::mix::MIX_FIRST_STOP)
-            .min(self.mixture.len())
+        self.mixture.first_stop(start)
     }
 
     /// Pickles as `Mixture(sizes, phases, **config)`.

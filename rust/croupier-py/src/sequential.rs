@@ -38,8 +38,6 @@ impl Config for SequentialConfig {
 #[pyclass(module = "croupier._core", frozen)]
 pub(crate) struct SequentialBuckets {
     inner: std::sync::Arc<croupier_core::bucket::SequentialBuckets>,
-    /// Samples over all buckets, for the size of a call.
-    samples: u64,
 }
 
 #[pymethods]
@@ -63,7 +61,6 @@ impl SequentialBuckets {
             croupier_core::Order::Fast => croupier_core::bucket::SeqOrder::Fast,
             croupier_core::Order::Torch(v) => croupier_core::bucket::SeqOrder::Torch(v),
         };
-        let samples = buckets.iter().map(|b| b.len() as u64).sum();
         let inner = core(croupier_core::bucket::SequentialBuckets::new(
             &buckets,
             &sizes,
@@ -75,7 +72,6 @@ impl SequentialBuckets {
         ))?;
         Ok(SequentialBuckets {
             inner: std::sync::Arc::new(inner),
-            samples,
         })
     }
 
@@ -98,7 +94,7 @@ impl SequentialBuckets {
         start: u64,
         stop: u64,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let bytes = self.samples.saturating_mul(8);
+        let bytes = self.inner.range_bytes();
         let inner = std::sync::Arc::clone(&self.inner);
         let (flat, offsets) = sized(py, bytes, "this rank's batches", move || {
             inner.range(seed, epoch, start, stop)

@@ -252,6 +252,32 @@ impl BucketPlan {
         *self.batch_starts.last().expect("at least one bucket")
     }
 
+    /// Bytes a read of batches `[start, stop)` holds: about their samples (the mean batch,
+    /// rounded up) as `u64`, and their offsets. An estimate, to refuse what cannot fit before
+    /// any work.
+    ///
+    /// ```
+    /// use croupier_core::bucket::{BucketPlan, Limits};
+    ///
+    /// let lengths: Vec<u32> = (1..=100).collect();
+    /// let limits = Limits {
+    ///     batch_size: Some(10),
+    ///     max_tokens: None,
+    ///     multiple: 1,
+    ///     oversized_alone: true,
+    ///     full_batches: false,
+    /// };
+    /// let plan = BucketPlan::new(&lengths, &[51], limits).unwrap(); // two buckets of 50
+    /// assert_eq!(plan.batches(), 10);
+    /// assert_eq!(plan.range_bytes(0, 10), 10 * 11 * 8);
+    /// ```
+    pub fn range_bytes(&self, start: u64, stop: u64) -> u64 {
+        let per_batch = self.n / self.batches().max(1) + 1;
+        per_batch
+            .saturating_mul(stop.saturating_sub(start))
+            .saturating_mul(8)
+    }
+
     /// Per bucket: `(members, batch size, batches, longest sample)`; the last bucket holds the
     /// samples longer than `max_tokens`.
     pub fn buckets(&self) -> Vec<(u64, u64, u64, u64)> {

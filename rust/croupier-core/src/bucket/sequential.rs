@@ -124,6 +124,13 @@ impl SequentialBuckets {
         self.len() == 0
     }
 
+    /// Bytes a read of this rank's batches holds at most: every sample of every bucket as
+    /// `u64` (a rank's share is smaller). An estimate, to refuse what cannot fit before any
+    /// work.
+    pub fn range_bytes(&self) -> u64 {
+        self.starts.last().copied().unwrap_or(0).saturating_mul(8)
+    }
+
     fn bucket_order(
         &self,
         seed: u64,

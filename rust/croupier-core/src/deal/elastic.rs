@@ -62,6 +62,11 @@ impl Elastic {
         })
     }
 
+    /// The number of ranks the rest is dealt to.
+    pub fn num_replicas(&self) -> u64 {
+        self.rest.num_replicas()
+    }
+
     /// The continuation of an epoch in which each of `origin` ranks has a sequence of
     /// `per_rank` items (a mixture's or a batch sampler's epoch): its global order is
     /// position `t` of every old rank's sequence, rank after rank, then position `t + 1`, so

@@ -314,6 +314,22 @@ impl Mixture {
             + threads * leaf * 8
     }
 
+    /// Bytes a [`Mixture::elastic_range`] of `[start, stop)` holds at its peak: the output
+    /// (`u64` per position) and one old rank's range, about as long scaled by the worlds'
+    /// sizes, with its own working memory ([`Mixture::range_bytes`]).
+    pub fn elastic_range_bytes(&self, elastic: &Elastic, start: u64, stop: u64) -> u64 {
+        let n = stop.saturating_sub(start);
+        let old = n.saturating_mul(elastic.num_replicas()) / self.num_replicas.max(1);
+        self.range_bytes(0, old.min(self.len()))
+            .saturating_add(n.saturating_mul(8))
+    }
+
+    /// Where a read starting at `start` should stop to hand out its first index soonest
+    /// ([`MIX_FIRST_STOP`] positions, at most to the end of the epoch).
+    pub fn first_stop(&self, start: u64) -> u64 {
+        start.saturating_add(MIX_FIRST_STOP).min(self.len())
+    }
+
     /// The same mixture on rank `rank` (of the same number of ranks).
     pub fn for_rank(&self, rank: u64) -> Result<Self> {
         if rank >= self.num_replicas {
