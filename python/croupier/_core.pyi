@@ -10,7 +10,9 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "ELASTIC_FIRST_STOP",
     "MAX_LEN",
+    "MIX_FIRST_STOP",
     "TORCH_LARGE_N",
     "U32_MAX_LEN",
     "Buckets",
@@ -36,6 +38,10 @@ U32_MAX_LEN: int
 """The largest length whose indices are ``uint32``: 2**32."""
 TORCH_LARGE_N: int
 """From this length (2**32 // 20) on, torch >= 2.6 and torch < 2.6 permute differently."""
+ELASTIC_FIRST_STOP: int
+"""Positions in the first piece of an elastic rest in the fast shuffled order (64)."""
+MIX_FIRST_STOP: int
+"""Positions in the first piece a mixture reads (4)."""
 
 _Indices = npt.NDArray[np.uint32] | npt.NDArray[np.int64]
 

@@ -169,7 +169,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
         # Fast and shuffled: a short first piece reads a few positions of each old share it
         # meets, so the first index comes before the rest of the epoch is computed.
         if self.shuffle and self.order == "fast":
-            return min(start + 64, length)
+            return min(start + _core.ELASTIC_FIRST_STOP, length)
         return length
 
     def _check_epoch(self, epoch: int) -> None:

@@ -604,7 +604,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     def _elastic_first_stop(self, start: int, length: int) -> int:
         # A few positions read a few old ranks' sequences there: the first index comes
         # before the rest is computed.
-        return min(start + 4, length)
+        return min(start + _core.MIX_FIRST_STOP, length)
 
     # -- checkpoints -----------------------------------------------------------------------------
 

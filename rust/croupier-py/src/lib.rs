@@ -174,6 +174,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_LEN", croupier_core::MAX_LEN)?;
     m.add("U32_MAX_LEN", croupier_core::U32_MAX_LEN)?;
     m.add("TORCH_LARGE_N", croupier_core::LARGE_N_THRESHOLD)?;
+    m.add(
+        "ELASTIC_FIRST_STOP",
+        croupier_core::deal::ELASTIC_FIRST_STOP,
+    )?;
+    m.add("MIX_FIRST_STOP", croupier_core::mix::MIX_FIRST_STOP)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

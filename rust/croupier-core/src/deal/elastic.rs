@@ -24,6 +24,11 @@ use crate::error::{Error, Result};
 use crate::index::{index_bytes, try_with_capacity_huge, zeros_par, Index, Indices, U32_MAX_LEN};
 use crate::shuffle::torch_randperm;
 
+/// Positions in the first piece of an elastic rest in the fast shuffled order: a few positions
+/// of each old share they meet, so the first index comes before the rest of the epoch is
+/// computed.
+pub const ELASTIC_FIRST_STOP: u64 = 64;
+
 /// An epoch of `n` samples drawn for `origin` ranks, continued from global position `offset`
 /// on a layout of `num_replicas` ranks.
 #[derive(Debug, Clone)]

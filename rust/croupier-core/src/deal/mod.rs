@@ -33,6 +33,6 @@ pub(crate) mod prp;
 pub(crate) mod rank;
 pub(crate) mod seekable;
 
-pub use elastic::Elastic;
+pub use elastic::{Elastic, ELASTIC_FIRST_STOP};
 pub use layout::Layout;
 pub use rank::{first_stop, rank_range, rank_range_bytes, Order};
