@@ -13,6 +13,8 @@ interpreter per block: torch is imported once, which keeps the module to a few s
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -73,7 +75,10 @@ def _run(
     monkeypatch.chdir(path)
     # Leading newlines make the line numbers of a traceback those of the document.
     compiled = compile("\n" * (first_line - 1) + code, str(doc), "exec")
-    exec(compiled, {"__name__": "__main__"})
+    # A module of its own as __main__, as a script has: classes it defines pickle.
+    main = types.ModuleType("__main__")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    exec(compiled, main.__dict__)
 
 
 @pytest.mark.parametrize(

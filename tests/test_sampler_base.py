@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import croupier
 from croupier import DistributedSampler, StateError
-from croupier.samplers._base import Batches, BatchSampler
+from croupier.samplers._base import Batches, BatchSampler, IndexSampler
 
 # -- indices() is what the next iteration yields ----------------------------------------------
 
@@ -333,3 +333,16 @@ def test_unshuffled_resume_anywhere_across_windows(n, w, data):
     fresh.set_skip(k)
     assert list(fresh) == full[k:]
     assert [next(it) for _ in range(k)] == full[:k]
+
+
+def test_the_extension_point_is_public():
+    """What docs/extending.md tells a sampler author to import is exported by
+    croupier.samplers (its example sampler runs in tests/test_readme.py)."""
+    import croupier.samplers as public
+
+    for name in (
+        "IndexSampler", "BatchSampler", "Batches", "StateError",
+        "check_int", "check_bool", "dataset_length", "resolve_ranks",
+    ):  # fmt: skip
+        assert name in public.__all__ and getattr(public, name) is not None
+    assert public.IndexSampler is IndexSampler and public.Batches is Batches

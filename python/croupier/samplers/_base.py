@@ -146,10 +146,14 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
     num_replicas: int
     rank: int
 
-    def __init__(self, num_replicas: int, rank: int, length: int) -> None:
+    def __init__(self, num_replicas: int, rank: int, length: int | None = None) -> None:
+        """Call last in a subclass's ``__init__``, once its configuration is set:
+        ``num_replicas`` and ``rank`` as resolved (``croupier.samplers.resolve_ranks``), and
+        ``length`` the items per rank and epoch (default: :meth:`_epoch_length` of
+        ``num_replicas``)."""
         self.num_replicas = num_replicas
         self.rank = rank
-        self._length = length
+        self._length = self._epoch_length(num_replicas) if length is None else length
         # (epoch, where the next or live iteration stands), replaced as one value so that a
         # checkpoint never pairs one epoch with another's position.
         self._now: tuple[int, _Pending | _Cursor | None] = (0, None)
@@ -250,11 +254,17 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         return self._length if el is None else el[3]
 
     def _items(self, epoch: int, start: int, stop: int | None) -> Seg:
-        """This rank's items ``[start, stop)`` of ``epoch``, elastic or not."""
+        """This rank's items ``[start, stop)`` of ``epoch``, elastic or not, read-only (every
+        view handed out shares them)."""
         el = self._elastic_of(epoch)
         if el is None:
-            return self._compute(epoch, start, stop)
-        return self._compute_elastic(el[1], el[2], epoch, start, stop)
+            seg = self._compute(epoch, start, stop)
+        else:
+            seg = self._compute_elastic(el[1], el[2], epoch, start, stop)
+        for arr in (seg.flat, seg.offsets) if isinstance(seg, Batches) else (seg,):
+            if isinstance(arr, np.ndarray) and arr.flags.writeable:
+                arr.flags.writeable = False
+        return seg
 
     def _first_stop_of(self, epoch: int, start: int) -> int:
         el = self._elastic_of(epoch)
