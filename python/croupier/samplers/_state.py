@@ -22,7 +22,23 @@ __all__ = ["KEMPNERFORGE", "StateError", "StateFormat", "check_state"]
 class StateError(ValueError):
     """A state dict that cannot be loaded into this sampler: missing keys, a negative or
     out-of-range number, or a different configuration (the message says which). A
-    ``ValueError``, so existing ``except ValueError`` handlers catch it."""
+    ``ValueError``, so existing ``except ValueError`` handlers catch it.
+
+    ``differences`` lists the configuration's differences (``"key: state has ..., this
+    sampler has ..."``) when that is why the state was refused, else it is empty."""
+
+    def __init__(self, message: str, differences: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.differences = differences
+
+
+DIFFERENT = "state comes from a different configuration: "
+"""How a refusal for a different configuration begins; the differences follow, "; "-joined."""
+
+
+def different(differences: list[str] | tuple[str, ...]) -> StateError:
+    """The refusal of a state whose configuration differs in ``differences``."""
+    return StateError(DIFFERENT + "; ".join(differences), tuple(differences))
 
 
 @dataclass(frozen=True)
@@ -107,5 +123,5 @@ def check_state(
         if out[key] != mine
     ]
     if differ:
-        raise StateError("state comes from a different configuration: " + "; ".join(differ))
+        raise different(differ)
     return out

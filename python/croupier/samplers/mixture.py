@@ -21,7 +21,7 @@ from croupier._dist import DistInfo, resolve_ranks
 from croupier._torch import DistributedSamplerBase
 from croupier._validate import MAX_LEN, U64_MAX, as_int, check_bool, check_int
 from croupier.samplers._base import IndexSampler, _Cursor, _Pending
-from croupier.samplers._state import KEMPNERFORGE, StateError, check_state
+from croupier.samplers._state import KEMPNERFORGE, StateError, check_state, different
 
 __all__ = ["MixtureSampler"]
 
@@ -721,20 +721,17 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             )
             probe.pop("num_samples", None)
             probe.update({k: config[k] for k in ("length", "num_samples") if k in config})
+        differ: tuple[str, ...] = ()
         try:
             check_state(probe, ints=(), config=config)
-            differ = ""
         except StateError as e:
-            differ = str(e)
-            if not differ.startswith(_DIFFERENT):
+            if not e.differences:
                 return  # missing keys: the base's check says so
+            differ = e.differences
         except TypeError:
             return  # the base's check says so
-        if not (differ or extra):
-            return
-        if differ:
-            extra.insert(0, differ.removeprefix(_DIFFERENT))
-        raise StateError(_DIFFERENT + "; ".join(extra))
+        if differ or extra:
+            raise different([*differ, *extra])
 
     def _checked_extras(
         self, state: Mapping[str, Any]
@@ -799,9 +796,6 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
                     f"state[{what!r}] is not a valid schedule for this sampler: {e}"
                 ) from None
         return schedule, pending, deferred, tuple(phases)
-
-
-_DIFFERENT = "state comes from a different configuration: "
 
 
 def _length_words(num_samples: object) -> str:
