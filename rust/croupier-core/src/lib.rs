@@ -31,6 +31,9 @@
 //! The root holds what every folder uses (crate-private modules; what callers need is
 //! re-exported here):
 //!
+//! - `draw`: the random draws everything is made of, each keyed by `(seed, epoch, purpose,
+//!   id)`: keyed bulk generators, per-cell generators, exact hypergeometric draws, a keyed
+//!   permutation read position by position.
 //! - `stream`: the random streams, keyed by `(seed, epoch, purpose, id)`, key folding, and
 //!   unbiased bounded draws.
 //! - `index`: index element types ([`Index`]: `u32` up to [`U32_MAX_LEN`] samples, `u64`
@@ -38,12 +41,13 @@
 //! - `error`: the one error type, [`Error`].
 //!
 //! Folders depend on the root; `deal` also uses `shuffle` (Fisher–Yates, torch's `randperm`,
-//! the keyed generators of the parallel permutation); `shuffle` uses nothing in `deal`.
+//! the bucket kernels of the parallel permutation); `shuffle` uses nothing in `deal`.
 
 pub mod bucket;
 mod cancel;
 pub mod chunk;
 pub mod deal;
+mod draw;
 mod error;
 mod index;
 pub mod mix;

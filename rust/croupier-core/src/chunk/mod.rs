@@ -30,7 +30,7 @@
 //! whatever the epoch's size, and a rank's whole epoch costs its own chunks, not everyone's.
 //! The chunk order used to be a Fisher–Yates shuffle of all `F` full chunk ids, drawn whole by
 //! every rank before its first request (tens of milliseconds at 1e9 rows in chunks of 256, 8
-//! GiB of ids at 2**30 chunks), and handed whole to every request. It is now `deal::prp::Prp`,
+//! GiB of ids at 2**30 chunks), and handed whole to every request. It is now `draw::prp::Prp`,
 //! the permutation the fast order's permuted leaves use (`deal::class_split`): a
 //! six-round Feistel network with cycle walking (Black and Rogaway), or for `F <= 256` an
 //! explicit Fisher–Yates table, keyed by the first word of the stream
@@ -48,7 +48,7 @@
 //! the short chunk last, the striding, padding and cutting, and every request's in-memory
 //! order.
 
-use crate::deal::prp::Prp;
+use crate::draw::prp::Prp;
 use crate::error::{Error, Result};
 use crate::index::{Index, Indices};
 use crate::shuffle::fisher_yates::fisher_yates;

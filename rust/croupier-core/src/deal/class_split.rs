@@ -21,7 +21,7 @@
 //! and the other three counts follow by subtraction. In a leaf `V` the values themselves are
 //! dealt: `G`'s values are a bit set, `Gl` takes a uniform random subset of it of size
 //! `t(Gl, V)` (see [`subset`]), `Gr` the rest. Each decision is drawn from the generator of
-//! its cell `(V, G)` ([`crate::deal::cell_rng`]), so any process that needs a cell draws the
+//! its cell `(V, G)` ([`crate::draw::cell_rng`]), so any process that needs a cell draws the
 //! same thing, and skipping a cell whose outcome is forced changes nothing else.
 //!
 //! # Cost
@@ -35,9 +35,9 @@
 //! output never depends on how.
 
 use crate::cancel::cancelled;
-use crate::deal::cell_rng::CellRng;
-use crate::deal::hypergeom::hypergeometric;
-use crate::deal::prp::Prp;
+use crate::draw::cell_rng::CellRng;
+use crate::draw::hypergeom::hypergeometric;
+use crate::draw::prp::Prp;
 use crate::index::Index;
 use crate::stream::fold;
 
@@ -64,7 +64,7 @@ pub(crate) trait Classes: Sync {
 /// The largest value leaf dealt with bit sets (of 16 words).
 pub(crate) const MAX_LEAF: u64 = 1024;
 /// Larger leaves, up to this size, are *permuted*: a keyed pseudorandom permutation of the
-/// leaf's positions ([`crate::deal::prp`]) gives each class a run of it, so a class with few
+/// leaf's positions ([`crate::draw::prp`]) gives each class a run of it, so a class with few
 /// values in the leaf costs one evaluation per value instead of bit sets over the leaf.
 pub(crate) const MAX_PERMUTED_LEAF: u64 = 1 << 20;
 const WORDS: usize = (MAX_LEAF / 64) as usize;

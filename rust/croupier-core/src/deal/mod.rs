@@ -19,17 +19,14 @@
 //!   drawn by recursive hypergeometric splitting without computing the other classes.
 //! - `seekable`: the order of a share's long blocks, a bucket shuffle with fixed bucket sizes
 //!   whose positions can be read one by one (a mid-epoch resume reads only what it needs).
-//! - `hypergeom`: exact hypergeometric draws, bit-identical on every platform (no libm).
-//! - `cell_rng`: the keyed per-cell generators (SplitMix64) that `class_split` and `seekable`
-//!   draw from, so that every rank makes the same decision for a cell without communicating.
+//!
+//! The random draws these build on (exact hypergeometric draws, keyed per-cell generators, the
+//! keyed permutation) are in the crate-private `draw` folder.
 
-pub(crate) mod cell_rng;
 pub(crate) mod class_split;
 pub(crate) mod elastic;
 pub(crate) mod fast_share;
-pub(crate) mod hypergeom;
 pub(crate) mod layout;
-pub(crate) mod prp;
 pub(crate) mod rank;
 pub(crate) mod seekable;
 

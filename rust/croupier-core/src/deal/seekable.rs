@@ -14,7 +14,7 @@
 //!   bucket range `G`; at the root `t(G, all)` is `G`'s size and `t(all, V) = |V|`.
 //! - For a stripe range `V` with halves `Vl, Vr` and a bucket range `G` with halves `Gl, Gr`,
 //!   `t(Gl, Vl) ~ Hyp(population t(G, V), marked t(Gl, V), drawn t(G, Vl))`, drawn from the
-//!   generator of cell `(V, G)` ([`crate::deal::cell_rng`]); the other three counts follow by
+//!   generator of cell `(V, G)` ([`crate::draw::cell_rng`]); the other three counts follow by
 //!   subtraction. A forced outcome is not drawn.
 //! - A stripe, once it knows how many of its items each bucket takes, is shuffled by
 //!   Fisher–Yates (its own generator); bucket 0 takes the first items, bucket 1 the next, and
@@ -56,11 +56,12 @@
 //! Nothing depends on the number of threads.
 
 use crate::cancel::cancelled;
-use crate::deal::cell_rng::CellRng;
-use crate::deal::hypergeom::hypergeometric;
+use crate::draw::cell_rng::CellRng;
+use crate::draw::hypergeom::hypergeometric;
+use crate::draw::keyed::keyed_xoshiro;
 use crate::index::Index;
 use crate::shuffle::parallel::{
-    child_path, fisher_yates_fast, inside_out_fast, keyed_xoshiro, PATH_BITS, PREFETCH_FROM,
+    child_path, fisher_yates_fast, inside_out_fast, PATH_BITS, PREFETCH_FROM,
 };
 use crate::stream::{fold, Purpose, Stream};
 use rand_xoshiro::Xoshiro256PlusPlus;

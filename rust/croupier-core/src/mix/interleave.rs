@@ -9,7 +9,7 @@
 //! `[a, b)` at `a + (b - a) / 2`. A node knows how many of its positions each dataset takes;
 //! its left child's counts are a multivariate hypergeometric draw (the left child's size out
 //! of the node's multiset), drawn dataset by dataset as univariate hypergeometrics
-//! ([`crate::deal::hypergeom`], exact and platform-independent) from the generator of the node
+//! ([`crate::draw::hypergeom`], exact and platform-independent) from the generator of the node
 //! `CellRng(base, a, b)`; the right child gets the rest. A leaf's multiset is written out in
 //! dataset order and shuffled by Fisher–Yates (xoshiro256++ keyed by the leaf's number).
 //!
@@ -21,9 +21,10 @@
 //! length, so every rank interleaves independently and a phase cut short by a later schedule
 //! keeps its order up to the cut.
 
-use crate::deal::cell_rng::CellRng;
-use crate::deal::hypergeom::hypergeometric;
-use crate::shuffle::parallel::{fisher_yates_fast, keyed_xoshiro};
+use crate::draw::cell_rng::CellRng;
+use crate::draw::hypergeom::hypergeometric;
+use crate::draw::keyed::keyed_xoshiro;
+use crate::shuffle::parallel::fisher_yates_fast;
 use crate::stream::{fold, Purpose, Stream};
 
 /// A dataset's count in a node: `(dataset, count)`, only nonzero counts, by dataset.

@@ -43,12 +43,13 @@
 //! the output is the same on every platform.
 
 use crate::cancel::cancelled;
+use crate::draw::keyed::keyed_xoshiro;
 use crate::error::Result;
 use crate::index::{check_len, try_with_capacity_huge, Index, Indices, U32_MAX_LEN};
 use crate::shuffle::fisher_yates::{fisher_yates, swaps_with_lookahead};
 use crate::shuffle::write_combine::Combiner;
 use crate::stream::{fold, lemire_u32, Purpose, Stream};
-use rand_core::{Rng, SeedableRng};
+use rand_core::Rng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rayon::prelude::*;
 
@@ -94,19 +95,6 @@ pub(crate) struct Shared<T>(pub(crate) *mut T);
 // through its parallel section, `seekable::Dealer` carries the borrow's lifetime).
 unsafe impl<T: Send> Send for Shared<T> {}
 unsafe impl<T: Send> Sync for Shared<T> {}
-
-/// xoshiro256++ seeded with the first 32 bytes of the ChaCha8 stream `(seed, epoch, purpose,
-/// id)`: fast bulk draws from a keyed, platform-independent stream (module documentation).
-pub(crate) fn keyed_xoshiro(
-    seed: u64,
-    epoch: u64,
-    purpose: Purpose,
-    id: u64,
-) -> Xoshiro256PlusPlus {
-    let mut state = [0u8; 32];
-    Stream::new(seed, epoch, purpose, id).fill_bytes(&mut state);
-    Xoshiro256PlusPlus::from_seed(state)
-}
 
 /// Names the generators of [`permutation`]`(n, seed, epoch)`.
 #[derive(Clone, Copy, Debug)]

@@ -17,7 +17,7 @@
 //! another machine, so `ln` here is written with `+ - * /` only, which IEEE 754 rounds
 //! identically everywhere (Rust never contracts them into fused multiply-adds on its own).
 
-use crate::deal::cell_rng::CellRng;
+use crate::draw::cell_rng::CellRng;
 use std::sync::OnceLock;
 
 /// Up to this many sequential draws, the small method is used.

@@ -17,7 +17,7 @@
 //! [`TABLE_MAX`] positions are permuted explicitly instead: a Fisher–Yates shuffle of `[0, n)`
 //! drawn from a SplitMix64 generator keyed the same way, looked up per position.
 
-use crate::deal::cell_rng::CellRng;
+use crate::draw::cell_rng::CellRng;
 use crate::stream::fold;
 
 /// Feistel rounds.
