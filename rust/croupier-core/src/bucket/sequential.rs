@@ -23,6 +23,7 @@
 //! touches (and, in torch's order, advances the generator over the buckets before: their
 //! draws, without their swaps), so a resume costs one bucket's shuffle, not the epoch.
 
+use crate::deal::check_world;
 use crate::deal::layout::Layout;
 use crate::deal::rank::{rank_range, Order};
 use crate::error::{Error, Result};
@@ -80,7 +81,7 @@ impl SequentialBuckets {
                 0,
             ));
         }
-        Layout::new(1, w, false)?.check_rank(rank)?;
+        check_world(w, rank)?;
         let mut members = Vec::new();
         let mut starts = vec![0u64];
         for b in buckets {

@@ -48,6 +48,7 @@
 //! the short chunk last, the striding, padding and cutting, and every request's in-memory
 //! order.
 
+use crate::deal::check_world;
 use crate::draw::prp::Prp;
 use crate::error::{Error, Result};
 use crate::index::{Index, Indices};
@@ -133,12 +134,7 @@ impl ChunkPlan {
                 start,
             ));
         }
-        if w == 0 {
-            return Err(Error::out_of_range("num_replicas", ">= 1", w));
-        }
-        if rank >= w {
-            return Err(Error::out_of_range("rank", format!("in [0, {w})"), rank));
-        }
+        check_world(w, rank)?;
         let n = stop - start;
         let chunks = n.div_ceil(chunk_size);
         let dealt = if drop_last {

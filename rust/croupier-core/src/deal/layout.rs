@@ -27,17 +27,47 @@ pub struct Layout {
     drop_last: bool,
 }
 
+/// Checks a number of ranks: `num_replicas` in `[1, 2**63 - 1]`. Every core function that
+/// takes ranks checks them here or in [`check_world`], in the same words.
+pub fn check_num_replicas(num_replicas: u64) -> Result<()> {
+    if num_replicas == 0 || num_replicas > MAX_LEN {
+        return Err(Error::out_of_range(
+            "num_replicas",
+            "in [1, 2**63 - 1]",
+            num_replicas,
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a world and a rank in it: `num_replicas` in `[1, 2**63 - 1]`, `rank` in
+/// `[0, num_replicas)`.
+///
+/// ```
+/// use croupier_core::deal::check_world;
+///
+/// assert!(check_world(8, 7).is_ok());
+/// let err = check_world(8, 8).unwrap_err().to_string();
+/// assert!(err.contains("rank must be in [0, num_replicas) = [0, 8)"), "{err}");
+/// assert!(check_world(0, 0).is_err());
+/// ```
+pub fn check_world(num_replicas: u64, rank: u64) -> Result<()> {
+    check_num_replicas(num_replicas)?;
+    if rank >= num_replicas {
+        return Err(Error::out_of_range(
+            "rank",
+            format!("in [0, num_replicas) = [0, {num_replicas})"),
+            rank,
+        ));
+    }
+    Ok(())
+}
+
 impl Layout {
     /// A layout; `n` in `[0, 2**63 - 1]`, `num_replicas` in `[1, 2**63 - 1]`.
     pub fn new(n: u64, num_replicas: u64, drop_last: bool) -> Result<Self> {
         check_len("dataset length", n)?;
-        if num_replicas == 0 || num_replicas > MAX_LEN {
-            return Err(Error::out_of_range(
-                "num_replicas",
-                "in [1, 2**63 - 1]",
-                num_replicas,
-            ));
-        }
+        check_num_replicas(num_replicas)?;
         Ok(Layout {
             n,
             num_replicas,
@@ -78,14 +108,7 @@ impl Layout {
 
     /// Checks `rank` against `[0, num_replicas)`.
     pub fn check_rank(&self, rank: u64) -> Result<()> {
-        if rank >= self.num_replicas {
-            return Err(Error::out_of_range(
-                "rank",
-                format!("in [0, num_replicas) = [0, {})", self.num_replicas),
-                rank,
-            ));
-        }
-        Ok(())
+        check_world(self.num_replicas, rank)
     }
 
     /// Checks a range of positions of a rank's sequence: `start <= stop <= num_samples`.

@@ -31,5 +31,5 @@ pub(crate) mod rank;
 pub(crate) mod seekable;
 
 pub use elastic::{Elastic, ELASTIC_FIRST_STOP};
-pub use layout::Layout;
+pub use layout::{check_num_replicas, check_world, Layout};
 pub use rank::{first_stop, rank_range, rank_range_bytes, Order};

@@ -30,6 +30,7 @@
 
 use crate::cancel::cancelled;
 use crate::deal::Elastic;
+use crate::deal::{check_num_replicas, check_world};
 use crate::error::{Error, Result};
 use crate::index::{
     index_bytes, try_with_capacity_huge, zeros_par, Index, Indices, MAX_LEN, U32_MAX_LEN,
@@ -81,13 +82,7 @@ pub struct Mixture {
 
 /// Per-rank positions of one pass of each dataset: `⌊n/W⌋` with `drop_last`, `⌈n/W⌉` without.
 pub fn pass_shares(sizes: &[u64], num_replicas: u64, drop_last: bool) -> Result<Vec<u64>> {
-    if num_replicas == 0 || num_replicas > MAX_LEN {
-        return Err(Error::out_of_range(
-            "num_replicas",
-            "in [1, 2**63 - 1]",
-            num_replicas,
-        ));
-    }
+    check_num_replicas(num_replicas)?;
     Ok(sizes
         .iter()
         .map(|&n| {
@@ -122,13 +117,7 @@ impl Mixture {
             ));
         }
         let shares = pass_shares(sizes, num_replicas, drop_last)?;
-        if rank >= num_replicas {
-            return Err(Error::out_of_range(
-                "rank",
-                format!("in [0, num_replicas) = [0, {num_replicas})"),
-                rank,
-            ));
-        }
+        check_world(num_replicas, rank)?;
         let mut offsets = Vec::with_capacity(sizes.len());
         let mut total: u64 = 0;
         for &n in sizes {
@@ -332,13 +321,7 @@ impl Mixture {
 
     /// The same mixture on rank `rank` (of the same number of ranks).
     pub fn for_rank(&self, rank: u64) -> Result<Self> {
-        if rank >= self.num_replicas {
-            return Err(Error::out_of_range(
-                "rank",
-                format!("in [0, num_replicas) = [0, {})", self.num_replicas),
-                rank,
-            ));
-        }
+        check_world(self.num_replicas, rank)?;
         let passes = self
             .passes
             .iter()
