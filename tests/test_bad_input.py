@@ -188,9 +188,9 @@ def test_refusals_happen_before_any_work(monkeypatch):
     class Deal:
         """Records every call into the core."""
 
-        def __init__(self, *args):
+        def __init__(self, **config):
             calls.append("Deal")
-            self._real = real_deal(*args)
+            self._real = real_deal(**config)
             self.num_samples, self.total_size = self._real.num_samples, self._real.total_size
 
         def indices(self, *args):

@@ -25,8 +25,24 @@ def test_arrays_own_the_rust_buffer_without_a_copy():
     # numpy does not own the data: its base is the Rust-side container holding the Vec.
     for arr in (
         _core.permutation(100, 0, 0),
-        _core.Deal(100, 3, 1, True, 0, False, _core.Order.FAST).indices(0),
-        _core.Deal(2**32 + 5, 2**20, 7, False, 0, False, _core.Order.TORCH_INSIDE_OUT).indices(0),
+        _core.Deal(
+            n=100,
+            num_replicas=3,
+            rank=1,
+            shuffle=True,
+            seed=0,
+            drop_last=False,
+            order=_core.Order.FAST,
+        ).indices(0),
+        _core.Deal(
+            n=2**32 + 5,
+            num_replicas=2**20,
+            rank=7,
+            shuffle=False,
+            seed=0,
+            drop_last=False,
+            order=_core.Order.TORCH_INSIDE_OUT,
+        ).indices(0),
     ):
         assert not arr.flags.owndata
         assert type(arr.base).__name__ == "PySliceContainer"
@@ -55,8 +71,24 @@ def test_peak_memory_shows_no_copy():
 
 
 def test_dtype_switches_above_2_pow_32():
-    at = _core.Deal(2**32, 2**20, 0, False, 0, False, _core.Order.FAST).indices(0)
-    above = _core.Deal(2**32 + 1, 2**20, 0, False, 0, False, _core.Order.FAST).indices(0)
+    at = _core.Deal(
+        n=2**32,
+        num_replicas=2**20,
+        rank=0,
+        shuffle=False,
+        seed=0,
+        drop_last=False,
+        order=_core.Order.FAST,
+    ).indices(0)
+    above = _core.Deal(
+        n=2**32 + 1,
+        num_replicas=2**20,
+        rank=0,
+        shuffle=False,
+        seed=0,
+        drop_last=False,
+        order=_core.Order.FAST,
+    ).indices(0)
     assert at.dtype == np.uint32 and int(at[-1]) == 2**32 - 2**20
     assert above.dtype == np.int64
 
@@ -106,19 +138,29 @@ FAST, TORCH = _core.Order.FAST, _core.Order.TORCH_INSIDE_OUT
         # The core checks its own invariants again, behind them.
         (lambda: _core.layout(5, 0, False), ValueError, "num_replicas must be in [1, 2**63 - 1]"),
         (
-            lambda: _core.Deal(5, 4, 4, True, 0, False, FAST),
+            lambda: _core.Deal(
+                n=5, num_replicas=4, rank=4, shuffle=True, seed=0, drop_last=False, order=FAST
+            ),
             ValueError,
             "rank must be in [0, num_replicas) = [0, 4), got 4",
         ),
         (
-            lambda: _core.Deal(5, 1, 0, True, 0, False, FAST).indices(0, 3, 2),
+            lambda: _core.Deal(
+                n=5, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=False, order=FAST
+            ).indices(0, 3, 2),
             ValueError,
             "start",
         ),
         (lambda: _core.torch_randperm(5, 0, FAST), ValueError, "got Order.FAST"),
         # A value of the wrong type or sign never reaches the core.
         (lambda: _core.permutation(-1, 0, 0), OverflowError, ""),
-        (lambda: _core.Deal(5, 1, 0, True, 0, False, "fast"), TypeError, "Order"),
+        (
+            lambda: _core.Deal(
+                n=5, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=False, order="fast"
+            ),
+            TypeError,
+            "Order",
+        ),
     ],
 )
 def test_bad_arguments_raise_named_errors(call, exc, words):
@@ -147,7 +189,9 @@ def test_orders_and_deals_pickle_and_compare():
     for order in (FAST, _core.Order.TORCH_FORWARD, TORCH):
         assert pickle.loads(pickle.dumps(order)) == order
     assert FAST != TORCH and len({FAST, TORCH, _core.Order.FAST}) == 2
-    deal = _core.Deal(1000, 3, 2, True, 9, True, TORCH)
+    deal = _core.Deal(
+        n=1000, num_replicas=3, rank=2, shuffle=True, seed=9, drop_last=True, order=TORCH
+    )
     clone = pickle.loads(pickle.dumps(deal))
     assert repr(clone) == repr(deal)
     assert "order=Order.TORCH_INSIDE_OUT" in repr(deal)
@@ -181,7 +225,15 @@ def test_no_argument_ever_panics(n, w, r, seed, epoch, shuffle, drop, order):
             s.indices()
         core_order = FAST if order == "fast" else TORCH
         with contextlib.suppress(ValueError, OverflowError, MemoryError):
-            _core.Deal(n, w, r, shuffle, seed, drop, core_order).indices(epoch)
+            _core.Deal(
+                n=n,
+                num_replicas=w,
+                rank=r,
+                shuffle=shuffle,
+                seed=seed,
+                drop_last=drop,
+                order=core_order,
+            ).indices(epoch)
     with contextlib.suppress(ValueError, OverflowError):
         _core.layout(n, w, drop)
 

@@ -167,7 +167,15 @@ def test_seed_plus_epoch_past_u64_is_refused_like_torch():
     with pytest.raises(ValueError, match=r"seed \+ epoch must be at most 2\*\*64 - 1"):
         s.set_epoch(1)
     with pytest.raises(ValueError, match=r"seed \+ epoch must be at most"):
-        _core.Deal(5, 1, 0, True, 2**64 - 1, False, _core.Order.TORCH_INSIDE_OUT).indices(1)
+        _core.Deal(
+            n=5,
+            num_replicas=1,
+            rank=0,
+            shuffle=True,
+            seed=2**64 - 1,
+            drop_last=False,
+            order=_core.Order.TORCH_INSIDE_OUT,
+        ).indices(1)
     fast = DistributedSampler(5, num_replicas=1, rank=0, seed=2**64 - 1)
     fast.set_epoch(1)  # croupier's own order has no such limit
     assert sorted(fast) == [0, 1, 2, 3, 4]

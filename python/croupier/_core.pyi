@@ -63,6 +63,7 @@ class Deal:
 
     def __new__(
         cls,
+        *,
         n: int,
         num_replicas: int,
         rank: int,
@@ -70,7 +71,10 @@ class Deal:
         seed: int,
         drop_last: bool,
         order: Order,
-    ) -> Deal: ...
+    ) -> Deal:
+        """Every keyword is required; an unknown one is a ``TypeError``."""
+    def __getnewargs_ex__(self) -> tuple[tuple[()], dict[str, object]]:
+        """Pickles as ``Deal(**config)``."""
     @property
     def num_samples(self) -> int:
         """This rank's number of indices per epoch (torch's ``num_samples``)."""

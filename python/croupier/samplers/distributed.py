@@ -120,13 +120,13 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
         self._n = n
         self._randperm = randperm
         self._deal = _core.Deal(
-            n,
-            num_replicas,
-            rank,
-            self.shuffle,
-            self.seed,
-            self.drop_last,
-            _core.Order.FAST if randperm is None else TORCH_ORDERS[randperm],
+            n=n,
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            drop_last=self.drop_last,
+            order=_core.Order.FAST if randperm is None else TORCH_ORDERS[randperm],
         )
         self.num_samples, self.total_size = self._deal.num_samples, self._deal.total_size
         super().__init__(num_replicas, rank, self.num_samples)

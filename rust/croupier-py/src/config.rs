@@ -37,7 +37,18 @@ pub(crate) trait Config: Sized {
         if !absent.is_empty() {
             return Err(missing(what, &absent));
         }
-        kwargs.as_any().extract::<Self>().map_err(Into::into)
+        kwargs.as_any().extract::<Self>().map_err(|e| {
+            // "failed to extract field XConfig.key" and why, as the error it was (a wrong type
+            // a TypeError, a negative or too large int an OverflowError), naming the call.
+            let py = kwargs.py();
+            let e: PyErr = e.into();
+            match e.cause(py) {
+                Some(cause) => {
+                    PyErr::from_type(cause.get_type(py), format!("{what}(): {e}: {cause}"))
+                }
+                None => PyTypeError::new_err(format!("{what}(): {e}")),
+            }
+        })
     }
 }
 

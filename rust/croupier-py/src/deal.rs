@@ -3,9 +3,37 @@
 
 use croupier_core::Layout;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
+use crate::config::Config;
 use crate::order::Order;
 use crate::runtime::{core, sized, to_numpy};
+
+/// How one rank is dealt an epoch (`Deal(**config)`).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct DealConfig {
+    /// The dataset length.
+    n: u64,
+    num_replicas: u64,
+    rank: u64,
+    shuffle: bool,
+    seed: u64,
+    drop_last: bool,
+    order: Order,
+}
+
+impl Config for DealConfig {
+    const KEYWORDS: &'static [&'static str] = &[
+        "n",
+        "num_replicas",
+        "rank",
+        "shuffle",
+        "seed",
+        "drop_last",
+        "order",
+    ];
+}
 
 /// How one rank is dealt an epoch: the dataset length, the ranks, shuffling, seed,
 /// `drop_last` and the order. Immutable; the epoch is given per call.
@@ -21,16 +49,17 @@ pub(crate) struct Deal {
 #[pymethods]
 impl Deal {
     #[new]
-    #[pyo3(signature = (n, num_replicas, rank, shuffle, seed, drop_last, order))]
-    fn new(
-        n: u64,
-        num_replicas: u64,
-        rank: u64,
-        shuffle: bool,
-        seed: u64,
-        drop_last: bool,
-        order: Order,
-    ) -> PyResult<Self> {
+    #[pyo3(signature = (**config))]
+    fn new(config: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let DealConfig {
+            n,
+            num_replicas,
+            rank,
+            shuffle,
+            seed,
+            drop_last,
+            order,
+        } = DealConfig::from_kwargs(config, "Deal")?;
         let layout = core(Layout::new(n, num_replicas, drop_last))?;
         core(layout.check_rank(rank))?;
         Ok(Deal {
@@ -124,16 +153,17 @@ impl Deal {
         Ok(to_numpy(py, out))
     }
 
-    fn __getnewargs__(&self) -> (u64, u64, u64, bool, u64, bool, Order) {
-        (
-            self.layout.n(),
-            self.layout.num_replicas(),
-            self.rank,
-            self.shuffle,
-            self.seed,
-            self.layout.drop_last(),
-            self.order,
-        )
+    /// Pickles as `Deal(**config)`.
+    fn __getnewargs_ex__<'py>(&self, py: Python<'py>) -> PyResult<((), Bound<'py, PyDict>)> {
+        let d = PyDict::new(py);
+        d.set_item("n", self.layout.n())?;
+        d.set_item("num_replicas", self.layout.num_replicas())?;
+        d.set_item("rank", self.rank)?;
+        d.set_item("shuffle", self.shuffle)?;
+        d.set_item("seed", self.seed)?;
+        d.set_item("drop_last", self.layout.drop_last())?;
+        d.set_item("order", self.order)?;
+        Ok(((), d))
     }
 
     fn __repr__(&self) -> String {
