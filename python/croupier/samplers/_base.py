@@ -556,10 +556,25 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
                 if consumed > 0:
                     length = self._elastic_length(origin, consumed, self.num_replicas)
                     elastic = (epoch, origin, consumed, length)
+        self._position_at(epoch, position, elastic=elastic)
+
+    def _position_at(
+        self,
+        epoch: int,
+        position: int,
+        *,
+        elastic: tuple[int, int, int, int] | None = None,
+        skip_outlives_epoch: bool = False,
+    ) -> None:
+        """Puts the next iteration at ``position`` of ``epoch`` (of its elastic rest when
+        ``elastic`` is given): the one place a loaded state positions a sampler, after every
+        check passed. The position belongs to ``epoch`` (a ``set_epoch`` to another starts
+        that one from its beginning) unless ``skip_outlives_epoch`` (NeMo's rule: a skip for
+        the next iteration, whatever its epoch)."""
         if epoch != self._now[0] or elastic != self._elastic:
             self._cache = None
         self._elastic = elastic
-        self._now = (epoch, _Pending(position, epoch))
+        self._now = (epoch, _Pending(position, None if skip_outlives_epoch else epoch))
 
     def _saved_elastic(self, native: Mapping[str, Any], saved_w: int) -> tuple[int, int]:
         """The ``(origin world size, global offset)`` a state records (``(saved_w, 0)`` for a

@@ -17,7 +17,7 @@ from croupier._dist import DistInfo, resolve_ranks
 from croupier._frameworks import refuse_a_sampler
 from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
 from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int
-from croupier.samplers._base import Batches, BatchSampler, _Pending
+from croupier.samplers._base import Batches, BatchSampler
 from croupier.samplers._state import StateError
 
 __all__ = ["SequentialBucketSampler"]
@@ -231,12 +231,10 @@ class SequentialBucketSampler(BatchSampler):
         epoch = check_int("state['epoch']", state["epoch"], 0, U64_MAX)
         self._check_epoch(epoch)
         position = check_int("state['batches_yielded']", state["batches_yielded"], 0, self._length)
-        if epoch != self._now[0]:
-            self._cache = None
         # croupier's rule: the loaded position belongs to its epoch (a set_epoch to another
         # epoch starts that one from its beginning). NeMo's: a skip for the next iteration,
         # whatever epoch it is then (the compat class).
-        self._now = (epoch, _Pending(position, None if self._skip_outlives_epoch else epoch))
+        self._position_at(epoch, position, skip_outlives_epoch=self._skip_outlives_epoch)
 
     # -- the sampler base ----------------------------------------------------------------------
 
