@@ -11,6 +11,14 @@ use rayon::prelude::*;
 const HISTOGRAM_MAX: u64 = 1 << 24;
 
 /// The boundaries of `k >= 1` quantile buckets of `lengths` (not empty).
+///
+/// ```
+/// use croupier_core::bucket::quantile_boundaries;
+///
+/// let lengths: Vec<u32> = (1..=1000).collect();
+/// let b = quantile_boundaries(&lengths, 4);
+/// assert!(b.len() <= 3 && b.windows(2).all(|w| w[0] < w[1])); // k - 1 increasing cuts
+/// ```
 pub fn quantile_boundaries<L: Copy + Into<u64> + Send + Sync>(lengths: &[L], k: u64) -> Vec<u64> {
     let n = lengths.len() as u64;
     let ranks: Vec<u64> = (1..k)

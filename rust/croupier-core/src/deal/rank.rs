@@ -72,6 +72,28 @@ fn share_range<T: Index>(
 /// both orders, as in torch). Padding, `drop_last` and striding follow torch (see [`Layout`]).
 /// `order="fast"` computes only the blocks holding the positions asked for; the other modes
 /// compute the whole share and cut it.
+///
+/// ```
+/// use croupier_core::{rank_range, Indices, Layout, Order};
+///
+/// // 10 samples on 4 ranks: 3 each, the first two repeated as torch pads.
+/// let layout = Layout::new(10, 4, false).unwrap();
+/// let mut seen = Vec::new();
+/// for rank in 0..4 {
+///     let share = rank_range(&layout, rank, true, Order::Fast, 0, 5, 0, 3).unwrap();
+///     let Indices::U32(v) = share else { unreachable!() };
+///     assert_eq!(v.len(), 3);
+///     seen.extend(v);
+/// }
+/// seen.sort_unstable();
+/// seen.dedup();
+/// assert_eq!(seen, (0..10).collect::<Vec<u32>>()); // every sample dealt
+/// // Unshuffled, rank 1 takes positions 1, 5, 9 as torch deals them.
+/// let Indices::U32(v) = rank_range(&layout, 1, false, Order::Fast, 0, 0, 0, 3).unwrap() else {
+///     unreachable!()
+/// };
+/// assert_eq!(v, [1, 5, 9]);
+/// ```
 #[allow(clippy::too_many_arguments)]
 pub fn rank_range(
     layout: &Layout,
@@ -97,6 +119,13 @@ pub fn rank_range(
 /// for, and whatever is computed whole to reach them (the blocks holding them in
 /// `order="fast"`, the whole permutation of `n` in torch's order). An estimate, so that a call
 /// that cannot fit is refused before any work.
+///
+/// ```
+/// use croupier_core::{rank_range_bytes, Layout, Order};
+///
+/// let layout = Layout::new(1000, 4, false).unwrap();
+/// assert_eq!(rank_range_bytes(&layout, 0, false, Order::Fast, 0, 250), 1000); // 250 u32
+/// ```
 pub fn rank_range_bytes(
     layout: &Layout,
     rank: u64,
@@ -141,6 +170,15 @@ pub(crate) fn rank_indices(
 /// `order="fast"` with shuffling the end of the block holding `start`, or at most
 /// `RANDOM_ACCESS_MAX` (64) positions on inside a long block (read by random
 /// access); `num_samples` otherwise.
+///
+/// ```
+/// use croupier_core::{first_stop, Layout, Order};
+///
+/// let layout = Layout::new(1_000_000, 8, false).unwrap();
+/// let stop = first_stop(&layout, 3, true, Order::Fast, 0).unwrap();
+/// assert!(0 < stop && stop <= layout.num_samples()); // a short first piece
+/// assert_eq!(first_stop(&layout, 3, false, Order::Fast, 0).unwrap(), 125_000);
+/// ```
 pub fn first_stop(
     layout: &Layout,
     rank: u64,

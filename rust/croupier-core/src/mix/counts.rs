@@ -80,6 +80,14 @@ pub fn probabilities(weights: &[f64], temperature: f64, what: &'static str) -> R
 
 /// Hamilton's largest-remainder rounding of `p_i * length` (see the module docs). A dataset
 /// with `p_i == 0` always gets 0.
+///
+/// ```
+/// use croupier_core::mix::largest_remainder;
+///
+/// let counts = largest_remainder(&[0.5, 0.3, 0.2, 0.0], 7);
+/// assert_eq!(counts.iter().sum::<u64>(), 7); // exactly the length
+/// assert_eq!(counts[3], 0); // a zero weight gets nothing
+/// ```
 pub fn largest_remainder(probs: &[f64], length: u64) -> Vec<u64> {
     let len_f = length as f64;
     let mut counts = Vec::with_capacity(probs.len());

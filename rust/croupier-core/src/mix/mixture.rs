@@ -81,6 +81,14 @@ pub struct Mixture {
 }
 
 /// Per-rank positions of one pass of each dataset: `⌊n/W⌋` with `drop_last`, `⌈n/W⌉` without.
+///
+/// ```
+/// use croupier_core::mix::pass_shares;
+///
+/// assert_eq!(pass_shares(&[10, 7], 4, false).unwrap(), [3, 2]);
+/// assert_eq!(pass_shares(&[10, 7], 4, true).unwrap(), [2, 1]);
+/// assert!(pass_shares(&[10], 0, false).is_err()); // no ranks
+/// ```
 pub fn pass_shares(sizes: &[u64], num_replicas: u64, drop_last: bool) -> Result<Vec<u64>> {
     check_num_replicas(num_replicas)?;
     Ok(sizes

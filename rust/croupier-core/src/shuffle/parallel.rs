@@ -351,6 +351,16 @@ const LEAF_LOOKAHEAD: usize = 64;
 
 /// Fills `out` with the permutation of `[0, out.len())` for `(seed, epoch)`, reusing the
 /// buffer.
+///
+/// ```
+/// use croupier_core::shuffle::{fill, permutation};
+/// use croupier_core::Indices;
+///
+/// let mut buf = vec![0u32; 500];
+/// fill(&mut buf, 3, 2);
+/// let Indices::U32(p) = permutation(500, 3, 2).unwrap() else { unreachable!() };
+/// assert_eq!(buf, p); // the same permutation, into your buffer
+/// ```
 pub fn fill<T: Index>(out: &mut [T], seed: u64, epoch: u64) {
     fill_with_leaf(out, seed, epoch, LEAF);
 }
@@ -607,6 +617,13 @@ fn shuffle_node<T: Index>(
 /// Bytes [`permutation`] holds at its peak: the output, and above `64 * LEAF` values one
 /// level-1 bucket of scratch per thread. An estimate, so that a call that cannot fit is
 /// refused before any work.
+///
+/// ```
+/// use croupier_core::shuffle::permutation_bytes;
+///
+/// assert_eq!(permutation_bytes(1000), 4000); // u32 output, no scratch at this size
+/// assert!(permutation_bytes(1 << 40) >= 8 << 40); // u64 above 2**32
+/// ```
 pub fn permutation_bytes(n: u64) -> u64 {
     let elem = crate::index::index_bytes(n);
     let scratch = if n / FANOUT as u64 > LEAF as u64 {
@@ -620,6 +637,20 @@ pub fn permutation_bytes(n: u64) -> u64 {
 
 /// The epoch's permutation of `[0, n)` (see the module documentation). A `u32` buffer when
 /// `n <= 2**32`, `u64` above.
+///
+/// ```
+/// use croupier_core::shuffle::permutation;
+/// use croupier_core::Indices;
+///
+/// let Indices::U32(p) = permutation(1000, 7, 0).unwrap() else { unreachable!() };
+/// let mut sorted = p.clone();
+/// sorted.sort_unstable();
+/// assert_eq!(sorted, (0..1000).collect::<Vec<u32>>()); // every index once
+/// let Indices::U32(again) = permutation(1000, 7, 0).unwrap() else { unreachable!() };
+/// assert_eq!(p, again); // the same arguments, the same order, on any machine
+/// let Indices::U32(next) = permutation(1000, 7, 1).unwrap() else { unreachable!() };
+/// assert_ne!(p, next); // another epoch, another order
+/// ```
 pub fn permutation(n: u64, seed: u64, epoch: u64) -> Result<Indices> {
     check_len("n", n)?;
     Ok(if n <= U32_MAX_LEN {
