@@ -15,7 +15,7 @@ from typing import Any
 from croupier._dist import DistInfo
 from croupier._validate import check_int
 from croupier.samplers._base import _Cursor, _Pending
-from croupier.samplers._state import KEMPNERFORGE, StateError, StateFormat
+from croupier.samplers._state import KEMPNERFORGE, StateFormat
 from croupier.samplers.distributed import DistributedSampler
 
 __all__ = ["TORCHDATA", "StatefulDistributedSampler"]
@@ -23,7 +23,8 @@ __all__ = ["TORCHDATA", "StatefulDistributedSampler"]
 
 def _from_torchdata(state: Mapping[str, Any], mine: dict[str, Any]) -> dict[str, Any]:
     # torchdata saves no epoch (its users call set_epoch before loading): the current one.
-    return {**mine, "epoch": state.get("epoch", mine["epoch"]), "position": state["yielded"]}
+    yielded = check_int("state['yielded']", state["yielded"], 0)
+    return {**mine, "epoch": state.get("epoch", mine["epoch"]), "position": yielded}
 
 
 TORCHDATA = StateFormat(
@@ -44,11 +45,16 @@ class StatefulDistributedSampler(DistributedSampler):
 
     ``yielded`` is the number of this rank's indices of the epoch consumed so far and
     ``next_yielded`` the position the next iteration starts at (``None`` when it starts the
-    epoch afresh); assigning ``next_yielded`` is :meth:`set_skip`. See
+    epoch afresh); assigning ``next_yielded`` is :meth:`set_skip`. :meth:`load_state_dict`
+    takes a state of this class, of torchdata's sampler (``{"yielded": n}``, with an optional
+    ``"epoch"``) or of kempnerforge's, through the base's one loading path (``TORCHDATA`` and
+    ``KEMPNERFORGE`` are its state formats); anything else, a negative ``yielded`` or
+    one past the epoch is refused (``ValueError``) and leaves the sampler unchanged. See
     :class:`croupier.DistributedSampler`.
     """
 
     _state_formats = (TORCHDATA, KEMPNERFORGE)
+    _derived_state_keys = ("yielded",)
 
     def __init__(
         self,
@@ -94,15 +100,3 @@ class StatefulDistributedSampler(DistributedSampler):
 
     def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
         return {**super()._state_at(epoch, position), "yielded": position}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Loads a state of this class, of torchdata's sampler (``{"yielded": n}``, with an
-        optional ``"epoch"``) or of kempnerforge's; refuses (``ValueError``) anything else,
-        a negative ``yielded`` or one past the epoch, leaving the sampler unchanged."""
-        if isinstance(state, Mapping) and "version" in state:
-            state = {k: v for k, v in state.items() if k != "yielded"}
-        elif isinstance(state, Mapping) and "yielded" in state:
-            check_int("state['yielded']", state["yielded"], 0)
-        elif isinstance(state, Mapping) and not KEMPNERFORGE.matches(set(state)):
-            raise StateError("Invalid state_dict: expected a 'yielded' key (torchdata's state)")
-        super().load_state_dict(state)

@@ -142,6 +142,9 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
     _config_names: ClassVar[tuple[str, ...]] = ()
     #: Foreign state shapes :meth:`load_state_dict` also accepts.
     _state_formats: ClassVar[tuple[StateFormat, ...]] = ()
+    #: Keys this sampler's own states carry for other tools, derived from the rest (torchdata's
+    #: ``yielded``): loading drops them before checking the state.
+    _derived_state_keys: ClassVar[tuple[str, ...]] = ()
 
     num_replicas: int
     rank: int
@@ -471,6 +474,8 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")
         if "version" in state:
+            if any(k in state for k in self._derived_state_keys):
+                return {k: v for k, v in state.items() if k not in self._derived_state_keys}
             return state
         keys = set(state)
         for fmt in self._state_formats:
