@@ -4,9 +4,10 @@ one line per step otherwise (a log, CI)."""
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import Any, TextIO
 
-from croupier.bench._runner import Progress
+from croupier.bench._runner import Lines, Progress
 
 __all__ = ["progress_for"]
 
@@ -39,18 +40,7 @@ class _Bar(Progress):
         self.bar.close()
 
 
-class _Lines(Progress):
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-
-    def say(self, line: str) -> None:
-        print(line, file=self.stream, flush=True)
-
-    def close(self) -> None:
-        pass
-
-
-def progress_for(total_s: float, stream: TextIO | None = None) -> _Bar | _Lines:
+def progress_for(total_s: float, stream: TextIO | None = None) -> Progress:
     """A bar when ``stream`` (stderr by default) is a terminal and tqdm is installed, lines
     otherwise. Call ``close()`` when the run ends."""
     stream = stream or sys.stderr
@@ -59,4 +49,4 @@ def progress_for(total_s: float, stream: TextIO | None = None) -> _Bar | _Lines:
             return _Bar(total_s, stream)
         except ImportError:
             pass
-    return _Lines(stream)
+    return Lines(partial(print, file=stream, flush=True))

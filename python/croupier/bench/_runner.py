@@ -17,7 +17,7 @@ from typing import Any
 from croupier import __version__
 from croupier.bench._systems import System, choose
 
-__all__ = ["BenchConfig", "Plan", "machine", "plan", "run"]
+__all__ = ["BenchConfig", "Lines", "Plan", "Progress", "machine", "plan", "run"]
 
 #: The default run's sizes: three decades, enough to show how each system scales, in about
 #: three minutes of CPU on 2 cores with the headline systems.
@@ -268,6 +268,9 @@ class Progress:
     def advance(self, estimated_s: float) -> None:
         """A run of ``estimated_s`` estimated seconds is done."""
 
+    def close(self) -> None:
+        """The run is over."""
+
 
 def run(
     cfg: BenchConfig, progress: Progress | Callable[[str], None] | None = None
@@ -280,7 +283,7 @@ def run(
     if progress is None:
         progress = Progress()
     elif not isinstance(progress, Progress):
-        progress = _Lines(progress)
+        progress = Lines(progress)
     pairs = plan(cfg)
     runs = len(cfg.seeds) * cfg.repeats
     rows: list[dict[str, Any]] = []
@@ -320,7 +323,7 @@ def run(
     }
 
 
-class _Lines(Progress):
+class Lines(Progress):
     """A :class:`Progress` that hands each line to a function."""
 
     def __init__(self, say: Callable[[str], None]) -> None:

@@ -7,65 +7,41 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::config::Config;
+use crate::config::{config, Config};
 use crate::runtime::{core, detached, sized, to_numpy};
 
-/// How samples are grouped and batched (`Buckets(lengths, **config)`).
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-struct BucketsConfig {
-    /// Bucket boundaries, or `None` for `num_buckets` quantile buckets.
-    boundaries: Option<Vec<u64>>,
-    num_buckets: u64,
-    batch_size: Option<u64>,
-    max_tokens: Option<u64>,
-    /// Batch sizes are rounded down to a multiple of this.
-    multiple: u64,
-    /// A sample longer than `max_tokens` is served alone (else the Python layer refused it).
-    oversized_alone: bool,
-    /// Only full batches of `batch_size` (`drop_last` without `max_tokens`).
-    full_batches: bool,
+config! {
+    /// How samples are grouped and batched (`Buckets(lengths, **config)`).
+    struct BucketsConfig {
+        /// Bucket boundaries, or `None` for `num_buckets` quantile buckets.
+        boundaries: Option<Vec<u64>>,
+        num_buckets: u64,
+        batch_size: Option<u64>,
+        max_tokens: Option<u64>,
+        /// Batch sizes are rounded down to a multiple of this.
+        multiple: u64,
+        /// A sample longer than `max_tokens` is served alone (else the Python layer refused it).
+        oversized_alone: bool,
+        /// Only full batches of `batch_size` (`drop_last` without `max_tokens`).
+        full_batches: bool,
+    }
 }
 
-impl Config for BucketsConfig {
-    const KEYWORDS: &'static [&'static str] = &[
-        "boundaries",
-        "num_buckets",
-        "batch_size",
-        "max_tokens",
-        "multiple",
-        "oversized_alone",
-        "full_batches",
-    ];
-}
-
-/// Which rank's batches, dealt how (`Buckets.range(epoch, start, stop, **deal)`).
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-struct BatchDeal {
-    num_replicas: u64,
-    rank: u64,
-    drop_last: bool,
-    seed: u64,
-    /// Shuffle the samples within each bucket.
-    shuffle: bool,
-    /// Shuffle the batch order (`bucket_order="shuffled"`).
-    shuffle_batches: bool,
-    /// `(origin, offset)`: the rest of an epoch first dealt over `origin` ranks, continued on
-    /// `num_replicas` ranks from global batch position `offset` (an elastic resume).
-    elastic: Option<(u64, u64)>,
-}
-
-impl Config for BatchDeal {
-    const KEYWORDS: &'static [&'static str] = &[
-        "num_replicas",
-        "rank",
-        "drop_last",
-        "seed",
-        "shuffle",
-        "shuffle_batches",
-        "elastic",
-    ];
+config! {
+    /// Which rank's batches, dealt how (`Buckets.range(epoch, start, stop, **deal)`).
+    struct BatchDeal {
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        seed: u64,
+        /// Shuffle the samples within each bucket.
+        shuffle: bool,
+        /// Shuffle the batch order (`bucket_order="shuffled"`).
+        shuffle_batches: bool,
+        /// `(origin, offset)`: the rest of an epoch first dealt over `origin` ranks, continued on
+        /// `num_replicas` ranks from global batch position `offset` (an elastic resume).
+        elastic: Option<(u64, u64)>,
+    }
 }
 
 /// Samples grouped into length buckets with their batch sizes (`croupier_core::BucketPlan`),

@@ -4,40 +4,25 @@ use numpy::IntoPyArray;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::config::Config;
+use crate::config::{config, Config};
 use crate::runtime::{core, detached, to_numpy};
 
-/// A rank's reading plan, as `ChunkSampler` sets it (`ChunkPlan(**config)`).
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-struct ChunkConfig {
-    /// The rows `[start, stop)` read.
-    start: u64,
-    stop: u64,
-    chunk_size: u64,
-    /// Chunks per load request.
-    preload: u64,
-    batch_size: u64,
-    shuffle: bool,
-    drop_last: bool,
-    seed: u64,
-    num_replicas: u64,
-    rank: u64,
-}
-
-impl Config for ChunkConfig {
-    const KEYWORDS: &'static [&'static str] = &[
-        "start",
-        "stop",
-        "chunk_size",
-        "preload",
-        "batch_size",
-        "shuffle",
-        "drop_last",
-        "seed",
-        "num_replicas",
-        "rank",
-    ];
+config! {
+    /// A rank's reading plan, as `ChunkSampler` sets it (`ChunkPlan(**config)`).
+    struct ChunkConfig {
+        /// The rows `[start, stop)` read.
+        start: u64,
+        stop: u64,
+        chunk_size: u64,
+        /// Chunks per load request.
+        preload: u64,
+        batch_size: u64,
+        shuffle: bool,
+        drop_last: bool,
+        seed: u64,
+        num_replicas: u64,
+        rank: u64,
+    }
 }
 
 /// A rank's chunked reading plan (`croupier_core::chunk::ChunkPlan`): chunk order and load
@@ -52,29 +37,18 @@ impl ChunkPlan {
     #[new]
     #[pyo3(signature = (**config))]
     fn new(config: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let ChunkConfig {
-            start,
-            stop,
-            chunk_size,
-            preload,
-            batch_size,
-            shuffle,
-            drop_last,
-            seed,
-            num_replicas,
-            rank,
-        } = ChunkConfig::from_kwargs(config, "ChunkPlan")?;
+        let c = ChunkConfig::from_kwargs(config, "ChunkPlan")?;
         let plan = core(croupier_core::chunk::ChunkPlan::new(
-            start,
-            stop,
-            chunk_size,
-            preload,
-            batch_size,
-            shuffle,
-            drop_last,
-            seed,
-            num_replicas,
-            rank,
+            c.start,
+            c.stop,
+            c.chunk_size,
+            c.preload,
+            c.batch_size,
+            c.shuffle,
+            c.drop_last,
+            c.seed,
+            c.num_replicas,
+            c.rank,
         ))?;
         Ok(ChunkPlan {
             plan: std::sync::Arc::new(plan),

@@ -8,6 +8,29 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+/// Declares a typed config: the struct, read from a dict by field name, and its
+/// [`Config::KEYWORDS`], taken from the same field list (so the two cannot disagree).
+macro_rules! config {
+    (
+        $(#[$meta:meta])*
+        struct $name:ident {
+            $($(#[$field_meta:meta])* $field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(pyo3::FromPyObject)]
+        #[pyo3(from_item_all)]
+        struct $name {
+            $($(#[$field_meta])* $field: $ty,)*
+        }
+
+        impl $crate::config::Config for $name {
+            const KEYWORDS: &'static [&'static str] = &[$(stringify!($field)),*];
+        }
+    };
+}
+pub(crate) use config;
+
 /// A typed config read from keyword arguments.
 pub(crate) trait Config: Sized {
     /// The keywords, in the order the stub lists them.

@@ -5,34 +5,22 @@ use croupier_core::Layout;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::config::Config;
+use crate::config::{config, Config};
 use crate::order::Order;
 use crate::runtime::{core, sized, to_numpy};
 
-/// How one rank is dealt an epoch (`Deal(**config)`).
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-struct DealConfig {
-    /// The dataset length.
-    n: u64,
-    num_replicas: u64,
-    rank: u64,
-    shuffle: bool,
-    seed: u64,
-    drop_last: bool,
-    order: Order,
-}
-
-impl Config for DealConfig {
-    const KEYWORDS: &'static [&'static str] = &[
-        "n",
-        "num_replicas",
-        "rank",
-        "shuffle",
-        "seed",
-        "drop_last",
-        "order",
-    ];
+config! {
+    /// How one rank is dealt an epoch (`Deal(**config)`).
+    struct DealConfig {
+        /// The dataset length.
+        n: u64,
+        num_replicas: u64,
+        rank: u64,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+        order: Order,
+    }
 }
 
 /// How one rank is dealt an epoch: the dataset length, the ranks, shuffling, seed,
@@ -51,23 +39,15 @@ impl Deal {
     #[new]
     #[pyo3(signature = (**config))]
     fn new(config: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let DealConfig {
-            n,
-            num_replicas,
-            rank,
-            shuffle,
-            seed,
-            drop_last,
-            order,
-        } = DealConfig::from_kwargs(config, "Deal")?;
-        let layout = core(Layout::new(n, num_replicas, drop_last))?;
-        core(layout.check_rank(rank))?;
+        let c = DealConfig::from_kwargs(config, "Deal")?;
+        let layout = core(Layout::new(c.n, c.num_replicas, c.drop_last))?;
+        core(layout.check_rank(c.rank))?;
         Ok(Deal {
             layout,
-            rank,
-            shuffle,
-            seed,
-            order,
+            rank: c.rank,
+            shuffle: c.shuffle,
+            seed: c.seed,
+            order: c.order,
         })
     }
 

@@ -4,35 +4,24 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::config::Config;
+use crate::config::{config, Config};
 use crate::runtime::{core, sized, to_numpy};
 
 /// One phase of a mixture as Python passes it: `(start, nominal_length, weights,
 /// temperature)`.
 type PhaseArgs = (u64, u64, Vec<f64>, f64);
 
-/// Which rank's mixture, dealt how (`Mixture(sizes, phases, **config)`).
-#[derive(FromPyObject, Clone)]
-#[pyo3(from_item_all)]
-struct MixtureConfig {
-    num_replicas: u64,
-    rank: u64,
-    drop_last: bool,
-    shuffle: bool,
-    seed: u64,
-    /// Positions per rank and epoch; `None` for one pass of every dataset's share.
-    length: Option<u64>,
-}
-
-impl Config for MixtureConfig {
-    const KEYWORDS: &'static [&'static str] = &[
-        "num_replicas",
-        "rank",
-        "drop_last",
-        "shuffle",
-        "seed",
-        "length",
-    ];
+config! {
+    /// Which rank's mixture, dealt how (`Mixture(sizes, phases, **config)`).
+    struct MixtureConfig {
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        shuffle: bool,
+        seed: u64,
+        /// Positions per rank and epoch; `None` for one pass of every dataset's share.
+        length: Option<u64>,
+    }
 }
 
 impl MixtureConfig {
@@ -49,20 +38,16 @@ impl MixtureConfig {
     }
 }
 
-/// The world an elastic rest is dealt to (`Mixture.elastic_indices(epoch, start, stop,
-/// **rest)`).
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-struct ElasticRest {
-    /// The global position the old world's ranks had consumed up to.
-    offset: u64,
-    num_replicas: u64,
-    rank: u64,
-    drop_last: bool,
-}
-
-impl Config for ElasticRest {
-    const KEYWORDS: &'static [&'static str] = &["offset", "num_replicas", "rank", "drop_last"];
+config! {
+    /// The world an elastic rest is dealt to (`Mixture.elastic_indices(epoch, start, stop,
+    /// **rest)`).
+    struct ElasticRest {
+        /// The global position the old world's ranks had consumed up to.
+        offset: u64,
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+    }
 }
 
 /// A weighted mixture of datasets on one rank (`croupier_core::Mixture`): phases of exact
@@ -86,14 +71,6 @@ impl Mixture {
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let config = MixtureConfig::from_kwargs(config, "Mixture")?;
-        let MixtureConfig {
-            num_replicas,
-            rank,
-            drop_last,
-            shuffle,
-            seed,
-            length,
-        } = config.clone();
         let specs: Vec<croupier_core::PhaseSpec> = phases
             .iter()
             .map(
@@ -105,14 +82,15 @@ impl Mixture {
                 },
             )
             .collect();
+        let c = &config;
         let mixture = core(croupier_core::Mixture::new(
             &sizes,
-            num_replicas,
-            rank,
-            drop_last,
-            shuffle,
-            seed,
-            length,
+            c.num_replicas,
+            c.rank,
+            c.drop_last,
+            c.shuffle,
+            c.seed,
+            c.length,
             &specs,
         ))?;
         Ok(Mixture {

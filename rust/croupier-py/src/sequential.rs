@@ -4,33 +4,22 @@ use numpy::IntoPyArray;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::config::Config;
+use crate::config::{config, Config};
 use crate::order::Order;
 use crate::runtime::{core, sized, to_numpy};
 
-/// How the buckets are dealt (`SequentialBuckets(buckets, sizes, **config)`).
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-struct SequentialConfig {
-    num_replicas: u64,
-    rank: u64,
-    drop_last: bool,
-    /// Shuffle the order of the buckets.
-    shuffle_buckets: bool,
-    /// Shuffle the samples within each bucket.
-    shuffle_within: bool,
-    order: Order,
-}
-
-impl Config for SequentialConfig {
-    const KEYWORDS: &'static [&'static str] = &[
-        "num_replicas",
-        "rank",
-        "drop_last",
-        "shuffle_buckets",
-        "shuffle_within",
-        "order",
-    ];
+config! {
+    /// How the buckets are dealt (`SequentialBuckets(buckets, sizes, **config)`).
+    struct SequentialConfig {
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        /// Shuffle the order of the buckets.
+        shuffle_buckets: bool,
+        /// Shuffle the samples within each bucket.
+        shuffle_within: bool,
+        order: Order,
+    }
 }
 
 /// NeMo Automodel's bucket-by-bucket batches on one rank
