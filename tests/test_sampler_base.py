@@ -342,7 +342,47 @@ def test_the_extension_point_is_public():
 
     for name in (
         "IndexSampler", "BatchSampler", "Batches", "StateError",
-        "check_int", "check_bool", "dataset_length", "resolve_ranks",
+        "check_int", "check_bool", "dataset_length", "resolve_ranks", "Loaded", "StateFormat",
     ):  # fmt: skip
         assert name in public.__all__ and getattr(public, name) is not None
     assert public.IndexSampler is IndexSampler and public.Batches is Batches
+
+
+class Tagged(FixedBatches):
+    """A sampler with a state key of its own (``tag``), loaded through the base's hooks."""
+
+    def __init__(self, *args: int) -> None:
+        self.tag = "fresh"
+        super().__init__(*args)
+
+    def _state_at(self, epoch: int, position: int) -> dict[str, object]:
+        return {**super()._state_at(epoch, position), "tag": self.tag}
+
+    def _prepare_load(self, native, loaded):
+        tag = native.get("tag")
+        if not isinstance(tag, str) or not tag:
+            raise StateError("state['tag'] must be a non-empty string")
+
+        def commit() -> None:
+            # The base has positioned the sampler before it applies the sampler's own keys.
+            assert (self.epoch, self._start_position()) == (loaded.epoch, loaded.position)
+            self.tag = f"{tag}@{loaded.epoch}:{loaded.position}"
+
+        return commit
+
+
+def test_a_samplers_own_state_keys_load_through_the_base_hooks_or_change_nothing():
+    s = Tagged(100, 10, 2, 1)
+    s.set_epoch(3)
+    it = iter(s)
+    [next(it) for _ in range(2)]
+    state = s.state_dict()
+    assert state["tag"] == "fresh"
+    t = Tagged(100, 10, 2, 1)
+    t.load_state_dict({**state, "tag": "kept"})
+    assert (t.epoch, t.tag, t.state_dict()["position"]) == (3, "kept@3:2", 2)
+    before = (t.state_dict(), t.tag)
+    for bad in ({**state, "tag": ""}, {**state, "position": 99}, {**state, "size": 11}):
+        with pytest.raises(StateError):
+            t.load_state_dict(bad)
+        assert (t.state_dict(), t.tag) == before  # refused: nothing changed

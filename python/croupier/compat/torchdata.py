@@ -32,6 +32,7 @@ TORCHDATA = StateFormat(
     keys=frozenset({"yielded"}),
     optional=frozenset({"epoch"}),
     to_native=_from_torchdata,
+    position_key="yielded",
 )
 """``{"yielded": n}`` (optionally with ``"epoch"``), the state of torchdata's
 ``StatefulDistributedSampler``: ``n`` indices of the epoch (the current one unless given) are

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -36,7 +36,7 @@ from croupier._torch import Sampler
 from croupier._validate import MAX_LEN, U64_MAX, check_int
 from croupier.samplers._state import StateError, StateFormat, check_state
 
-__all__ = ["BatchSampler", "Batches", "IndexSampler", "StatefulSampler"]
+__all__ = ["BatchSampler", "Batches", "IndexSampler", "Loaded", "StatefulSampler"]
 
 T = TypeVar("T")
 Seg = TypeVar("Seg", bound="_Segment")
@@ -84,6 +84,18 @@ class Batches:
         values = self.flat[lo:hi]
         cuts = (self.offsets[1:-1] - lo).astype(np.intp)
         return [part.tolist() for part in np.split(values, cuts)]
+
+
+class Loaded(NamedTuple):
+    """Where a checked state puts a sampler (what :meth:`StatefulSampler._prepare_load` is
+    given): the epoch, the position in it (in its elastic rest, if any), the elastic rest
+    ``(epoch, origin world size, global offset, items per rank)``, and the foreign state
+    format the state was converted from (``None``: the sampler's own shape)."""
+
+    epoch: int
+    position: int
+    elastic: tuple[int, int, int, int] | None
+    foreign: StateFormat | None
 
 
 class _Pending:
@@ -145,6 +157,12 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
     #: Keys this sampler's own states carry for other tools, derived from the rest (torchdata's
     #: ``yielded``): loading drops them before checking the state.
     _derived_state_keys: ClassVar[tuple[str, ...]] = ()
+    #: Whether the sampler's states are in the base's own shape; when not, they are in its
+    #: first state format's (NeMo's for ``SequentialBucketSampler``) and only those load.
+    _native_states: ClassVar[bool] = True
+    #: Whether a loaded position waits for the next iteration whatever its epoch then (NeMo's
+    #: rule) instead of belonging to the loaded epoch.
+    _skip_outlives_epoch: ClassVar[bool] = False
 
     num_replicas: int
     rank: int
@@ -455,7 +473,13 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
     def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
         """The state of this sampler at ``position`` of ``epoch`` (what :meth:`state_dict` says
         once ``position`` items of ``epoch`` are consumed). A loader whose workers prefetch
-        ahead of training saves this at the position training has consumed."""
+        ahead of training saves this at the position training has consumed. A sampler whose
+        states have another shape (``_native_states = False``) or carry more overrides it."""
+        return self._native_state_at(epoch, position)
+
+    def _native_state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        """The base's own state shape: version, configuration, world, epoch and position (and
+        the elastic entry of an elastic rest). Foreign states are converted to it."""
         state = self._state_config()
         state.update(num_replicas=self.num_replicas, rank=self.rank, epoch=epoch, position=position)
         el = self._elastic_of(epoch)
@@ -468,24 +492,25 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         position, else 0)."""
         return self._next_start(self._now[1])
 
-    def _as_native(self, state: object) -> Mapping[str, Any]:
-        """``state`` in this sampler's own shape: as it is when it has a ``version``, else
-        converted by the one :class:`StateFormat` whose keys it has."""
+    def _as_native(self, state: object) -> tuple[Mapping[str, Any], StateFormat | None]:
+        """``state`` in the base's own shape, and the :class:`StateFormat` it was converted
+        from (``None``: it was in that shape, a ``version`` key says so)."""
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a mapping (a state_dict()), got {type(state).__name__}")
-        if "version" in state:
+        if self._native_states and "version" in state:
             if any(k in state for k in self._derived_state_keys):
-                return {k: v for k, v in state.items() if k not in self._derived_state_keys}
-            return state
+                state = {k: v for k, v in state.items() if k not in self._derived_state_keys}
+            return state, None
         keys = set(state)
         for fmt in self._state_formats:
             if fmt.matches(keys):
-                return fmt.to_native(state, self.state_dict())
+                epoch, at = self._now
+                return fmt.to_native(state, self._native_state_at(epoch, self._consumed(at))), fmt
         shapes = [f"{fmt.name} ({', '.join(sorted(fmt.keys))})" for fmt in self._state_formats]
-        accepted = "a state_dict() of this sampler" + (
-            " or a state of " + " or ".join(shapes) if shapes else ""
-        )
-        raise StateError(f"state has keys {sorted(map(str, keys))}; expected {accepted}")
+        accepted = ["a state_dict() of this sampler"] if self._native_states else []
+        accepted += [f"a state of {shape}" for shape in shapes]
+        keys_seen = sorted(map(str, keys))
+        raise StateError(f"state has keys {keys_seen}; expected {' or '.join(accepted)}")
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores a :meth:`state_dict`: the next iteration continues with exactly the next item.
@@ -506,11 +531,38 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         fewer than ``num_replicas`` of the rest's last items); until the next epoch
         ``len(self)`` is this rank's share of that rest. Other samplers refuse such a state.
         """
-        native = check_state(
-            self._as_native(state),
+        # The one loading path of every sampler on this base: convert a foreign shape, check
+        # everything (the base's keys, then the sampler's own), and only then change anything.
+        native, fmt = self._as_native(state)
+        self._check_config(native)
+        checked = check_state(
+            native,
             ints=("num_replicas", "rank", "epoch", "position"),
             config=self._state_config(),
         )
+        loaded = self._loaded(checked, fmt)
+        commit = self._prepare_load(native, loaded)
+        self._position_at(
+            loaded.epoch,
+            loaded.position,
+            elastic=loaded.elastic,
+            skip_outlives_epoch=self._skip_outlives_epoch,
+        )
+        if commit is not None:
+            commit()
+
+    def _check_config(self, native: Mapping[str, Any]) -> None:
+        """Hook: refuses a state whose configuration differs, in words of the sampler's own,
+        before the base's check (which names each differing key)."""
+
+    def _prepare_load(self, native: Mapping[str, Any], loaded: Loaded) -> Callable[[], None] | None:
+        """Hook: checks the keys of ``native`` that are the sampler's own (``loaded`` is what
+        the base's checks found), raising before anything changes, and returns what applies
+        them once the base has positioned the sampler (``None``: nothing)."""
+        return None
+
+    def _loaded(self, native: Mapping[str, Any], fmt: StateFormat | None) -> Loaded:
+        """Where a checked state puts this sampler: its epoch, position and elastic rest."""
         epoch = check_int("state['epoch']", native["epoch"], 0, U64_MAX)
         self._check_epoch(epoch)
         saved_w = check_int("state['num_replicas']", native["num_replicas"], 1, MAX_LEN)
@@ -524,8 +576,9 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         else:
             saved_len = self._epoch_length(saved_w)
         if position > saved_len:
+            key = "position" if fmt is None else fmt.position_key
             raise StateError(
-                f"state['position'] must be in [0, {saved_len}] ({self._unit} per rank "
+                f"state[{key!r}] must be in [0, {saved_len}] ({self._unit} per rank "
                 f"{'for the rest of the epoch' if offset else 'and epoch'} with "
                 f"num_replicas={saved_w}), got {position}"
             )
@@ -561,7 +614,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
                 if consumed > 0:
                     length = self._elastic_length(origin, consumed, self.num_replicas)
                     elastic = (epoch, origin, consumed, length)
-        self._position_at(epoch, position, elastic=elastic)
+        return Loaded(epoch, position, elastic, fmt)
 
     def _position_at(
         self,

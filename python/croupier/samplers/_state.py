@@ -16,7 +16,7 @@ import numpy as np
 
 from croupier._validate import as_int
 
-__all__ = ["KEMPNERFORGE", "StateError", "StateFormat", "check_state"]
+__all__ = ["KEMPNERFORGE", "NEMO", "StateError", "StateFormat", "check_state"]
 
 
 class StateError(ValueError):
@@ -46,19 +46,22 @@ class StateFormat:
     """A documented foreign state shape that a sampler also loads.
 
     A state without a ``version`` key whose keys include all of ``keys`` and nothing outside
-    ``keys | optional`` is of this shape; ``to_native(state, mine)`` returns it in the
-    sampler's own shape, given ``mine``, the sampler's current ``state_dict()`` (whose
-    configuration the converted state must still match).
+    ``keys | optional`` (anything else, with ``ignore_others``) is of this shape;
+    ``to_native(state, mine)`` returns it in the sampler's own shape, given ``mine``, the
+    sampler's current state in its own shape (whose configuration the converted state must
+    still match). ``position_key`` names the key that holds the position, for messages.
     """
 
     name: str
     keys: frozenset[str]
     to_native: Callable[[Mapping[str, Any], dict[str, Any]], dict[str, Any]]
     optional: frozenset[str] = frozenset()
+    ignore_others: bool = False
+    position_key: str = "position"
 
     def matches(self, keys: set[Any]) -> bool:
         """Whether a state with these keys has this shape."""
-        return self.keys <= keys <= self.keys | self.optional
+        return self.keys <= keys and (self.ignore_others or keys <= self.keys | self.optional)
 
 
 def _from_kempnerforge(state: Mapping[str, Any], mine: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +81,23 @@ KEMPNERFORGE = StateFormat(
 )
 """``{"epoch", "seed", "num_replicas", "rank"}``, the state of kempnerforge's
 ``DistributedSampler``: loads as the start of that epoch; its seed must equal this sampler's."""
+
+
+def _from_nemo(state: Mapping[str, Any], mine: dict[str, Any]) -> dict[str, Any]:
+    # NeMo's state is this world's epoch and batches consumed; the configuration is the
+    # sampler's own (NeMo records none).
+    return {**mine, "epoch": state["epoch"], "position": state["batches_yielded"]}
+
+
+NEMO = StateFormat(
+    name="NeMo Automodel's SequentialBucketSampler",
+    keys=frozenset({"epoch", "batches_yielded"}),
+    to_native=_from_nemo,
+    ignore_others=True,
+    position_key="batches_yielded",
+)
+"""``{"epoch", "batches_yielded"}`` (other keys ignored, as NeMo does), the state of NeMo
+Automodel's ``SequentialBucketSampler``: ``batches_yielded`` batches of ``epoch`` consumed."""
 
 
 def _as_config_value(key: str, value: object, mine: object) -> object:

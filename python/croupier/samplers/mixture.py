@@ -7,7 +7,7 @@ keeps the schedule (the weights in force, from which position) and its checkpoin
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._torch import DistributedSamplerBase
 from croupier._validate import MAX_LEN, U64_MAX, as_int, check_bool, check_int
-from croupier.samplers._base import IndexSampler, _Cursor, _Pending
+from croupier.samplers._base import IndexSampler, Loaded, _Cursor, _Pending
 from croupier.samplers._kempnerforge_errors import _kempnerforge_kind
 from croupier.samplers._schedule import (
     _check_layout,
@@ -516,55 +516,54 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         ``drop_last=True``); the next epoch then raises ``ValueError`` naming the schedule,
         changing nothing, until :meth:`set_schedule` or :meth:`update_weights` gives weights
         this world can draw."""
-        self._check_differences(state)
-        saved = (self._now, self._cache, self._elastic)
-        super().load_state_dict(state)
-        origin_phases = None
-        try:
-            if isinstance(state, Mapping) and "version" in state:
-                schedule, pending, deferred, phases = self._checked_extras(state)
-                if self._elastic_of(self._now[0]) is not None:
-                    # The rest of the epoch keeps the phases it was iterated with (in its
-                    # first world); this world's own phases start with the next epoch.
-                    origin_phases, phases = phases, self._fresh(schedule)
-                    self._origin_mixture_check(origin_phases)
-            else:
-                schedule, pending, deferred, phases = (
-                    self._schedule, self._pending, False, self._phases
-                )  # fmt: skip
-            _, at = self._now
-            if isinstance(at, _Pending) and at.position == 0 and not deferred:
-                phases = self._fresh(schedule)
-            # The rest of an elastic epoch needs only the first world's phases: a schedule this
-            # world cannot draw (a dataset with fewer samples than num_replicas, drop_last) is
-            # refused when an epoch of this world starts, not here.
-            active = None if origin_phases is not None else self._mixture(phases)
-        except BaseException:
-            self._now, self._cache, self._elastic = saved
-            raise
-        self._origin_phases = origin_phases
-        self._schedule, self._pending = schedule, pending
-        self._phases = phases
-        self._active = active
-        self._cache = None
-        self._continuing = at if deferred else None
+        super().load_state_dict(state)  # the base's path, with the hooks below
 
-    def _origin_mixture_check(self, phases: tuple[_Phase, ...]) -> None:
-        """Refuses phases the core refuses for the first world of an elastic rest."""
-        el = self._elastic
-        assert el is not None
+    def _prepare_load(self, native: Mapping[str, Any], loaded: Loaded) -> Callable[[], None]:
+        """Checks the schedule and phases of a state (a foreign state keeps this sampler's)
+        and returns what applies them once the base has positioned the sampler."""
+        origin_phases = None
+        if loaded.foreign is None:
+            schedule, pending, deferred, phases = self._checked_extras(native, loaded)
+            if loaded.elastic is not None:
+                # The rest of the epoch keeps the phases it was iterated with (in its first
+                # world); this world's own phases start with the next epoch.
+                origin_phases, phases = phases, self._fresh(schedule)
+                self._origin_mixture_check(origin_phases, loaded.elastic)
+        else:
+            schedule, pending, deferred, phases = (
+                self._schedule, self._pending, False, self._phases
+            )  # fmt: skip
+        if loaded.position == 0 and not deferred:
+            phases = self._fresh(schedule)
+        # The rest of an elastic epoch needs only the first world's phases: a schedule this
+        # world cannot draw (a dataset with fewer samples than num_replicas, drop_last) is
+        # refused when an epoch of this world starts, not here.
+        active = None if origin_phases is not None else self._mixture(phases)
+
+        def commit() -> None:
+            self._origin_phases = origin_phases
+            self._schedule, self._pending = schedule, pending
+            self._phases = phases
+            self._active = active
+            self._cache = None
+            self._continuing = self._now[1] if deferred else None
+
+        return commit
+
+    def _origin_mixture_check(
+        self, phases: tuple[_Phase, ...], el: tuple[int, int, int, int]
+    ) -> None:
+        """Refuses phases the core refuses for the first world of an elastic rest ``el``."""
         try:
             self._core_mixture(el[1], 0, self._epoch_length(el[1]), phases)
         except ValueError as e:
             raise StateError(f"state['phases'] is not a valid schedule: {e}") from None
 
-    def _check_differences(self, state: object) -> None:
+    def _check_config(self, state: Mapping[str, Any]) -> None:
         """Refuses a state of this sampler's own shape whose configuration differs, naming
         every difference in words the base's check does not have: ``num_samples`` (a fixed
         length against the default one). Another ``num_replicas`` is no difference: at an
         epoch boundary the state starts or ends its epoch, mid-epoch it resumes elastically."""
-        if not isinstance(state, Mapping) or "version" not in state:
-            return
         config = self._state_config()
         probe = dict(state)
         extra: list[str] = []
@@ -592,7 +591,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             raise different([*differ, *extra])
 
     def _checked_extras(
-        self, state: Mapping[str, Any]
+        self, state: Mapping[str, Any], loaded: Loaded
     ) -> tuple[tuple[_Entry, ...], bool, bool, tuple[_Phase, ...]]:
         for key in ("schedule", "schedule_pending", "phases"):
             if key not in state:
@@ -607,7 +606,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         el = state.get("elastic")
         first_w = saved_w if el is None else as_int("origin", el["origin_num_replicas"])
         first_len = self._epoch_length(first_w)
-        elastic = self._elastic_of(self._now[0]) is not None
+        elastic = loaded.elastic is not None
         schedule = self._parsed_schedule(state["schedule"], saved_len)
         pending = check_bool("state['schedule_pending']", state["schedule_pending"])
         # Absent from states saved before it existed (they resumed the pending schedule).

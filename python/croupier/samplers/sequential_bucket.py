@@ -8,7 +8,7 @@ size. The batches are computed by the Rust core (``croupier_core::bucket::sequen
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from croupier._frameworks import refuse_a_sampler
 from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
 from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int
 from croupier.samplers._base import Batches, BatchSampler
-from croupier.samplers._state import StateError
+from croupier.samplers._state import NEMO
 
 __all__ = ["SequentialBucketSampler"]
 
@@ -75,6 +75,9 @@ class SequentialBucketSampler(BatchSampler):
         "rank",
         "order",
     )
+    # Its states are NeMo's, loaded through the base's one path as that state format.
+    _state_formats = (NEMO,)
+    _native_states = False
 
     def __init__(
         self,
@@ -207,11 +210,6 @@ class SequentialBucketSampler(BatchSampler):
     def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
         return {"epoch": epoch, "batches_yielded": position}
 
-    #: Whether a loaded ``batches_yielded`` waits for the next iteration whatever its epoch
-    #: (NeMo's rule, :class:`croupier.compat.nemo.SequentialBucketSampler`) instead of
-    #: belonging to the loaded epoch.
-    _skip_outlives_epoch: ClassVar[bool] = False
-
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores NeMo's state (extra keys are ignored, as NeMo does): the epoch, and the next
         iteration continues after ``batches_yielded`` batches. A wrong type is ``TypeError``; a
@@ -223,18 +221,7 @@ class SequentialBucketSampler(BatchSampler):
         epoch starts that epoch from its first batch. (NeMo keeps the skip for the next
         iteration whatever the epoch then; ``croupier.compat.nemo.SequentialBucketSampler``
         does as NeMo does.)"""
-        if not isinstance(state, Mapping):
-            raise TypeError(f"state must be a mapping, got {type(state).__name__}")
-        missing = [k for k in ("epoch", "batches_yielded") if k not in state]
-        if missing:
-            raise StateError(f"state is missing keys {missing}; expected epoch and batches_yielded")
-        epoch = check_int("state['epoch']", state["epoch"], 0, U64_MAX)
-        self._check_epoch(epoch)
-        position = check_int("state['batches_yielded']", state["batches_yielded"], 0, self._length)
-        # croupier's rule: the loaded position belongs to its epoch (a set_epoch to another
-        # epoch starts that one from its beginning). NeMo's: a skip for the next iteration,
-        # whatever epoch it is then (the compat class).
-        self._position_at(epoch, position, skip_outlives_epoch=self._skip_outlives_epoch)
+        super().load_state_dict(state)  # the base's path, NeMo's shape as its state format
 
     # -- the sampler base ----------------------------------------------------------------------
 
