@@ -1,5 +1,5 @@
 //! Times one rank's share: `cargo run --release --example share_timing -- N W RANK [START STOP]`.
-use croupier_core::{first_stop, rank_range, Layout, Order};
+use croupier_core::{first_stop, rank_range, Draw, Layout, Order};
 use std::time::Instant;
 
 fn main() {
@@ -14,11 +14,12 @@ fn main() {
         a.get(3).copied().unwrap_or(0),
         a.get(4).copied().unwrap_or(ns),
     );
+    let draw = Draw::default(); // the fast order, seed 0, epoch 0
     let t = Instant::now();
     let first = first_stop(&layout, r, true, Order::Fast, start).expect("first stop");
-    let head = rank_range(&layout, r, true, Order::Fast, 0, 0, start, first).expect("head");
+    let head = rank_range(&layout, r, draw, start..first).expect("head");
     let t_first = t.elapsed();
-    let rest = rank_range(&layout, r, true, Order::Fast, 0, 0, first, stop).expect("rest");
+    let rest = rank_range(&layout, r, draw, first..stop).expect("rest");
     println!(
         "n={n} w={w} rank={r}: first block of {} in {:.1} ms, the rest ({}) after {:.1} ms",
         head.len(),

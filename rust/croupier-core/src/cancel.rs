@@ -23,32 +23,103 @@ pub struct Cancel(Arc<AtomicBool>);
 
 impl Cancel {
     /// A flag not raised.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Cancel;
+    ///
+    /// let cancel = Cancel::new();
+    /// assert!(!cancel.is_raised());
+    /// ```
     pub fn new() -> Self {
         Cancel::default()
     }
 
     /// Asks every thread carrying this flag to stop.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Cancel;
+    ///
+    /// let cancel = Cancel::new();
+    /// let seen_by_the_work = cancel.clone(); // one flag, shared by the call's threads
+    /// cancel.raise();
+    /// assert!(seen_by_the_work.is_raised());
+    /// ```
     pub fn raise(&self) {
         self.0.store(true, Ordering::Relaxed);
     }
 
     /// Whether [`Cancel::raise`] was called.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Cancel;
+    ///
+    /// let cancel = Cancel::new();
+    /// assert!(!cancel.is_raised());
+    /// cancel.raise();
+    /// assert!(cancel.is_raised());
+    /// ```
     pub fn is_raised(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
 
     /// Makes the current thread carry this flag (replacing any other) until [`Cancel::detach`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Cancel;
+    ///
+    /// let cancel = Cancel::new();
+    /// cancel.attach();
+    /// assert!(!Cancel::current_is_raised());
+    /// cancel.raise();
+    /// assert!(Cancel::current_is_raised()); // this thread's long loops stop at their next look
+    /// Cancel::detach();
+    /// ```
     pub fn attach(&self) {
         FLAG.with(|f| *f.borrow_mut() = Some(Arc::clone(&self.0)));
     }
 
     /// Makes the current thread carry no flag.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Cancel;
+    ///
+    /// let cancel = Cancel::new();
+    /// cancel.attach();
+    /// cancel.raise();
+    /// Cancel::detach();
+    /// assert!(!Cancel::current_is_raised()); // a thread that carries no flag is never cancelled
+    /// assert!(cancel.is_raised()); // the flag itself stays raised
+    /// ```
     pub fn detach() {
         FLAG.with(|f| *f.borrow_mut() = None);
     }
 
     /// Whether the flag the current thread carries (if any) was raised: the work of this
     /// thread is being abandoned, and whatever it computes is discarded.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Cancel;
+    ///
+    /// assert!(!Cancel::current_is_raised()); // no flag carried
+    /// let cancel = Cancel::new();
+    /// cancel.attach();
+    /// cancel.raise();
+    /// assert!(Cancel::current_is_raised());
+    /// // Only the threads that carry the flag see it.
+    /// assert!(!std::thread::spawn(Cancel::current_is_raised).join().unwrap());
+    /// ```
     pub fn current_is_raised() -> bool {
         cancelled()
     }
@@ -94,7 +165,7 @@ mod tests {
     /// share and copies nothing.
     #[test]
     fn a_raised_flag_stops_every_stage_of_the_long_calls() {
-        use crate::deal::{Elastic, Order};
+        use crate::deal::{Draw, Elastic};
         let cancel = Cancel::new();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(2)
@@ -115,7 +186,13 @@ mod tests {
             assert_eq!(perm.len(), 0);
             let rest = Elastic::new(n, 8, false, n / 2, 6).unwrap();
             for shuffle in [true, false] {
-                let got = rest.range(0, shuffle, Order::Fast, 1, 2, 0, rest.num_samples());
+                let draw = Draw {
+                    shuffle,
+                    seed: 1,
+                    epoch: 2,
+                    ..Draw::default()
+                };
+                let got = rest.range(0, draw, 0..rest.num_samples());
                 assert!(got.unwrap().len() < 1 << 17, "shuffle={shuffle}");
             }
         });

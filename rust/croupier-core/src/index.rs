@@ -9,8 +9,28 @@ use crate::error::{Error, Result};
 /// An unsigned integer type that can hold sample indices.
 pub trait Index: Copy + Send + Sync + std::fmt::Debug + 'static {
     /// Converts from `u64`; the caller guarantees the value fits.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Index;
+    ///
+    /// let x = <u32 as Index>::from_u64(u64::from(u32::MAX));
+    /// assert_eq!(x, u32::MAX);
+    /// assert_eq!(<u64 as Index>::from_u64(1 << 40).to_u64(), 1 << 40); // a round trip
+    /// ```
     fn from_u64(v: u64) -> Self;
     /// Widens to `u64`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Index;
+    ///
+    /// for v in [0u64, 1, u64::from(u32::MAX)] {
+    ///     assert_eq!(<u32 as Index>::from_u64(v).to_u64(), v); // a round trip
+    /// }
+    /// ```
     fn to_u64(self) -> u64;
 }
 
@@ -46,6 +66,17 @@ pub const MAX_LEN: u64 = (1 << 63) - 1;
 
 /// Bytes per index in the buffers for a dataset of `n` samples: 4 (`u32`) up to
 /// [`U32_MAX_LEN`], 8 (`u64`) above.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::{index_bytes, permutation, Indices, U32_MAX_LEN};
+///
+/// assert_eq!(index_bytes(U32_MAX_LEN), 4); // every index of 2**32 samples fits a u32
+/// assert_eq!(index_bytes(U32_MAX_LEN + 1), 8);
+/// // The buffers follow it.
+/// assert!(matches!(permutation(10, 0, 0).unwrap(), Indices::U32(_)));
+/// ```
 pub fn index_bytes(n: u64) -> u64 {
     if n <= U32_MAX_LEN {
         4
@@ -65,6 +96,15 @@ pub enum Indices {
 
 impl Indices {
     /// Number of indices held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{permutation, Indices};
+    ///
+    /// assert_eq!(permutation(100, 0, 0).unwrap().len(), 100);
+    /// assert_eq!(Indices::U64(vec![5, 6]).len(), 2);
+    /// ```
     pub fn len(&self) -> usize {
         match self {
             Indices::U32(v) => v.len(),
@@ -73,6 +113,15 @@ impl Indices {
     }
 
     /// Whether the buffer is empty.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::permutation;
+    ///
+    /// assert!(permutation(0, 0, 0).unwrap().is_empty());
+    /// assert!(!permutation(1, 0, 0).unwrap().is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -20,10 +20,11 @@
 //!   ([`permutation`], [`fill`]) with its write-combining scatters, and torch's CPU `randperm`
 //!   reproduced exactly ([`torch_randperm()`]).
 //! - [`deal`]: dealing an epoch to data-parallel ranks: torch's padding and striding
-//!   ([`Layout`]), a rank's positions in either order ([`rank_range`], [`first_stop`],
-//!   [`Order`]), and for `order="fast"` a rank's share computed alone (class splitting by exact
-//!   hypergeometric draws with keyed per-cell generators, per-block orders, a seekable order
-//!   for long blocks).
+//!   ([`Layout`]; a rank's place in its world, [`Deal`]), a rank's positions in either order
+//!   ([`rank_range`], [`first_stop`], [`Order`], drawn as a [`Draw`] says), and for
+//!   `order="fast"` a rank's share computed alone (class splitting by exact hypergeometric
+//!   draws with keyed per-cell generators, per-block orders, a seekable order for long
+//!   blocks).
 //!
 //! - [`mix`]: weighted mixtures of datasets; [`bucket`]: bucket batching by length;
 //!   [`chunk`]: chunked reading plans for on-disk arrays.
@@ -58,10 +59,10 @@ mod stream;
 mod testkit;
 
 pub use cancel::Cancel;
-pub use deal::{first_stop, rank_range, rank_range_bytes, Elastic, Layout, Order};
+pub use deal::{first_stop, rank_range, rank_range_bytes, Deal, Draw, Elastic, Layout, Order};
 pub use error::{Error, Result};
 pub use index::{index_bytes, Index, Indices, MAX_LEN, U32_MAX_LEN};
-pub use mix::{Mixture, PhaseSpec};
+pub use mix::{Mixture, MixtureConfig, PhaseSpec};
 pub use shuffle::{
     fill, permutation, permutation_bytes, torch_randperm, TorchRandperm, LARGE_N_THRESHOLD,
 };

@@ -44,6 +44,27 @@ config! {
     }
 }
 
+impl BatchDeal {
+    /// The rank, its world and `drop_last`.
+    fn deal(&self) -> croupier_core::Deal {
+        croupier_core::Deal {
+            num_replicas: self.num_replicas,
+            rank: self.rank,
+            drop_last: self.drop_last,
+        }
+    }
+
+    /// How epoch `epoch`'s batches are drawn.
+    fn draw(&self, epoch: u64) -> croupier_core::bucket::BatchDraw {
+        croupier_core::bucket::BatchDraw {
+            seed: self.seed,
+            epoch,
+            shuffle: self.shuffle,
+            shuffle_batches: self.shuffle_batches,
+        }
+    }
+}
+
 /// Samples grouped into length buckets with their batch sizes (`croupier_core::BucketPlan`),
 /// from which a rank's batches of any epoch are read.
 #[pyclass(module = "croupier._core", frozen)]
@@ -155,29 +176,17 @@ impl Buckets {
         stop: u64,
         deal: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let BatchDeal {
-            num_replicas,
-            rank,
-            drop_last,
-            seed,
-            shuffle,
-            shuffle_batches,
-            elastic,
-        } = BatchDeal::from_kwargs(deal, "Buckets.range")?;
-        let el = elastic
-            .map(|(origin, offset)| self.elastic(origin, offset, num_replicas, drop_last))
+        let d = BatchDeal::from_kwargs(deal, "Buckets.range")?;
+        let el = d
+            .elastic
+            .map(|(origin, offset)| self.elastic(origin, offset, d.num_replicas, d.drop_last))
             .transpose()?;
+        let (rank_deal, draw) = (d.deal(), d.draw(epoch));
         let bytes = self.plan.range_bytes(start, stop);
         let plan = std::sync::Arc::clone(&self.plan);
-        let (flat, offsets) = sized(py, bytes, "this rank's batches", move || {
-            let (seeds, shuffles, range) =
-                ((seed, epoch), (shuffle, shuffle_batches), (start, stop));
-            match el {
-                None => {
-                    plan.rank_batches_range(num_replicas, rank, drop_last, seeds, shuffles, range)
-                }
-                Some(el) => plan.elastic_batches_range(&el, rank, seeds, shuffles, range),
-            }
+        let (flat, offsets) = sized(py, bytes, "this rank's batches", move || match el {
+            None => plan.rank_batches_range(rank_deal, draw, start..stop),
+            Some(el) => plan.elastic_batches_range(&el, rank_deal.rank, draw, start..stop),
         })?;
         Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
     }

@@ -25,6 +25,25 @@ config! {
     }
 }
 
+impl From<&ChunkConfig> for croupier_core::chunk::ChunkConfig {
+    fn from(c: &ChunkConfig) -> Self {
+        croupier_core::chunk::ChunkConfig {
+            start: c.start,
+            stop: c.stop,
+            chunk_size: c.chunk_size,
+            preload: c.preload,
+            batch_size: c.batch_size,
+            shuffle: c.shuffle,
+            seed: c.seed,
+            deal: croupier_core::Deal {
+                num_replicas: c.num_replicas,
+                rank: c.rank,
+                drop_last: c.drop_last,
+            },
+        }
+    }
+}
+
 /// A rank's chunked reading plan (`croupier_core::chunk::ChunkPlan`): chunk order and load
 /// requests of any epoch.
 #[pyclass(module = "croupier._core", frozen)]
@@ -37,18 +56,9 @@ impl ChunkPlan {
     #[new]
     #[pyo3(signature = (**config))]
     fn new(config: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let c = ChunkConfig::from_kwargs(config, "ChunkPlan")?;
+        let config = ChunkConfig::from_kwargs(config, "ChunkPlan")?;
         let plan = core(croupier_core::chunk::ChunkPlan::new(
-            c.start,
-            c.stop,
-            c.chunk_size,
-            c.preload,
-            c.batch_size,
-            c.shuffle,
-            c.drop_last,
-            c.seed,
-            c.num_replicas,
-            c.rank,
+            &croupier_core::chunk::ChunkConfig::from(&config),
         ))?;
         Ok(ChunkPlan {
             plan: std::sync::Arc::new(plan),

@@ -74,22 +74,15 @@ impl Deal {
         stop: Option<u64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let stop = stop.unwrap_or(self.layout.num_samples());
-        let order = self.order.core();
-        let bytes = croupier_core::rank_range_bytes(
-            &self.layout,
-            self.rank,
-            self.shuffle,
-            order,
-            start,
-            stop,
-        );
+        let draw = self.draw(epoch);
+        let bytes = croupier_core::rank_range_bytes(&self.layout, self.rank, draw, start..stop);
         let what = match self.order {
             Order::Fast => "this rank's indices",
             _ => "torch's order (the whole permutation, as torch builds it)",
         };
-        let (layout, rank, shuffle, seed) = (self.layout, self.rank, self.shuffle, self.seed);
+        let (layout, rank) = (self.layout, self.rank);
         let out = sized(py, bytes, what, move || {
-            croupier_core::rank_range(&layout, rank, shuffle, order, seed, epoch, start, stop)
+            croupier_core::rank_range(&layout, rank, draw, start..stop)
         })?;
         Ok(to_numpy(py, out))
     }
@@ -121,14 +114,14 @@ impl Deal {
     ) -> PyResult<Bound<'py, PyAny>> {
         let el = self.elastic(origin, offset)?;
         let stop = stop.unwrap_or(el.num_samples());
-        let order = self.order.core();
-        let bytes = el.range_bytes(self.shuffle, order, start, stop.max(start));
-        let (rank, shuffle, seed) = (self.rank, self.shuffle, self.seed);
+        let draw = self.draw(epoch);
+        let bytes = el.range_bytes(draw, start..stop.max(start));
+        let rank = self.rank;
         let out = sized(
             py,
             bytes,
             "this rank's indices after a change of world size",
-            move || el.range(rank, shuffle, order, seed, epoch, start, stop),
+            move || el.range(rank, draw, start..stop),
         )?;
         Ok(to_numpy(py, out))
     }
@@ -161,6 +154,16 @@ impl Deal {
 }
 
 impl Deal {
+    /// How this rank's epoch `epoch` is drawn.
+    fn draw(&self, epoch: u64) -> croupier_core::Draw {
+        croupier_core::Draw {
+            shuffle: self.shuffle,
+            order: self.order.core(),
+            seed: self.seed,
+            epoch,
+        }
+    }
+
     fn elastic(&self, origin: u64, offset: u64) -> PyResult<croupier_core::Elastic> {
         core(croupier_core::Elastic::new(
             self.layout.n(),

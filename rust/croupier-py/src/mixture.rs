@@ -24,6 +24,21 @@ config! {
     }
 }
 
+impl From<&MixtureConfig> for croupier_core::MixtureConfig {
+    fn from(c: &MixtureConfig) -> Self {
+        croupier_core::MixtureConfig {
+            deal: croupier_core::Deal {
+                num_replicas: c.num_replicas,
+                rank: c.rank,
+                drop_last: c.drop_last,
+            },
+            shuffle: c.shuffle,
+            seed: c.seed,
+            length: c.length,
+        }
+    }
+}
+
 impl MixtureConfig {
     /// The keywords that build this config again (for pickling).
     fn to_kwargs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -82,16 +97,10 @@ impl Mixture {
                 },
             )
             .collect();
-        let c = &config;
         let mixture = core(croupier_core::Mixture::new(
             &sizes,
-            c.num_replicas,
-            c.rank,
-            c.drop_last,
-            c.shuffle,
-            c.seed,
-            c.length,
             &specs,
+            &croupier_core::MixtureConfig::from(&config),
         ))?;
         Ok(Mixture {
             mixture: std::sync::Arc::new(mixture),

@@ -22,6 +22,24 @@ config! {
     }
 }
 
+impl From<&SequentialConfig> for croupier_core::bucket::SequentialConfig {
+    fn from(c: &SequentialConfig) -> Self {
+        croupier_core::bucket::SequentialConfig {
+            deal: croupier_core::Deal {
+                num_replicas: c.num_replicas,
+                rank: c.rank,
+                drop_last: c.drop_last,
+            },
+            shuffle_buckets: c.shuffle_buckets,
+            shuffle_within: c.shuffle_within,
+            order: match c.order.core() {
+                croupier_core::Order::Fast => croupier_core::bucket::SeqOrder::Fast,
+                croupier_core::Order::Torch(v) => croupier_core::bucket::SeqOrder::Torch(v),
+            },
+        }
+    }
+}
+
 /// NeMo Automodel's bucket-by-bucket batches on one rank
 /// (`croupier_core::bucket::SequentialBuckets`).
 #[pyclass(module = "croupier._core", frozen)]
@@ -38,26 +56,11 @@ impl SequentialBuckets {
         sizes: Vec<u64>,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let SequentialConfig {
-            num_replicas,
-            rank,
-            drop_last,
-            shuffle_buckets,
-            shuffle_within,
-            order,
-        } = SequentialConfig::from_kwargs(config, "SequentialBuckets")?;
-        let order = match order.core() {
-            croupier_core::Order::Fast => croupier_core::bucket::SeqOrder::Fast,
-            croupier_core::Order::Torch(v) => croupier_core::bucket::SeqOrder::Torch(v),
-        };
+        let config = SequentialConfig::from_kwargs(config, "SequentialBuckets")?;
         let inner = core(croupier_core::bucket::SequentialBuckets::new(
             &buckets,
             &sizes,
-            num_replicas,
-            rank,
-            drop_last,
-            (shuffle_buckets, shuffle_within),
-            order,
+            &croupier_core::bucket::SequentialConfig::from(&config),
         ))?;
         Ok(SequentialBuckets {
             inner: std::sync::Arc::new(inner),

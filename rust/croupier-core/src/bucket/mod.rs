@@ -9,6 +9,6 @@ pub mod plan;
 pub mod quantiles;
 pub mod sequential;
 
-pub use plan::{BucketPlan, Limits};
+pub use plan::{BatchDraw, BucketPlan, Limits};
 pub use quantiles::quantile_boundaries;
-pub use sequential::{SeqOrder, SequentialBuckets};
+pub use sequential::{SeqOrder, SequentialBuckets, SequentialConfig};

@@ -30,12 +30,13 @@
 //! batches, one bucket at a time.
 
 use crate::deal::elastic::Elastic;
-use crate::deal::layout::Layout;
-use crate::deal::rank::{rank_range, Order};
+use crate::deal::layout::{Deal, Layout};
+use crate::deal::rank::{rank_range, Draw};
 use crate::error::{Error, Result};
 use crate::index::{try_with_capacity, Index, Indices, U32_MAX_LEN};
 use crate::stream::{fold, Purpose, Stream};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Lengths below this are bucketed through a table.
 const TABLE_MAX: u64 = 1 << 24;
@@ -61,6 +62,59 @@ pub struct Limits {
     pub full_batches: bool,
 }
 
+/// How an epoch's batches are drawn: the seed and epoch keying its shuffles, and which
+/// shuffles apply.
+///
+/// The default is `BucketBatchSampler`'s: both shuffles, seed 0, epoch 0.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::bucket::BatchDraw;
+///
+/// let draw = BatchDraw { epoch: 2, shuffle_batches: false, ..BatchDraw::default() };
+/// assert!(draw.shuffle && !draw.shuffle_batches);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchDraw {
+    /// The seed of the shuffles.
+    pub seed: u64,
+    /// The epoch: each epoch of a seed has its own shuffles.
+    pub epoch: u64,
+    /// Shuffle the samples within each bucket; without, nothing is shuffled.
+    pub shuffle: bool,
+    /// Shuffle the order of the batches too (together with `shuffle` only); without, the
+    /// batches come bucket after bucket (`bucket_order="sorted"`).
+    pub shuffle_batches: bool,
+}
+
+impl Default for BatchDraw {
+    fn default() -> Self {
+        BatchDraw {
+            seed: 0,
+            epoch: 0,
+            shuffle: true,
+            shuffle_batches: true,
+        }
+    }
+}
+
+impl BatchDraw {
+    /// The keys of the shuffles within buckets: `(seed, epoch, shuffle)`.
+    fn keys(&self) -> (u64, u64, bool) {
+        (self.seed, self.epoch, self.shuffle)
+    }
+
+    /// The draw of the batch order, an `order="fast"` epoch over the batch ids.
+    fn batch_order(&self) -> Draw {
+        let key = Stream::new(self.seed, self.epoch, Purpose::BucketOrder, 0).next_u64();
+        Draw {
+            shuffle: self.shuffle && self.shuffle_batches,
+            ..Draw::keyed(key)
+        }
+    }
+}
+
 /// The grouping of a dataset's samples into buckets and batch sizes.
 #[derive(Debug, Clone)]
 pub struct BucketPlan {
@@ -80,6 +134,25 @@ pub struct BucketPlan {
 
 impl BucketPlan {
     /// Buckets `lengths` by `boundaries` (strictly increasing) and sizes their batches.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{BucketPlan, Limits};
+    ///
+    /// let lengths: Vec<u32> = (0..1000).map(|i| 1 + i % 100).collect();
+    /// let limits = Limits {
+    ///     batch_size: None,
+    ///     max_tokens: Some(512),
+    ///     multiple: 1,
+    ///     oversized_alone: true,
+    ///     full_batches: false,
+    /// };
+    /// let plan = BucketPlan::new(&lengths, &[25, 50, 75], limits).unwrap();
+    /// // Every batch keeps the budget: its size times its bucket's longest sample.
+    /// assert!(plan.buckets().iter().all(|&(_, size, _, longest)| size * longest <= 512));
+    /// assert!(BucketPlan::new(&lengths, &[50, 25], limits).is_err()); // not increasing
+    /// ```
     pub fn new<L: Copy + Into<u64> + Send + Sync>(
         lengths: &[L],
         boundaries: &[u64],
@@ -233,21 +306,70 @@ impl BucketPlan {
     }
 
     /// A 64-bit fingerprint of the lengths (in order), the same on every platform.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{BucketPlan, Limits};
+    ///
+    /// # let limits = Limits { batch_size: Some(2), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// let a = BucketPlan::new(&[3u32, 1, 2], &[], limits).unwrap();
+    /// let b = BucketPlan::new(&[3u32, 1, 2], &[2], limits).unwrap();
+    /// let c = BucketPlan::new(&[1u32, 2, 3], &[], limits).unwrap();
+    /// assert_eq!(a.digest(), b.digest()); // the lengths' fingerprint, whatever the buckets
+    /// assert_ne!(a.digest(), c.digest()); // their order counts
+    /// ```
     pub fn digest(&self) -> u64 {
         self.digest
     }
 
     /// Number of samples.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{BucketPlan, Limits};
+    ///
+    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// let lengths: Vec<u32> = (1..=100).collect();
+    /// let plan = BucketPlan::new(&lengths, &[51], limits).unwrap();
+    /// assert_eq!(plan.len(), 100);
+    /// let members: u64 = plan.buckets().iter().map(|b| b.0).sum();
+    /// assert_eq!(members, plan.len()); // every sample in one bucket
+    /// ```
     pub fn len(&self) -> u64 {
         self.n
     }
 
     /// Whether there are no samples (never: construction refuses it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{BucketPlan, Limits};
+    ///
+    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// assert!(!BucketPlan::new(&[7u32], &[], limits).unwrap().is_empty());
+    /// assert!(BucketPlan::new(&[] as &[u32], &[], limits).is_err()); // no empty plan is built
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.n == 0
     }
 
     /// Batches in an epoch, over all ranks, before padding or cutting.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{BucketPlan, Limits};
+    ///
+    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// let lengths: Vec<u32> = (0..1000).map(|i| 1 + i % 97).collect();
+    /// let plan = BucketPlan::new(&lengths, &[10, 40], limits).unwrap();
+    /// // Every bucket's members cut into batches of its size, the last one possibly short.
+    /// let per_bucket: u64 = plan.buckets().iter().map(|&(n, size, _, _)| n.div_ceil(size)).sum();
+    /// assert_eq!(plan.batches(), per_bucket);
+    /// ```
     pub fn batches(&self) -> u64 {
         *self.batch_starts.last().expect("at least one bucket")
     }
@@ -255,6 +377,8 @@ impl BucketPlan {
     /// Bytes a read of batches `[start, stop)` holds: about their samples (the mean batch,
     /// rounded up) as `u64`, and their offsets. An estimate, to refuse what cannot fit before
     /// any work.
+    ///
+    /// # Examples
     ///
     /// ```
     /// use croupier_core::bucket::{BucketPlan, Limits};
@@ -280,6 +404,19 @@ impl BucketPlan {
 
     /// Per bucket: `(members, batch size, batches, longest sample)`; the last bucket holds the
     /// samples longer than `max_tokens`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{BucketPlan, Limits};
+    ///
+    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// let lengths: Vec<u32> = (1..=100).collect();
+    /// let buckets = BucketPlan::new(&lengths, &[51], limits).unwrap().buckets();
+    /// assert_eq!(buckets.len(), 3); // [0, 51), [51, ∞) and the (empty) oversized one
+    /// assert_eq!(buckets[0].3, 50); // its longest sample
+    /// assert!(buckets.iter().all(|&(n, size, batches, _)| batches == n.div_ceil(size)));
+    /// ```
     pub fn buckets(&self) -> Vec<(u64, u64, u64, u64)> {
         (0..self.sizes.len())
             .map(|j| {
@@ -322,85 +459,105 @@ impl BucketPlan {
         let layout = Layout::new(n, 1, false)?;
         let key = Stream::new(seed, epoch, Purpose::BucketShuffle, j as u64).next_u64();
         let member = |p: u64| T::from_u64(self.member(base + p));
-        match rank_range(&layout, 0, true, Order::Fast, key, 0, a, b)? {
+        match rank_range(&layout, 0, Draw::keyed(key), a..b)? {
             Indices::U32(v) => out.extend(v.into_iter().map(|p| member(u64::from(p)))),
             Indices::U64(v) => out.extend(v.into_iter().map(member)),
         }
         Ok(())
     }
 
-    /// The batch ids rank `rank` of `w` receives at its positions `[start, stop)`.
-    fn batch_ids(
-        &self,
-        w: u64,
-        rank: u64,
-        drop_last: bool,
-        (seed, epoch, shuffle): (u64, u64, bool),
-        (start, stop): (u64, u64),
-    ) -> Result<Vec<u64>> {
-        let layout = Layout::new(self.batches(), w, drop_last)?;
-        let key = Stream::new(seed, epoch, Purpose::BucketOrder, 0).next_u64();
-        Ok(
-            match rank_range(&layout, rank, shuffle, Order::Fast, key, 0, start, stop)? {
-                Indices::U32(v) => v.into_iter().map(u64::from).collect(),
-                Indices::U64(v) => v,
-            },
-        )
-    }
-
     /// Batches per rank with `w` ranks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{BucketPlan, Limits};
+    ///
+    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// let lengths: Vec<u32> = (1..=100).collect();
+    /// let plan = BucketPlan::new(&lengths, &[51], limits).unwrap(); // 10 batches
+    /// assert_eq!(plan.rank_batches(3, false).unwrap(), plan.batches().div_ceil(3)); // padded
+    /// assert_eq!(plan.rank_batches(3, true).unwrap(), plan.batches() / 3); // cut
+    /// assert!(plan.rank_batches(0, false).is_err());
+    /// ```
     pub fn rank_batches(&self, w: u64, drop_last: bool) -> Result<u64> {
         Ok(Layout::new(self.batches(), w, drop_last)?.num_samples())
     }
 
-    /// Rank `rank`'s batches `[start, stop)` of `epoch`: the indices, batch after batch, and
-    /// where each batch starts in them (`stop - start + 1` offsets).
-    #[allow(clippy::too_many_arguments)]
+    /// Rank `deal.rank`'s batches `range` (`start..stop`) of the epoch `draw` describes: the
+    /// indices, batch after batch, and where each batch starts in them (`stop - start + 1`
+    /// offsets).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{BatchDraw, BucketPlan, Limits};
+    /// use croupier_core::{Deal, Indices};
+    ///
+    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// let lengths: Vec<u32> = (1..=100).collect();
+    /// let plan = BucketPlan::new(&lengths, &[51], limits).unwrap(); // 10 batches of 10
+    /// let mut seen = Vec::new();
+    /// for rank in 0..2 {
+    ///     let deal = Deal { num_replicas: 2, rank, drop_last: false };
+    ///     let draw = BatchDraw::default();
+    ///     let (flat, offsets) = plan.rank_batches_range(deal, draw, 0..5).unwrap();
+    ///     assert_eq!(offsets.len(), 6); // 5 batches
+    ///     let Indices::U32(flat) = flat else { unreachable!() };
+    ///     seen.extend(flat);
+    /// }
+    /// seen.sort_unstable();
+    /// assert_eq!(seen, (0..100).collect::<Vec<u32>>()); // every sample once
+    /// ```
     pub fn rank_batches_range(
         &self,
-        w: u64,
-        rank: u64,
-        drop_last: bool,
-        (seed, epoch): (u64, u64),
-        (shuffle, shuffle_batches): (bool, bool),
-        (start, stop): (u64, u64),
+        deal: Deal,
+        draw: BatchDraw,
+        range: Range<u64>,
     ) -> Result<(Indices, Vec<u64>)> {
-        let ids = self.batch_ids(
-            w,
-            rank,
-            drop_last,
-            (seed, epoch, shuffle && shuffle_batches),
-            (start, stop),
-        )?;
-        self.batches_of(&ids, (seed, epoch, shuffle))
+        let layout = deal.layout(self.batches())?;
+        let ids = to_ids(rank_range(&layout, deal.rank, draw.batch_order(), range)?);
+        self.batches_of(&ids, draw.keys())
     }
 
     /// An epoch continued on another number of ranks: batch order as `rank_batches_range`
     /// deals it over `elastic`'s original ranks, the rest from its offset dealt to its new
     /// ranks ([`Elastic`]; built over [`BucketPlan::batches`] batches). New rank `rank`'s
-    /// batches `[start, stop)` of that rest, as `rank_batches_range` returns them.
+    /// batches `range` of that rest, as `rank_batches_range` returns them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{BatchDraw, BucketPlan, Limits};
+    /// use croupier_core::{Deal, Elastic, Indices};
+    ///
+    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// # let u32s = |(flat, _): (Indices, Vec<u64>)| match flat { Indices::U32(v) => v, _ => unreachable!() };
+    /// let lengths: Vec<u32> = (1..=100).collect();
+    /// let plan = BucketPlan::new(&lengths, &[51], limits).unwrap();
+    /// let draw = BatchDraw::default();
+    /// // 2 ranks consumed 2 batches each (global batch positions 0..4), then 3 ranks go on.
+    /// let mut seen = Vec::new();
+    /// for rank in 0..2 {
+    ///     let deal = Deal { num_replicas: 2, rank, drop_last: false };
+    ///     seen.extend(u32s(plan.rank_batches_range(deal, draw, 0..2).unwrap()));
+    /// }
+    /// let el = Elastic::new(plan.batches(), 2, false, 4, 3).unwrap();
+    /// for rank in 0..3 {
+    ///     seen.extend(u32s(plan.elastic_batches_range(&el, rank, draw, 0..2).unwrap()));
+    /// }
+    /// seen.sort_unstable();
+    /// assert_eq!(seen, (0..100).collect::<Vec<u32>>()); // consumed, then the rest: each once
+    /// ```
     pub fn elastic_batches_range(
         &self,
         elastic: &Elastic,
         rank: u64,
-        (seed, epoch): (u64, u64),
-        (shuffle, shuffle_batches): (bool, bool),
-        (start, stop): (u64, u64),
+        draw: BatchDraw,
+        range: Range<u64>,
     ) -> Result<(Indices, Vec<u64>)> {
-        let key = Stream::new(seed, epoch, Purpose::BucketOrder, 0).next_u64();
-        let ids = match elastic.range(
-            rank,
-            shuffle && shuffle_batches,
-            Order::Fast,
-            key,
-            0,
-            start,
-            stop,
-        )? {
-            Indices::U32(v) => v.into_iter().map(u64::from).collect(),
-            Indices::U64(v) => v,
-        };
-        self.batches_of(&ids, (seed, epoch, shuffle))
+        let ids = to_ids(elastic.range(rank, draw.batch_order(), range)?);
+        self.batches_of(&ids, draw.keys())
     }
 
     /// The batches `ids`: their indices one after another, and where each starts.
@@ -470,6 +627,14 @@ impl BucketPlan {
     }
 }
 
+/// Batch ids as `u64`.
+fn to_ids(ids: Indices) -> Vec<u64> {
+    match ids {
+        Indices::U32(v) => v.into_iter().map(u64::from).collect(),
+        Indices::U64(v) => v,
+    }
+}
+
 /// The stable counting sort's scatter: sample `i` to the next slot of its bucket.
 fn scatter<T: Index>(ids: &[u32], mut at: Vec<u64>) -> Result<Vec<T>> {
     let mut members = try_with_capacity::<T>("the buckets' members", ids.len() as u64)?;
@@ -499,9 +664,17 @@ mod tests {
 
     fn all(plan: &BucketPlan, w: u64, r: u64, drop_last: bool, seed: u64) -> Vec<Vec<u64>> {
         let nb = plan.rank_batches(w, drop_last).unwrap();
-        let (flat, offsets) = plan
-            .rank_batches_range(w, r, drop_last, (seed, 1), (true, true), (0, nb))
-            .unwrap();
+        let deal = Deal {
+            num_replicas: w,
+            rank: r,
+            drop_last,
+        };
+        let draw = BatchDraw {
+            seed,
+            epoch: 1,
+            ..BatchDraw::default()
+        };
+        let (flat, offsets) = plan.rank_batches_range(deal, draw, 0..nb).unwrap();
         let flat = flat.to_u64_vec();
         offsets
             .windows(2)
@@ -604,9 +777,17 @@ mod tests {
             (10, 40),
             (whole.len() as u64 - 1, whole.len() as u64),
         ] {
-            let (flat, offsets) = plan
-                .rank_batches_range(2, 1, false, (3, 1), (true, true), (a, b))
-                .unwrap();
+            let deal = Deal {
+                num_replicas: 2,
+                rank: 1,
+                drop_last: false,
+            };
+            let draw = BatchDraw {
+                seed: 3,
+                epoch: 1,
+                ..BatchDraw::default()
+            };
+            let (flat, offsets) = plan.rank_batches_range(deal, draw, a..b).unwrap();
             let flat = flat.to_u64_vec();
             let got: Vec<Vec<u64>> = offsets
                 .windows(2)
@@ -671,9 +852,12 @@ mod tests {
                     let ns = el.num_samples();
                     let mut got_all: Vec<Vec<u64>> = Vec::new();
                     for r in 0..w {
-                        let (flat, offs) = plan
-                            .elastic_batches_range(&el, r, (5, 1), (true, true), (0, ns))
-                            .unwrap();
+                        let draw = BatchDraw {
+                            seed: 5,
+                            epoch: 1,
+                            ..BatchDraw::default()
+                        };
+                        let (flat, offs) = plan.elastic_batches_range(&el, r, draw, 0..ns).unwrap();
                         let flat = flat.to_u64_vec();
                         let got: Vec<Vec<u64>> = offs
                             .windows(2)

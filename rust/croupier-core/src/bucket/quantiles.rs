@@ -12,6 +12,8 @@ const HISTOGRAM_MAX: u64 = 1 << 24;
 
 /// The boundaries of `k >= 1` quantile buckets of `lengths` (not empty).
 ///
+/// # Examples
+///
 /// ```
 /// use croupier_core::bucket::quantile_boundaries;
 ///

@@ -23,9 +23,8 @@
 //! touches (and, in torch's order, advances the generator over the buckets before: their
 //! draws, without their swaps), so a resume costs one bucket's shuffle, not the epoch.
 
-use crate::deal::check_world;
-use crate::deal::layout::Layout;
-use crate::deal::rank::{rank_range, Order};
+use crate::deal::layout::{Deal, Layout};
+use crate::deal::rank::{rank_range, Draw};
 use crate::error::{Error, Result};
 use crate::index::{try_with_capacity, Index, Indices, U32_MAX_LEN};
 use crate::shuffle::torch_randperm::{TorchGenerator, TorchRandperm};
@@ -38,6 +37,51 @@ pub enum SeqOrder {
     Fast,
     /// One torch generator seeded with `seed + epoch`, as NeMo draws them.
     Torch(TorchRandperm),
+}
+
+/// How [`SequentialBuckets`] deals its buckets: the rank and its world, the shuffles, and where
+/// they come from.
+///
+/// The default is `SequentialBucketSampler`'s: one rank, `drop_last`, both shuffles, croupier's
+/// own streams.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::bucket::{SeqOrder, SequentialConfig};
+/// use croupier_core::Deal;
+///
+/// let config = SequentialConfig {
+///     deal: Deal { num_replicas: 2, rank: 1, drop_last: true },
+///     shuffle_buckets: false,
+///     ..SequentialConfig::default()
+/// };
+/// assert!(config.shuffle_within && config.order == SeqOrder::Fast);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SequentialConfig {
+    /// The rank, its world, and whether a short last batch of a bucket is dropped.
+    pub deal: Deal,
+    /// Shuffle the order of the buckets.
+    pub shuffle_buckets: bool,
+    /// Shuffle the samples within each bucket.
+    pub shuffle_within: bool,
+    /// Where the shuffles come from.
+    pub order: SeqOrder,
+}
+
+impl Default for SequentialConfig {
+    fn default() -> Self {
+        SequentialConfig {
+            deal: Deal {
+                drop_last: true,
+                ..Deal::default()
+            },
+            shuffle_buckets: true,
+            shuffle_within: true,
+            order: SeqOrder::Fast,
+        }
+    }
 }
 
 /// A dataset's buckets in NeMo's sorted key order, with their batch sizes, on one rank.
@@ -56,17 +100,20 @@ pub struct SequentialBuckets {
 
 impl SequentialBuckets {
     /// `buckets[j]` lists bucket `j`'s sample indices (in the dataset's order), `sizes[j]` its
-    /// batch size (`>= 1`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        buckets: &[Vec<u64>],
-        sizes: &[u64],
-        w: u64,
-        rank: u64,
-        drop_last: bool,
-        (shuffle_buckets, shuffle_within): (bool, bool),
-        order: SeqOrder,
-    ) -> Result<Self> {
+    /// batch size (`>= 1`), dealt as `config` says.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{SequentialBuckets, SequentialConfig};
+    ///
+    /// let buckets: Vec<Vec<u64>> = vec![(0..10).collect(), (10..16).collect()];
+    /// let config = SequentialConfig::default(); // one rank, drop_last
+    /// let s = SequentialBuckets::new(&buckets, &[4, 3], &config).unwrap();
+    /// assert_eq!(s.len(), 10 / 4 + 6 / 3); // whole batches of each bucket
+    /// assert!(SequentialBuckets::new(&buckets, &[4], &config).is_err()); // one size per bucket
+    /// ```
+    pub fn new(buckets: &[Vec<u64>], sizes: &[u64], config: &SequentialConfig) -> Result<Self> {
         if buckets.len() != sizes.len() {
             return Err(Error::out_of_range(
                 "sizes",
@@ -81,7 +128,7 @@ impl SequentialBuckets {
                 0,
             ));
         }
-        check_world(w, rank)?;
+        config.deal.check()?;
         let mut members = Vec::new();
         let mut starts = vec![0u64];
         for b in buckets {
@@ -92,12 +139,12 @@ impl SequentialBuckets {
             members,
             starts,
             sizes: sizes.to_vec(),
-            w,
-            rank,
-            drop_last,
-            shuffle_buckets,
-            shuffle_within,
-            order,
+            w: config.deal.num_replicas,
+            rank: config.deal.rank,
+            drop_last: config.deal.drop_last,
+            shuffle_buckets: config.shuffle_buckets,
+            shuffle_within: config.shuffle_within,
+            order: config.order,
         })
     }
 
@@ -106,6 +153,21 @@ impl SequentialBuckets {
     }
 
     /// Batches of bucket `j` on every rank.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{SequentialBuckets, SequentialConfig};
+    /// use croupier_core::Deal;
+    ///
+    /// let buckets: Vec<Vec<u64>> = vec![(0..10).collect(), (10..16).collect()];
+    /// let deal = Deal { num_replicas: 2, rank: 0, drop_last: false };
+    /// let config = SequentialConfig { deal, ..SequentialConfig::default() };
+    /// let s = SequentialBuckets::new(&buckets, &[4, 3], &config).unwrap();
+    /// // A bucket's samples are dealt to the ranks, then cut into batches of its size.
+    /// assert_eq!(s.bucket_batches(0), 10_u64.div_ceil(2).div_ceil(4));
+    /// assert_eq!(s.bucket_batches(1), 6_u64.div_ceil(2).div_ceil(3));
+    /// ```
     pub fn bucket_batches(&self, j: usize) -> u64 {
         let per = self.n(j).div_ceil(self.w);
         if self.drop_last {
@@ -116,11 +178,32 @@ impl SequentialBuckets {
     }
 
     /// Batches per rank and epoch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{SequentialBuckets, SequentialConfig};
+    ///
+    /// let buckets: Vec<Vec<u64>> = vec![(0..10).collect(), (10..16).collect()];
+    /// let s = SequentialBuckets::new(&buckets, &[4, 3], &SequentialConfig::default()).unwrap();
+    /// assert_eq!(s.len(), s.bucket_batches(0) + s.bucket_batches(1));
+    /// ```
     pub fn len(&self) -> u64 {
         (0..self.sizes.len()).map(|j| self.bucket_batches(j)).sum()
     }
 
     /// Whether an epoch has no batches.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{SequentialBuckets, SequentialConfig};
+    ///
+    /// let config = SequentialConfig::default(); // drop_last: a short batch is dropped
+    /// let short = SequentialBuckets::new(&[vec![1, 2]], &[4], &config).unwrap();
+    /// assert!(short.is_empty() && short.len() == 0);
+    /// assert!(!SequentialBuckets::new(&[vec![1, 2]], &[2], &config).unwrap().is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -128,6 +211,17 @@ impl SequentialBuckets {
     /// Bytes a read of this rank's batches holds at most: every sample of every bucket as
     /// `u64` (a rank's share is smaller). An estimate, to refuse what cannot fit before any
     /// work.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{SequentialBuckets, SequentialConfig};
+    ///
+    /// let buckets: Vec<Vec<u64>> = vec![(0..10).collect(), (10..16).collect()];
+    /// let s = SequentialBuckets::new(&buckets, &[4, 3], &SequentialConfig::default()).unwrap();
+    /// let (flat, _) = s.range(0, 0, 0, s.len()).unwrap();
+    /// assert!(flat.len() as u64 * 8 <= s.range_bytes()); // a bound of the indices
+    /// ```
     pub fn range_bytes(&self) -> u64 {
         self.starts.last().copied().unwrap_or(0).saturating_mul(8)
     }
@@ -146,16 +240,7 @@ impl SequentialBuckets {
             (SeqOrder::Torch(_), Some(g)) => g.randperm(k)?,
             _ => {
                 let key = Stream::new(seed, epoch, Purpose::BucketOrder, 0).next_u64();
-                rank_range(
-                    &Layout::new(k, 1, false)?,
-                    0,
-                    true,
-                    Order::Fast,
-                    key,
-                    0,
-                    0,
-                    k,
-                )?
+                rank_range(&Layout::new(k, 1, false)?, 0, Draw::keyed(key), 0..k)?
             }
         };
         Ok(match perm {
@@ -181,16 +266,7 @@ impl SequentialBuckets {
             Some(g) => g.randperm(n)?,
             None => {
                 let key = Stream::new(seed, epoch, Purpose::BucketShuffle, j as u64).next_u64();
-                rank_range(
-                    &Layout::new(n, 1, false)?,
-                    0,
-                    true,
-                    Order::Fast,
-                    key,
-                    0,
-                    0,
-                    n,
-                )?
+                rank_range(&Layout::new(n, 1, false)?, 0, Draw::keyed(key), 0..n)?
             }
         };
         Ok(match perm {
@@ -200,6 +276,25 @@ impl SequentialBuckets {
     }
 
     /// This rank's batches `[start, stop)` of `epoch`: the indices and the batch offsets.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{SequentialBuckets, SequentialConfig};
+    /// use croupier_core::Indices;
+    ///
+    /// let buckets: Vec<Vec<u64>> = vec![(0..10).collect(), (10..16).collect()];
+    /// let s = SequentialBuckets::new(&buckets, &[4, 3], &SequentialConfig::default()).unwrap();
+    /// let (flat, offsets) = s.range(7, 0, 0, s.len()).unwrap();
+    /// let Indices::U32(flat) = flat else { unreachable!() };
+    /// for b in offsets.windows(2) {
+    ///     // One bucket per batch, as many samples as its batch size.
+    ///     let batch = &flat[b[0] as usize..b[1] as usize];
+    ///     let (bucket, size) = if batch[0] < 10 { (0..10, 4) } else { (10..16, 3) };
+    ///     assert!(batch.len() == size && batch.iter().all(|i| bucket.contains(i)));
+    /// }
+    /// assert!(s.range(7, 0, 0, s.len() + 1).is_err());
+    /// ```
     pub fn range(
         &self,
         seed: u64,
@@ -292,16 +387,16 @@ mod tests {
         drop_last: bool,
         seed: u64,
     ) -> Vec<Vec<u64>> {
-        let s = SequentialBuckets::new(
-            buckets,
-            sizes,
-            w,
-            r,
-            drop_last,
-            (true, true),
-            SeqOrder::Torch(TorchRandperm::InsideOutForLargeN),
-        )
-        .unwrap();
+        let config = SequentialConfig {
+            deal: Deal {
+                num_replicas: w,
+                rank: r,
+                drop_last,
+            },
+            order: SeqOrder::Torch(TorchRandperm::InsideOutForLargeN),
+            ..SequentialConfig::default()
+        };
+        let s = SequentialBuckets::new(buckets, sizes, &config).unwrap();
         let (flat, offsets) = s.range(seed, 0, 0, s.len()).unwrap();
         let flat = flat.to_u64_vec();
         offsets
@@ -324,9 +419,16 @@ mod tests {
             SeqOrder::Torch(TorchRandperm::InsideOutForLargeN),
         ] {
             for drop_last in [true, false] {
-                let s =
-                    SequentialBuckets::new(&buckets, &sizes, 3, 1, drop_last, (true, true), order)
-                        .unwrap();
+                let config = SequentialConfig {
+                    deal: Deal {
+                        num_replicas: 3,
+                        rank: 1,
+                        drop_last,
+                    },
+                    order,
+                    ..SequentialConfig::default()
+                };
+                let s = SequentialBuckets::new(&buckets, &sizes, &config).unwrap();
                 let (flat, offsets) = s.range(7, 2, 0, s.len()).unwrap();
                 let (flat, whole) = (flat.to_u64_vec(), offsets);
                 for a in 0..s.len() {

@@ -48,12 +48,55 @@
 //! the short chunk last, the striding, padding and cutting, and every request's in-memory
 //! order.
 
-use crate::deal::check_world;
+use crate::deal::Deal;
 use crate::draw::prp::Prp;
 use crate::error::{Error, Result};
 use crate::index::{Index, Indices};
 use crate::shuffle::fisher_yates::fisher_yates;
 use crate::stream::{fold, Purpose, Stream};
+
+/// A rank's chunked reading plan as `ChunkSampler` sets it: the rows read, how they are cut
+/// into chunks, requests and batches, the shuffles, and the rank.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::chunk::{ChunkConfig, ChunkPlan};
+/// use croupier_core::Deal;
+///
+/// let config = ChunkConfig {
+///     start: 0,
+///     stop: 1000,
+///     chunk_size: 100,
+///     preload: 2,
+///     batch_size: 50,
+///     shuffle: true,
+///     seed: 0,
+///     deal: Deal { num_replicas: 2, rank: 0, drop_last: false },
+/// };
+/// assert!(ChunkPlan::new(&config).is_ok());
+/// assert!(ChunkPlan::new(&ChunkConfig { batch_size: 30, ..config }).is_err()); // 200 % 30 != 0
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkConfig {
+    /// The first row read.
+    pub start: u64,
+    /// The end of the rows read (`start <= stop`).
+    pub stop: u64,
+    /// Rows per chunk (`>= 1`); the last chunk is short when the rows are not a multiple.
+    pub chunk_size: u64,
+    /// Chunks per load request (annbatch's `preload_nchunks`, `>= 1`).
+    pub preload: u64,
+    /// Rows per batch (`>= 1`); `chunk_size * preload` must be a multiple of it.
+    pub batch_size: u64,
+    /// Shuffle the chunk order and each request's rows.
+    pub shuffle: bool,
+    /// The seed of the shuffles.
+    pub seed: u64,
+    /// The rank, its world, and whether the chunks are cut (`drop_last`) or padded to a
+    /// multiple of the ranks.
+    pub deal: Deal,
+}
 
 /// The chunked reading plan of one rank; see the module documentation.
 #[derive(Debug, Clone)]
@@ -90,24 +133,38 @@ pub struct ChunkRequest {
 }
 
 impl ChunkPlan {
-    /// The plan of rank `rank` of `w` over `[start, stop)`.
+    /// The plan `config` describes: rank `config.deal.rank`'s over rows `[start, stop)`.
     ///
     /// # Errors
     /// [`Error::OutOfRange`] for a zero size, `chunk_size * preload` not a multiple of
-    /// `batch_size`, `start > stop`, `w == 0` or `rank >= w`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        start: u64,
-        stop: u64,
-        chunk_size: u64,
-        preload: u64,
-        batch_size: u64,
-        shuffle: bool,
-        drop_last: bool,
-        seed: u64,
-        w: u64,
-        rank: u64,
-    ) -> Result<Self> {
+    /// `batch_size`, `start > stop`, no ranks or a rank outside them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::chunk::{ChunkConfig, ChunkPlan};
+    /// use croupier_core::Deal;
+    ///
+    /// # let deal = Deal { num_replicas: 2, rank: 0, drop_last: false };
+    /// # let config = ChunkConfig { start: 0, stop: 1000, chunk_size: 100, preload: 2, batch_size: 50, shuffle: true, seed: 0, deal };
+    /// // Rows 0..1000 in chunks of 100 read 2 at a time, on rank 0 of 2.
+    /// let plan = ChunkPlan::new(&config).unwrap();
+    /// assert_eq!(plan.requests(), 3); // its 5 chunks, 2 at a time
+    /// assert!(ChunkPlan::new(&ChunkConfig { chunk_size: 0, ..config }).is_err());
+    /// assert!(ChunkPlan::new(&ChunkConfig { start: 1001, ..config }).is_err()); // start > stop
+    /// ```
+    pub fn new(config: &ChunkConfig) -> Result<Self> {
+        let ChunkConfig {
+            start,
+            stop,
+            chunk_size,
+            preload,
+            batch_size,
+            shuffle,
+            seed,
+            deal,
+        } = *config;
+        let (w, rank, drop_last) = (deal.num_replicas, deal.rank, deal.drop_last);
         for (name, v) in [
             ("chunk_size", chunk_size),
             ("preload_nchunks", preload),
@@ -134,7 +191,7 @@ impl ChunkPlan {
                 start,
             ));
         }
-        check_world(w, rank)?;
+        deal.check()?;
         let n = stop - start;
         let chunks = n.div_ceil(chunk_size);
         let dealt = if drop_last {
@@ -197,11 +254,42 @@ impl ChunkPlan {
     }
 
     /// Batches every rank yields in an epoch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::chunk::{ChunkConfig, ChunkPlan};
+    /// use croupier_core::Deal;
+    ///
+    /// # let config = ChunkConfig { start: 0, stop: 1000, chunk_size: 100, preload: 2, batch_size: 50, shuffle: true, seed: 0, deal: Deal::default() };
+    /// // 1000 rows over 3 ranks: every rank yields as many batches, covering all rows.
+    /// let plans: Vec<ChunkPlan> = (0..3)
+    ///     .map(|rank| {
+    ///         let deal = Deal { num_replicas: 3, rank, drop_last: false };
+    ///         ChunkPlan::new(&ChunkConfig { deal, ..config }).unwrap()
+    ///     })
+    ///     .collect();
+    /// assert!(plans.iter().all(|p| p.batches() == plans[0].batches()));
+    /// assert!(3 * plans[0].batches() * 50 >= 1000);
+    /// ```
     pub fn batches(&self) -> u64 {
         self.batches
     }
 
     /// Load requests this rank yields in an epoch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::chunk::{ChunkConfig, ChunkPlan};
+    /// use croupier_core::Deal;
+    ///
+    /// # let config = ChunkConfig { start: 0, stop: 1000, chunk_size: 100, preload: 2, batch_size: 50, shuffle: true, seed: 0, deal: Deal::default() };
+    /// let plan = ChunkPlan::new(&config).unwrap();
+    /// // The rank's chunks, `preload` (2) at a time.
+    /// assert_eq!(plan.requests(), plan.rank_chunks(0).len().div_ceil(2) as u64);
+    /// assert!(plan.request(0, plan.requests() - 1).is_ok());
+    /// ```
     pub fn requests(&self) -> u64 {
         if self.batches == 0 {
             0
@@ -211,6 +299,19 @@ impl ChunkPlan {
     }
 
     /// Batches in one full request (`chunk_size * preload / batch_size`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::chunk::{ChunkConfig, ChunkPlan};
+    /// use croupier_core::Deal;
+    ///
+    /// # let config = ChunkConfig { start: 0, stop: 1000, chunk_size: 100, preload: 2, batch_size: 50, shuffle: true, seed: 0, deal: Deal::default() };
+    /// let plan = ChunkPlan::new(&config).unwrap();
+    /// assert_eq!(plan.batches_per_request(), 100 * 2 / 50);
+    /// let full = plan.request(0, 0).unwrap();
+    /// assert_eq!(full.offsets.len() as u64, plan.batches_per_request() + 1);
+    /// ```
     pub fn batches_per_request(&self) -> u64 {
         self.chunk_size * self.preload / self.batch_size
     }
@@ -237,6 +338,24 @@ impl ChunkPlan {
     /// This rank's chunk ids for `epoch`, in reading order (only those read): O(its own
     /// chunks). [`ChunkPlan::request`] does not need it; it is the whole list, for tests and
     /// inspection.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::chunk::{ChunkConfig, ChunkPlan};
+    /// use croupier_core::Deal;
+    ///
+    /// # let config = ChunkConfig { start: 0, stop: 1000, chunk_size: 100, preload: 2, batch_size: 50, shuffle: true, seed: 0, deal: Deal::default() };
+    /// // 10 chunks on 2 ranks, none padded: every chunk read once.
+    /// let mut all: Vec<u64> = (0..2)
+    ///     .flat_map(|rank| {
+    ///         let deal = Deal { num_replicas: 2, rank, drop_last: false };
+    ///         ChunkPlan::new(&ChunkConfig { deal, ..config }).unwrap().rank_chunks(3)
+    ///     })
+    ///     .collect();
+    /// all.sort_unstable();
+    /// assert_eq!(all, (0..10).collect::<Vec<u64>>());
+    /// ```
     pub fn rank_chunks(&self, epoch: u64) -> Vec<u64> {
         let order = self.order(epoch);
         (0..self.reads)
@@ -249,6 +368,21 @@ impl ChunkPlan {
     ///
     /// # Errors
     /// [`Error::OutOfRange`] for `j` at or past [`ChunkPlan::requests`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::chunk::{ChunkConfig, ChunkPlan};
+    /// use croupier_core::{Deal, Indices};
+    ///
+    /// # let config = ChunkConfig { start: 0, stop: 1000, chunk_size: 100, preload: 2, batch_size: 50, shuffle: true, seed: 0, deal: Deal::default() };
+    /// let plan = ChunkPlan::new(&config).unwrap();
+    /// let req = plan.request(4, 1).unwrap();
+    /// let loaded: u64 = req.ranges.iter().map(|(a, b)| b - a).sum();
+    /// let Indices::U32(positions) = &req.positions else { unreachable!() };
+    /// assert!(positions.iter().all(|&p| u64::from(p) < loaded)); // positions in what it loads
+    /// assert!(plan.request(4, plan.requests()).is_err());
+    /// ```
     pub fn request(&self, epoch: u64, j: u64) -> Result<ChunkRequest> {
         let requests = self.requests();
         if j >= requests {
@@ -363,6 +497,23 @@ mod tests {
     use super::*;
     use crate::testkit::chi2_flat;
 
+    /// Rows `[0, 1000)` in chunks of 16 read 4 at a time, batches of 8, shuffled with seed 0,
+    /// on one rank: what the tests change field by field.
+    const BASE: ChunkConfig = ChunkConfig {
+        start: 0,
+        stop: 1000,
+        chunk_size: 16,
+        preload: 4,
+        batch_size: 8,
+        shuffle: true,
+        seed: 0,
+        deal: Deal {
+            num_replicas: 1,
+            rank: 0,
+            drop_last: false,
+        },
+    };
+
     fn positions(req: &ChunkRequest) -> Vec<u64> {
         match &req.positions {
             Indices::U32(v) => v.iter().map(|&x| u64::from(x)).collect(),
@@ -409,7 +560,18 @@ mod tests {
                 for drop_last in [false, true] {
                     let plans: Vec<ChunkPlan> = (0..w)
                         .map(|r| {
-                            ChunkPlan::new(start, stop, 16, 4, 8, true, drop_last, 3, w, r).unwrap()
+                            ChunkPlan::new(&ChunkConfig {
+                                start,
+                                stop,
+                                seed: 3,
+                                deal: Deal {
+                                    num_replicas: w,
+                                    rank: r,
+                                    drop_last,
+                                },
+                                ..BASE
+                            })
+                            .unwrap()
                         })
                         .collect();
                     let counts: Vec<usize> =
@@ -442,8 +604,14 @@ mod tests {
         // chunk, and a domain of one.
         for full in [1u64, 2, 5, 255, 256, 257, 1000, 4099] {
             for short in [0u64, 3] {
-                let plan =
-                    ChunkPlan::new(0, full * 8 + short, 8, 1, 8, true, false, 11, 1, 0).unwrap();
+                let plan = ChunkPlan::new(&ChunkConfig {
+                    stop: full * 8 + short,
+                    chunk_size: 8,
+                    preload: 1,
+                    seed: 11,
+                    ..BASE
+                })
+                .unwrap();
                 for epoch in [0u64, 1, 2] {
                     let order = whole_order(&plan, epoch);
                     let mut sorted = order[..full as usize].to_vec();
@@ -477,9 +645,19 @@ mod tests {
                 for drop_last in [false, true] {
                     for shuffle in [false, true] {
                         for r in 0..w {
-                            let plan = ChunkPlan::new(
-                                start, stop, chunk, 4, 8, shuffle, drop_last, 5, w, r,
-                            )
+                            let plan = ChunkPlan::new(&ChunkConfig {
+                                start,
+                                stop,
+                                chunk_size: chunk,
+                                shuffle,
+                                seed: 5,
+                                deal: Deal {
+                                    num_replicas: w,
+                                    rank: r,
+                                    drop_last,
+                                },
+                                ..BASE
+                            })
                             .unwrap();
                             let order = whole_order(&plan, 2);
                             if !shuffle {
@@ -519,9 +697,21 @@ mod tests {
         for &(chunks, w) in &[(64u64, 4u64), (64, 8), (1000, 8), (1000, 5)] {
             let mut seen: Vec<u64> = (0..w)
                 .flat_map(|r| {
-                    ChunkPlan::new(0, chunks * 4, 4, 3, 2, true, false, 1, w, r)
-                        .unwrap()
-                        .rank_chunks(9)
+                    ChunkPlan::new(&ChunkConfig {
+                        stop: chunks * 4,
+                        chunk_size: 4,
+                        preload: 3,
+                        batch_size: 2,
+                        seed: 1,
+                        deal: Deal {
+                            num_replicas: w,
+                            rank: r,
+                            drop_last: false,
+                        },
+                        ..BASE
+                    })
+                    .unwrap()
+                    .rank_chunks(9)
                 })
                 .collect();
             seen.sort_unstable();
@@ -533,7 +723,14 @@ mod tests {
     fn the_first_chunk_is_spread_over_epochs() {
         // Where order position 0 lands over many epochs, 1000 chunks (a Feistel domain) in 10
         // ranges of 100: chi-square at 9 degrees of freedom.
-        let plan = ChunkPlan::new(0, 1000, 1, 1, 1, true, false, 4, 1, 0).unwrap();
+        let plan = ChunkPlan::new(&ChunkConfig {
+            chunk_size: 1,
+            preload: 1,
+            batch_size: 1,
+            seed: 4,
+            ..BASE
+        })
+        .unwrap();
         let mut counts = [0u64; 10];
         let trials = 20_000u64;
         for epoch in 0..trials {
@@ -575,7 +772,20 @@ mod tests {
             ),
         ];
         for (r, (first, last)) in pins.iter().enumerate() {
-            let plan = ChunkPlan::new(0, 95, 10, 2, 5, true, false, 7, 4, r as u64).unwrap();
+            let plan = ChunkPlan::new(&ChunkConfig {
+                stop: 95,
+                chunk_size: 10,
+                preload: 2,
+                batch_size: 5,
+                seed: 7,
+                deal: Deal {
+                    num_replicas: 4,
+                    rank: r as u64,
+                    drop_last: false,
+                },
+                ..BASE
+            })
+            .unwrap();
             assert_eq!(plan.requests(), 2);
             assert_eq!(positions(&plan.request(2, 0).unwrap()), *first, "rank {r}");
             let req = plan.request(2, 1).unwrap();
@@ -592,11 +802,34 @@ mod tests {
         // whole-list Fisher–Yates gave [52, 61, 34, 41, 16, 29, 55, 6, 26, 0, 12, 49, 30, 14,
         // 4, 54, 5, 2, 56, 17, 9] here). A change here changes every user's read order: say
         // so in CHANGELOG.md.
-        let plan = ChunkPlan::new(0, 1000, 16, 2, 8, true, false, 3, 3, 1).unwrap();
+        let plan = ChunkPlan::new(&ChunkConfig {
+            preload: 2,
+            seed: 3,
+            deal: Deal {
+                num_replicas: 3,
+                rank: 1,
+                drop_last: false,
+            },
+            ..BASE
+        })
+        .unwrap();
         assert_eq!(plan.rank_chunks(1), PIN);
         assert_eq!(plan.request(1, 0).unwrap().ranges[0].0, PIN[0] * 16);
         // And on a Feistel domain (10,000 full chunks): rank 2 of 4's first eight, epoch 0.
-        let plan = ChunkPlan::new(0, 100_000, 10, 1, 10, true, false, 3, 4, 2).unwrap();
+        let plan = ChunkPlan::new(&ChunkConfig {
+            stop: 100_000,
+            chunk_size: 10,
+            preload: 1,
+            batch_size: 10,
+            seed: 3,
+            deal: Deal {
+                num_replicas: 4,
+                rank: 2,
+                drop_last: false,
+            },
+            ..BASE
+        })
+        .unwrap();
         assert_eq!(plan.rank_chunks(0)[..8], FEISTEL_PIN);
     }
 
@@ -610,7 +843,21 @@ mod tests {
         // 2**62 rows in chunks of 1024 over 8 ranks: 2**52 chunks, which no list could hold.
         let n = 1u64 << 62;
         let plans: Vec<ChunkPlan> = (0..8)
-            .map(|r| ChunkPlan::new(0, n, 1024, 4, 256, true, true, 1, 8, r).unwrap())
+            .map(|r| {
+                ChunkPlan::new(&ChunkConfig {
+                    stop: n,
+                    chunk_size: 1024,
+                    batch_size: 256,
+                    seed: 1,
+                    deal: Deal {
+                        num_replicas: 8,
+                        rank: r,
+                        drop_last: true,
+                    },
+                    ..BASE
+                })
+                .unwrap()
+            })
             .collect();
         let last = plans[0].requests() - 1;
         assert_eq!(last + 1, (1u64 << 52) / 8 / 4);
@@ -638,20 +885,83 @@ mod tests {
 
     #[test]
     fn deterministic_and_epochs_differ() {
-        let p = ChunkPlan::new(0, 10_000, 100, 2, 50, true, false, 9, 2, 1).unwrap();
+        let p = ChunkPlan::new(&ChunkConfig {
+            stop: 10_000,
+            chunk_size: 100,
+            preload: 2,
+            batch_size: 50,
+            seed: 9,
+            deal: Deal {
+                num_replicas: 2,
+                rank: 1,
+                drop_last: false,
+            },
+            ..BASE
+        })
+        .unwrap();
         assert_eq!(all_batches(&p, 3), all_batches(&p, 3));
         assert_ne!(all_batches(&p, 3), all_batches(&p, 4));
-        let q = ChunkPlan::new(0, 10_000, 100, 2, 50, false, false, 9, 1, 0).unwrap();
+        let q = ChunkPlan::new(&ChunkConfig {
+            stop: 10_000,
+            chunk_size: 100,
+            preload: 2,
+            batch_size: 50,
+            shuffle: false,
+            seed: 9,
+            ..BASE
+        })
+        .unwrap();
         assert_eq!(all_batches(&q, 0).concat(), (0..10_000).collect::<Vec<_>>());
     }
 
     #[test]
     fn bad_arguments_are_refused() {
-        assert!(ChunkPlan::new(0, 10, 0, 1, 1, true, false, 0, 1, 0).is_err());
-        assert!(ChunkPlan::new(0, 10, 10, 1, 3, true, false, 0, 1, 0).is_err());
-        assert!(ChunkPlan::new(5, 4, 1, 1, 1, true, false, 0, 1, 0).is_err());
-        assert!(ChunkPlan::new(0, 10, 1, 1, 1, true, false, 0, 2, 2).is_err());
-        let p = ChunkPlan::new(0, 10, 2, 1, 1, true, false, 0, 1, 0).unwrap();
+        assert!(ChunkPlan::new(&ChunkConfig {
+            stop: 10,
+            chunk_size: 0,
+            preload: 1,
+            batch_size: 1,
+            ..BASE
+        })
+        .is_err());
+        assert!(ChunkPlan::new(&ChunkConfig {
+            stop: 10,
+            chunk_size: 10,
+            preload: 1,
+            batch_size: 3,
+            ..BASE
+        })
+        .is_err());
+        assert!(ChunkPlan::new(&ChunkConfig {
+            start: 5,
+            stop: 4,
+            chunk_size: 1,
+            preload: 1,
+            batch_size: 1,
+            ..BASE
+        })
+        .is_err());
+        assert!(ChunkPlan::new(&ChunkConfig {
+            stop: 10,
+            chunk_size: 1,
+            preload: 1,
+            batch_size: 1,
+            deal: Deal {
+                num_replicas: 2,
+                rank: 2,
+                drop_last: false
+            },
+            ..BASE
+        })
+        .is_err());
+        let p = ChunkPlan::new(&ChunkConfig {
+            stop: 10,
+            chunk_size: 2,
+            preload: 1,
+            batch_size: 1,
+            ..BASE
+        })
+        .unwrap();
         assert!(p.request(0, p.requests()).is_err());
     }
 }

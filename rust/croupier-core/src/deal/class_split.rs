@@ -85,6 +85,76 @@ struct Entry {
     t: u64,
 }
 
+/// A value node `[lo, hi)` of the value tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Node {
+    lo: u64,
+    hi: u64,
+}
+
+impl Node {
+    /// Number of values.
+    #[inline(always)]
+    fn len(self) -> u64 {
+        self.hi - self.lo
+    }
+
+    /// Where the node is halved.
+    #[inline(always)]
+    fn mid(self) -> u64 {
+        self.lo + (self.hi - self.lo) / 2
+    }
+
+    /// The left and right halves.
+    #[inline(always)]
+    fn halves(self) -> (Node, Node) {
+        let mid = self.mid();
+        (
+            Node {
+                lo: self.lo,
+                hi: mid,
+            },
+            Node {
+                lo: mid,
+                hi: self.hi,
+            },
+        )
+    }
+}
+
+/// A value node's entries (one per class node listed, in the class tree's preorder) and how
+/// many of them a walk has read. (`leaf_runs`, the hot walk of a permuted leaf, takes the
+/// entries and the position apart instead: kept in registers, it runs 1% fewer
+/// instructions.)
+struct Cursor<'s> {
+    src: &'s [Entry],
+    at: usize,
+}
+
+impl<'s> Cursor<'s> {
+    /// Reads `src` from its first entry.
+    fn new(src: &'s [Entry]) -> Self {
+        Cursor { src, at: 0 }
+    }
+
+    /// The next entry, read.
+    #[inline(always)]
+    fn take(&mut self) -> Entry {
+        let e = self.src[self.at];
+        self.at += 1;
+        e
+    }
+
+    /// The count of the next entry, not read (a class node's left child, after its parent).
+    #[inline(always)]
+    fn next_t(&self) -> u64 {
+        self.src[self.at].t
+    }
+}
+
+/// The entry lists the halves of a value node receive, or `None` for a half not listed.
+type Halves<'v> = (Option<&'v mut Vec<Entry>>, Option<&'v mut Vec<Entry>>);
+
 struct Engine<'c, C> {
     classes: &'c C,
     leaf: u64,
@@ -155,65 +225,57 @@ impl<C: Classes> Engine<'_, C> {
         }
     }
 
-    fn skip(&self, src: &[Entry], idx: &mut usize) {
-        let e = src[*idx];
-        *idx += 1;
+    fn skip(&self, cur: &mut Cursor) {
+        let e = cur.take();
         if self.expands(&e) {
-            self.skip(src, idx);
-            self.skip(src, idx);
+            self.skip(cur);
+            self.skip(cur);
         }
     }
 
     /// How many values of this value node belong to wanted classes.
-    fn wanted(&self, src: &[Entry], idx: &mut usize) -> u64 {
-        let e = src[*idx];
-        *idx += 1;
+    fn wanted(&self, cur: &mut Cursor) -> u64 {
+        let e = cur.take();
         if e.a >= self.c0 && e.b <= self.c1 {
             if self.expands(&e) {
-                self.skip(src, idx);
-                self.skip(src, idx);
+                self.skip(cur);
+                self.skip(cur);
             }
             return e.t;
         }
         if self.expands(&e) {
-            self.wanted(src, idx) + self.wanted(src, idx)
+            self.wanted(cur) + self.wanted(cur)
         } else {
             0
         }
     }
 
     /// Per wanted class, how many of its values lie in this value node.
-    fn class_counts(&self, src: &[Entry], idx: &mut usize, out: &mut [u64]) {
-        let e = src[*idx];
-        *idx += 1;
+    fn class_counts(&self, cur: &mut Cursor, out: &mut [u64]) {
+        let e = cur.take();
         if e.b - e.a == 1 && e.a >= self.c0 && e.a < self.c1 {
             out[(e.a - self.c0) as usize] = e.t;
         }
         if self.expands(&e) {
-            self.class_counts(src, idx, out);
-            self.class_counts(src, idx, out);
+            self.class_counts(cur, out);
+            self.class_counts(cur, out);
         }
     }
 
-    /// Splits the entries of value node `[lo, hi)` into those of its halves; `tl` is the count
-    /// of the current class node in the left half. Adds to `wanted` how many values of each
-    /// half belong to the wanted classes (counted at the topmost class nodes inside them;
-    /// `inside` says an ancestor already was).
-    #[allow(clippy::too_many_arguments)]
+    /// Splits the entries of value node `node` (read from `cur`) into those of its halves;
+    /// `tl` is the count of the current class node in the left half. Adds to `wanted` how many
+    /// values of each half belong to the wanted classes (counted at the topmost class nodes
+    /// inside them; `inside` says an ancestor already was).
     fn split_node(
         &self,
-        lo: u64,
-        hi: u64,
-        src: &[Entry],
-        idx: &mut usize,
+        node: Node,
+        cur: &mut Cursor,
         tl: u64,
-        mut l: Option<&mut Vec<Entry>>,
-        mut r: Option<&mut Vec<Entry>>,
+        (mut l, mut r): Halves<'_>,
         inside: bool,
         wanted: &mut [u64; 2],
     ) {
-        let e = src[*idx];
-        *idx += 1;
+        let e = cur.take();
         let el = Entry { t: tl, ..e };
         let er = Entry { t: e.t - tl, ..e };
         let full = !inside && e.a >= self.c0 && e.b <= self.c1;
@@ -234,11 +296,11 @@ impl<C: Classes> Engine<'_, C> {
         let mut l = if self.expands(&el) { l } else { None };
         let mut r = if self.expands(&er) { r } else { None };
         if l.is_none() && r.is_none() {
-            self.skip(src, idx);
-            self.skip(src, idx);
+            self.skip(cur);
+            self.skip(cur);
             return;
         }
-        let left_t = src[*idx].t;
+        let left_t = cur.next_t();
         let x = if tl == 0 || left_t == 0 {
             0
         } else if tl == e.t {
@@ -246,51 +308,38 @@ impl<C: Classes> Engine<'_, C> {
         } else if left_t == e.t {
             tl
         } else {
-            let mut rng = CellRng::for_cell(self.base, lo, hi, e.a, e.b);
+            let mut rng = CellRng::for_cell(self.base, node.lo, node.hi, e.a, e.b);
             hypergeometric(&mut rng, e.t, left_t, tl)
         };
-        let (lx, rx) = (l.as_deref_mut(), r.as_deref_mut());
-        self.split_node(lo, hi, src, idx, x, lx, rx, inside, wanted);
-        self.split_node(lo, hi, src, idx, tl - x, l, r, inside, wanted);
+        let left = (l.as_deref_mut(), r.as_deref_mut());
+        self.split_node(node, cur, x, left, inside, wanted);
+        self.split_node(node, cur, tl - x, (l, r), inside, wanted);
     }
 
-    /// Splits value node `[lo, hi)`'s entries into its halves' and returns how many values of
+    /// Splits value node `node`'s entries `src` into its halves' and returns how many values of
     /// each half the wanted classes hold.
-    fn split(
-        &self,
-        lo: u64,
-        hi: u64,
-        src: &[Entry],
-        l: &mut Vec<Entry>,
-        r: &mut Vec<Entry>,
-    ) -> [u64; 2] {
+    fn split(&self, node: Node, src: &[Entry], l: &mut Vec<Entry>, r: &mut Vec<Entry>) -> [u64; 2] {
         l.clear();
         r.clear();
-        let mid = lo + (hi - lo) / 2;
-        let (mut idx, mut wanted) = (0, [0u64; 2]);
-        self.split_node(
-            lo,
-            hi,
-            src,
-            &mut idx,
-            mid - lo,
-            Some(l),
-            Some(r),
-            false,
-            &mut wanted,
-        );
-        debug_assert_eq!(idx, src.len());
-        debug_assert_eq!(wanted[0], self.wanted(l, &mut 0));
-        debug_assert_eq!(wanted[1], self.wanted(r, &mut 0));
+        let mut cur = Cursor::new(src);
+        let mut wanted = [0; 2];
+        let tl = node.mid() - node.lo;
+        self.split_node(node, &mut cur, tl, (Some(l), Some(r)), false, &mut wanted);
+        debug_assert_eq!(cur.at, src.len());
+        debug_assert_eq!(wanted[0], self.wanted(&mut Cursor::new(l)));
+        debug_assert_eq!(wanted[1], self.wanted(&mut Cursor::new(r)));
         wanted
     }
 
-    /// The permutation of a permuted leaf `[lo, hi)`: its own key, apart from every cell's
-    /// (no class range ends at `u64::MAX`).
-    fn leaf_prp(&self, lo: u64, hi: u64) -> Prp {
+    /// The permutation of a permuted leaf `node`: its own key, apart from every cell's (no
+    /// class range ends at `u64::MAX`).
+    fn leaf_prp(&self, node: Node) -> Prp {
         Prp::new(
-            hi - lo,
-            fold(fold(fold(fold(self.base, lo), hi), u64::MAX), u64::MAX),
+            node.len(),
+            fold(
+                fold(fold(fold(self.base, node.lo), node.hi), u64::MAX),
+                u64::MAX,
+            ),
         )
     }
 
@@ -321,20 +370,16 @@ impl<C: Classes> Engine<'_, C> {
         self.leaf_runs(src, idx, first + left_t, emit);
     }
 
-    /// Deals the values of a leaf `[lo, hi)` as bit sets (bit `i` of word `k` is value
-    /// `lo + 64k + i`).
-    #[allow(clippy::too_many_arguments)]
+    /// Deals the values of a leaf `node` as bit sets (bit `i` of word `k` is value
+    /// `node.lo + 64k + i`), its entries read from `cur`.
     fn leaf_node(
         &self,
-        lo: u64,
-        hi: u64,
-        src: &[Entry],
-        idx: &mut usize,
+        node: Node,
+        cur: &mut Cursor,
         set: &[u64],
         emit: &mut impl FnMut(usize, &[u64]),
     ) {
-        let e = src[*idx];
-        *idx += 1;
+        let e = cur.take();
         debug_assert_eq!(
             set.iter().map(|w| u64::from(w.count_ones())).sum::<u64>(),
             e.t
@@ -349,29 +394,27 @@ impl<C: Classes> Engine<'_, C> {
             return;
         }
         let words = set.len();
-        let left_t = src[*idx].t;
+        let left_t = cur.next_t();
         let mut left = [0u64; WORDS];
         let mut right = [0u64; WORDS];
         if left_t == e.t {
             left[..words].copy_from_slice(set);
         } else if left_t > 0 {
-            let mut rng = CellRng::for_cell(self.base, lo, hi, e.a, e.b);
+            let mut rng = CellRng::for_cell(self.base, node.lo, node.hi, e.a, e.b);
             subset(&mut rng, set, e.t, left_t, &mut left[..words]);
         }
         for k in 0..words {
             right[k] = set[k] & !left[k];
         }
-        self.leaf_node(lo, hi, src, idx, &left[..words], emit);
-        self.leaf_node(lo, hi, src, idx, &right[..words], emit);
+        self.leaf_node(node, cur, &left[..words], emit);
+        self.leaf_node(node, cur, &right[..words], emit);
     }
 
-    /// Fills the wanted classes' values of value node `[lo, hi)` (which holds `wanted` of
-    /// them) into `segs`.
-    #[allow(clippy::too_many_arguments)]
+    /// Fills the wanted classes' values of value node `node` (entries `src`, `wanted` values
+    /// of the wanted classes) into `segs`.
     fn node<S: Sink>(
         &self,
-        lo: u64,
-        hi: u64,
+        node: Node,
         src: &[Entry],
         wanted: u64,
         segs: &mut [S],
@@ -380,8 +423,9 @@ impl<C: Classes> Engine<'_, C> {
         if wanted == 0 {
             return;
         }
+        let Node { lo, hi } = node;
         if hi - lo <= self.leaf && self.leaf > MAX_LEAF {
-            let prp = self.leaf_prp(lo, hi);
+            let prp = self.leaf_prp(node);
             self.leaf_runs(src, &mut 0, 0, &mut |x, first, count| {
                 let seg = &mut segs[x];
                 for j in first..first + count {
@@ -393,7 +437,8 @@ impl<C: Classes> Engine<'_, C> {
         if hi - lo <= self.leaf {
             let full = full_set(hi - lo);
             let words = (hi - lo).div_ceil(64) as usize;
-            self.leaf_node(lo, hi, src, &mut 0, &full[..words], &mut |x, set| {
+            let mut cur = Cursor::new(src);
+            self.leaf_node(node, &mut cur, &full[..words], &mut |x, set| {
                 let seg = &mut segs[x];
                 for (k, &word) in set.iter().enumerate() {
                     let mut m = word;
@@ -408,18 +453,18 @@ impl<C: Classes> Engine<'_, C> {
         let ((l, r), rest) = scratch
             .split_first_mut()
             .expect("scratch holds one pair per level of the value tree");
-        let [wl, wr] = self.split(lo, hi, src, l, r);
-        let mid = lo + (hi - lo) / 2;
-        self.node(lo, mid, l, wl, segs, rest);
-        self.node(mid, hi, r, wr, segs, rest);
+        let [wl, wr] = self.split(node, src, l, r);
+        let (left, right) = node.halves();
+        self.node(left, l, wl, segs, rest);
+        self.node(right, r, wr, segs, rest);
     }
 
     /// Writes the values of the wanted class (a single one) with the given ranks among its
-    /// values in value node `[lo, hi)` to `out`: `ranks` holds `(rank + offset, slot)` pairs
-    /// in increasing rank order, every rank below the class's count in the node.
+    /// values in value node `node` to `out`: `ranks` holds `(rank + offset, slot)` pairs in
+    /// increasing rank order, every rank below the class's count in the node.
     fn select_node(
         &self,
-        (lo, hi): (u64, u64),
+        node: Node,
         src: &[Entry],
         ranks: &[(u64, usize)],
         offset: u64,
@@ -429,8 +474,9 @@ impl<C: Classes> Engine<'_, C> {
         if ranks.is_empty() {
             return;
         }
+        let Node { lo, hi } = node;
         if hi - lo <= self.leaf && self.leaf > MAX_LEAF {
-            let prp = self.leaf_prp(lo, hi);
+            let prp = self.leaf_prp(node);
             self.leaf_runs(src, &mut 0, 0, &mut |_, first, _| {
                 for &(r, slot) in ranks {
                     out[slot] = lo + prp.apply(first + (r - offset));
@@ -441,7 +487,8 @@ impl<C: Classes> Engine<'_, C> {
         if hi - lo <= self.leaf {
             let full = full_set(hi - lo);
             let words = (hi - lo).div_ceil(64) as usize;
-            self.leaf_node(lo, hi, src, &mut 0, &full[..words], &mut |_, set| {
+            let mut cur = Cursor::new(src);
+            self.leaf_node(node, &mut cur, &full[..words], &mut |_, set| {
                 let mut next = ranks.iter().peekable();
                 let mut seen = offset;
                 for (k, &word) in set.iter().enumerate() {
@@ -468,29 +515,29 @@ impl<C: Classes> Engine<'_, C> {
         let ((l, r), rest) = scratch
             .split_first_mut()
             .expect("scratch holds one pair per level of the value tree");
-        let [wl, _] = self.split(lo, hi, src, l, r);
+        let [wl, _] = self.split(node, src, l, r);
         let cut = ranks.partition_point(|&(rank, _)| rank < offset + wl);
-        let mid = lo + (hi - lo) / 2;
-        self.select_node((lo, mid), l, &ranks[..cut], offset, out, rest);
-        self.select_node((mid, hi), r, &ranks[cut..], offset + wl, out, rest);
+        let (left, right) = node.halves();
+        self.select_node(left, l, &ranks[..cut], offset, out, rest);
+        self.select_node(right, r, &ranks[cut..], offset + wl, out, rest);
     }
 
-    fn node_par<S: Sink>(&self, lo: u64, hi: u64, src: &[Entry], wanted: u64, segs: Vec<S>) {
+    fn node_par<S: Sink>(&self, node: Node, src: &[Entry], wanted: u64, segs: Vec<S>) {
         if wanted == 0 || cancelled() {
             return;
         }
-        if hi - lo <= PAR_GRAIN {
+        if node.len() <= PAR_GRAIN {
             let mut segs = segs;
             SCRATCH.with(|scratch| {
                 let mut scratch = scratch.borrow_mut();
-                self.node(lo, hi, src, wanted, &mut segs, &mut scratch);
+                self.node(node, src, wanted, &mut segs, &mut scratch);
             });
             return;
         }
         let (mut l, mut r) = (Vec::new(), Vec::new());
-        let [wl, wr] = self.split(lo, hi, src, &mut l, &mut r);
+        let [wl, wr] = self.split(node, src, &mut l, &mut r);
         let mut counts = vec![0u64; (self.c1 - self.c0) as usize];
-        self.class_counts(&l, &mut 0, &mut counts);
+        self.class_counts(&mut Cursor::new(&l), &mut counts);
         let (mut ls, mut rs) = (
             Vec::with_capacity(segs.len()),
             Vec::with_capacity(segs.len()),
@@ -500,10 +547,10 @@ impl<C: Classes> Engine<'_, C> {
             ls.push(a);
             rs.push(b);
         }
-        let mid = lo + (hi - lo) / 2;
+        let (left, right) = node.halves();
         rayon::join(
-            || self.node_par(lo, mid, &l, wl, ls),
-            || self.node_par(mid, hi, &r, wr, rs),
+            || self.node_par(left, &l, wl, ls),
+            || self.node_par(right, &r, wr, rs),
         );
     }
 }
@@ -759,7 +806,7 @@ pub(crate) fn class_values_into<C: Classes, S: Sink>(
     };
     let mut root = Vec::new();
     engine.root(0, classes.count(), &mut root);
-    engine.node_par(0, n, &root, total, sinks);
+    engine.node_par(Node { lo: 0, hi: n }, &root, total, sinks);
 }
 
 /// The bit set of all `len <= MAX_LEAF` values of a leaf.
@@ -811,7 +858,8 @@ pub(crate) fn class_select<C: Classes>(
     sorted.sort_unstable();
     SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
-        engine.select_node((0, n), &root, &sorted, 0, &mut out, &mut scratch);
+        let values = Node { lo: 0, hi: n };
+        engine.select_node(values, &root, &sorted, 0, &mut out, &mut scratch);
     });
     out
 }

@@ -19,10 +19,11 @@
 
 use crate::deal::fast_share::{fast_share_range_into, Blocks};
 use crate::deal::layout::Layout;
-use crate::deal::rank::Order;
+use crate::deal::rank::{Draw, Order};
 use crate::error::{Error, Result};
 use crate::index::{index_bytes, try_with_capacity_huge, zeros_par, Index, Indices, U32_MAX_LEN};
 use crate::shuffle::torch_randperm;
+use std::ops::Range;
 
 /// Positions in the first piece of an elastic rest in the fast shuffled order: a few positions
 /// of each old share they meet, so the first index comes before the rest of the epoch is
@@ -42,6 +43,18 @@ pub struct Elastic {
 impl Elastic {
     /// The continuation of an epoch of `n` samples, first dealt over `origin` ranks, from
     /// global position `offset` (at most the epoch's end), over `num_replicas` ranks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Elastic;
+    ///
+    /// // 100 samples on 4 ranks, which consumed 10 positions each (global positions 0..40);
+    /// // the rest goes to 3 ranks.
+    /// let el = Elastic::new(100, 4, false, 40, 3).unwrap();
+    /// assert_eq!(el.num_samples(), 20); // the 60 left, over 3 ranks
+    /// assert!(Elastic::new(100, 4, false, 101, 3).is_err()); // past the epoch's end
+    /// ```
     pub fn new(
         n: u64,
         origin: u64,
@@ -68,6 +81,15 @@ impl Elastic {
     }
 
     /// The number of ranks the rest is dealt to.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Elastic;
+    ///
+    /// let el = Elastic::new(100, 4, false, 40, 3).unwrap();
+    /// assert_eq!(el.num_replicas(), 3); // the new world, not the original one
+    /// ```
     pub fn num_replicas(&self) -> u64 {
         self.rest.num_replicas()
     }
@@ -76,6 +98,17 @@ impl Elastic {
     /// `per_rank` items (a mixture's or a batch sampler's epoch): its global order is
     /// position `t` of every old rank's sequence, rank after rank, then position `t + 1`, so
     /// that what the old ranks consumed, `p` items each, is its first `p * origin` positions.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Elastic;
+    ///
+    /// // 4 ranks with 25 positions each consumed 10 each: 40 of the 100 global positions.
+    /// let el = Elastic::over_sequences(4, 25, false, 40, 3).unwrap();
+    /// assert_eq!(el.num_samples() * 3, 100 - 40); // the rest, each position once
+    /// assert!(Elastic::over_sequences(u64::MAX, 2, false, 0, 1).is_err()); // past 2**63 - 1
+    /// ```
     pub fn over_sequences(
         origin: u64,
         per_rank: u64,
@@ -93,6 +126,19 @@ impl Elastic {
     }
 
     /// Positions per new rank for the rest of the epoch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Elastic;
+    ///
+    /// for drop_last in [false, true] {
+    ///     let el = Elastic::new(100, 4, drop_last, 41, 3).unwrap();
+    ///     // torch's arithmetic on the 59 positions left: padded up or cut down.
+    ///     let want = if drop_last { 59 / 3 } else { 59_u64.div_ceil(3) };
+    ///     assert_eq!(el.num_samples(), want);
+    /// }
+    /// ```
     pub fn num_samples(&self) -> u64 {
         self.rest.num_samples()
     }
@@ -104,32 +150,56 @@ impl Elastic {
         self.offset + if h < r { h } else { h % r }
     }
 
-    /// Positions `[start, stop)` of new rank `rank`'s sequence.
-    #[allow(clippy::too_many_arguments)]
-    pub fn range(
-        &self,
-        rank: u64,
-        shuffle: bool,
-        order: Order,
-        seed: u64,
-        epoch: u64,
-        start: u64,
-        stop: u64,
-    ) -> Result<Indices> {
+    /// Positions `range` (`start..stop`, with `start <= stop <=` [`Elastic::num_samples`]) of
+    /// new rank `rank`'s sequence, the epoch's global order drawn as `draw` says.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{rank_range, Draw, Elastic, Layout};
+    ///
+    /// // 10 samples on 2 ranks, 4 positions each consumed (global positions 0..8), then 3 ranks.
+    /// let draw = Draw { seed: 1, ..Draw::default() };
+    /// let el = Elastic::new(10, 2, false, 8, 3).unwrap();
+    /// assert_eq!(el.num_samples(), 1); // 2 left for 3 ranks: rank 2 repeats the first
+    /// let rest: Vec<usize> = (0..3).map(|r| el.range(r, draw, 0..1).unwrap().len()).collect();
+    /// assert_eq!(rest, [1, 1, 1]);
+    /// // What was not consumed is what the old ranks had left: their last positions.
+    /// let old = Layout::new(10, 2, false).unwrap();
+    /// for r in 0..2 {
+    ///     assert_eq!(el.range(r, draw, 0..1).unwrap(), rank_range(&old, r, draw, 4..5).unwrap());
+    /// }
+    /// assert!(el.range(3, draw, 0..1).is_err()); // no rank 3 of 3
+    /// ```
+    pub fn range(&self, rank: u64, draw: Draw, range: Range<u64>) -> Result<Indices> {
+        let Range { start, end: stop } = range;
         self.rest.check_rank(rank)?;
         self.rest.check_range(start, stop)?;
         Ok(if self.origin.n() <= U32_MAX_LEN {
-            Indices::U32(self.range_as(rank, shuffle, order, (seed, epoch), (start, stop))?)
+            Indices::U32(self.range_as(rank, draw, (start, stop))?)
         } else {
-            Indices::U64(self.range_as(rank, shuffle, order, (seed, epoch), (start, stop))?)
+            Indices::U64(self.range_as(rank, draw, (start, stop))?)
         })
     }
 
-    /// Bytes a [`Elastic::range`] holds at its peak (an estimate, to refuse what cannot fit).
-    pub fn range_bytes(&self, shuffle: bool, order: Order, start: u64, stop: u64) -> u64 {
+    /// Bytes a [`Elastic::range`] with these arguments holds at its peak (an estimate, to
+    /// refuse what cannot fit).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Draw, Elastic};
+    ///
+    /// let el = Elastic::new(1000, 4, false, 500, 2).unwrap();
+    /// let plain = Draw { shuffle: false, ..Draw::default() };
+    /// assert_eq!(el.range_bytes(plain, 0..250), 250 * 4); // the output, u32
+    /// // Shuffled, an old rank's share is read too.
+    /// assert!(el.range_bytes(Draw::default(), 0..250) > 250 * 4);
+    /// ```
+    pub fn range_bytes(&self, draw: Draw, range: Range<u64>) -> u64 {
         let elem = index_bytes(self.origin.n());
-        let out = stop.saturating_sub(start).saturating_mul(elem);
-        match (shuffle, order) {
+        let out = range.end.saturating_sub(range.start).saturating_mul(elem);
+        match (draw.shuffle, draw.order) {
             (false, _) => out,
             (true, Order::Torch(_)) => out.saturating_add(self.origin.n().saturating_mul(elem)),
             // One old piece (at most about half an old share) with its stripe tables and cut
@@ -144,15 +214,14 @@ impl Elastic {
     fn range_as<T: Index>(
         &self,
         rank: u64,
-        shuffle: bool,
-        order: Order,
-        (seed, epoch): (u64, u64),
+        draw: Draw,
         (start, stop): (u64, u64),
     ) -> Result<Vec<T>> {
-        if !shuffle || start == stop {
+        if !draw.shuffle || start == stop {
             return collect_checked(start, stop, |k| T::from_u64(self.global(rank, k)));
         }
-        match order {
+        let (seed, epoch) = (draw.seed, draw.epoch);
+        match draw.order {
             Order::Torch(variant) => {
                 let perm = torch_randperm::sampler_order(self.origin.n(), variant, seed, epoch)?;
                 match perm {
@@ -220,6 +289,26 @@ impl Elastic {
     /// `piece_end(s, a)` says where a read starting at `a` should end at the latest (the old
     /// rank's unit of work, so that nothing is computed twice). Old ranks are read one at a
     /// time, each a piece at a time: the peak is the output plus one piece.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Elastic, Result};
+    ///
+    /// // Two old ranks of 5 positions; old rank s holds 10 s + j at its position j. They consumed
+    /// // 2 each (global positions 0..4); the other 6 go to 3 new ranks.
+    /// let el = Elastic::over_sequences(2, 5, false, 4, 3).unwrap();
+    /// let read = |s: u64, (a, b): (u64, u64), buf: &mut Vec<u64>| -> Result<u64> {
+    ///     *buf = (a..b).map(|j| 10 * s + j).collect();
+    ///     Ok(a)
+    /// };
+    /// let whole = |_, _| u64::MAX;
+    /// let mut got: Vec<u64> = (0..3)
+    ///     .flat_map(|r| el.gather(r, (0, el.num_samples()), whole, read).unwrap())
+    ///     .collect();
+    /// got.sort_unstable();
+    /// assert_eq!(got, [2, 3, 4, 12, 13, 14]); // what the old ranks had left, each once
+    /// ```
     pub fn gather<T: Index>(
         &self,
         rank: u64,
@@ -318,9 +407,15 @@ mod tests {
     /// The epoch's global order as the original world deals it, read back from its shares.
     fn global_order(n: u64, w0: u64, drop_last: bool, shuffle: bool, order: Order) -> Vec<u64> {
         let layout = Layout::new(n, w0, drop_last).unwrap();
+        let draw = Draw {
+            shuffle,
+            order,
+            seed: 5,
+            epoch: 2,
+        };
         let shares: Vec<Vec<u64>> = (0..w0)
             .map(|s| {
-                rank_range(&layout, s, shuffle, order, 5, 2, 0, layout.num_samples())
+                rank_range(&layout, s, draw, 0..layout.num_samples())
                     .unwrap()
                     .to_u64_vec()
             })
@@ -357,11 +452,14 @@ mod tests {
                         let el = Elastic::new(n, w0, drop_last, offset, w).unwrap();
                         let ns = el.num_samples();
                         let mut seen: HashMap<u64, u64> = HashMap::new();
+                        let draw = Draw {
+                            shuffle,
+                            order,
+                            seed: 5,
+                            epoch: 2,
+                        };
                         for r in 0..w {
-                            let got = el
-                                .range(r, shuffle, order, 5, 2, 0, ns)
-                                .unwrap()
-                                .to_u64_vec();
+                            let got = el.range(r, draw, 0..ns).unwrap().to_u64_vec();
                             assert_eq!(got.len() as u64, ns);
                             // The global positions torch's arithmetic gives, read from π.
                             let want: Vec<u64> =
@@ -369,7 +467,7 @@ mod tests {
                             assert_eq!(got, want, "n={n} {w0}->{w} O={offset} r={r}");
                             // A part read alone equals the cut of the whole.
                             if ns > 2 {
-                                let part = el.range(r, shuffle, order, 5, 2, 1, ns - 1).unwrap();
+                                let part = el.range(r, draw, 1..ns - 1).unwrap();
                                 assert_eq!(part.to_u64_vec(), got[1..ns as usize - 1]);
                             }
                             for v in got {
@@ -396,7 +494,7 @@ mod tests {
         assert!(Elastic::new(10, 3, true, 10, 2).is_err());
         assert!(Elastic::new(10, 3, false, 11, 2).is_err());
         let el = Elastic::new(10, 3, false, 4, 2).unwrap();
-        assert!(el.range(2, true, Order::Fast, 0, 0, 0, 1).is_err());
-        assert!(el.range(0, true, Order::Fast, 0, 0, 0, 4).is_err());
+        assert!(el.range(2, Draw::default(), 0..1).is_err());
+        assert!(el.range(0, Draw::default(), 0..4).is_err());
     }
 }

@@ -445,18 +445,16 @@ fn blocks_into_segs<T: Index>(
     }
 }
 
-/// Positions `[a, b)` of rank `rank`'s block `j`, a bucketed one, read by random access: the
-/// bucket shuffle says which ranks of the block's (increasing) values land there, and
-/// [`class_select`] finds those values.
-#[allow(clippy::too_many_arguments)]
+/// Positions `[a, b)` of rank `rank`'s block `j`, a bucketed one, in the epoch `(seed, epoch)`,
+/// read by random access: the bucket shuffle says which ranks of the block's (increasing)
+/// values land there, and [`class_select`] finds those values.
 fn block_range<T: Index>(
     layout: &Layout,
     classes: &RankClasses,
     rank: u64,
     j: u64,
     (a, b): (u64, u64),
-    seed: u64,
-    epoch: u64,
+    (seed, epoch): (u64, u64),
 ) -> Vec<T> {
     let key = layout_key(layout);
     let class = classes.class(rank, j);
@@ -558,8 +556,7 @@ pub(crate) fn fast_share_range_into<T: Index>(
                 rank,
                 j0,
                 (start - lo, own_stop - lo),
-                seed,
-                epoch,
+                (seed, epoch),
             );
             out[..part.len()].copy_from_slice(&part);
         } else {
@@ -614,15 +611,18 @@ pub(crate) fn first_stop(layout: &Layout, rank: u64, start: u64) -> Result<u64> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deal::rank::{rank_indices, rank_range, Order};
+    use crate::deal::rank::{rank_indices, rank_range, Draw};
     use crate::testkit::{chi2_flat, orders_chi2, tenths_chi2};
     use std::collections::HashSet;
 
     fn share(n: u64, w: u64, r: u64, drop_last: bool, seed: u64, epoch: u64) -> Vec<u64> {
         let layout = Layout::new(n, w, drop_last).unwrap();
-        rank_indices(&layout, r, true, Order::Fast, seed, epoch)
-            .unwrap()
-            .to_u64_vec()
+        let draw = Draw {
+            seed,
+            epoch,
+            ..Draw::default()
+        };
+        rank_indices(&layout, r, draw).unwrap().to_u64_vec()
     }
 
     /// Every world size up to `MAX_LEN` is served (the permuted leaf size once overflowed
@@ -710,10 +710,13 @@ mod tests {
     fn every_position_range_equals_the_cut_of_the_whole() {
         let layout = Layout::new(50_001, 3, false).unwrap();
         let ns = layout.num_samples();
+        let draw = Draw {
+            seed: 9,
+            epoch: 2,
+            ..Draw::default()
+        };
         for r in 0..3 {
-            let whole = rank_indices(&layout, r, true, Order::Fast, 9, 2)
-                .unwrap()
-                .to_u64_vec();
+            let whole = rank_indices(&layout, r, draw).unwrap().to_u64_vec();
             let cuts = [
                 0,
                 1,
@@ -736,14 +739,13 @@ mod tests {
                     if a > b {
                         continue;
                     }
-                    let got = rank_range(&layout, r, true, Order::Fast, 9, 2, a, b)
-                        .unwrap()
-                        .to_u64_vec();
+                    let got = rank_range(&layout, r, draw, a..b).unwrap().to_u64_vec();
                     assert_eq!(got, whole[a as usize..b as usize], "r={r} [{a}, {b})");
                 }
             }
-            assert!(rank_range(&layout, r, true, Order::Fast, 9, 2, 5, 4).is_err());
-            assert!(rank_range(&layout, r, true, Order::Fast, 9, 2, 0, ns + 1).is_err());
+            let backwards = std::ops::Range { start: 5, end: 4 };
+            assert!(rank_range(&layout, r, draw, backwards).is_err());
+            assert!(rank_range(&layout, r, draw, 0..ns + 1).is_err());
         }
     }
 
@@ -793,10 +795,13 @@ mod tests {
         for (n, w) in [(200_003u64, 1u64), (200_003, 2), (300_007, 3)] {
             let layout = Layout::new(n, w, false).unwrap();
             let ns = layout.num_samples();
+            let draw = Draw {
+                seed: 4,
+                epoch: 1,
+                ..Draw::default()
+            };
             for r in [0, w - 1] {
-                let whole = rank_indices(&layout, r, true, Order::Fast, 4, 1)
-                    .unwrap()
-                    .to_u64_vec();
+                let whole = rank_indices(&layout, r, draw).unwrap().to_u64_vec();
                 let mut starts = vec![65_535u64, 65_536, 65_537, 131_071, 131_072, ns - 1];
                 let mut x = n ^ r;
                 for _ in 0..40 {
@@ -806,9 +811,7 @@ mod tests {
                 for &a in starts.iter().filter(|&&a| a < ns) {
                     for len in [1, 7, RANDOM_ACCESS_MAX] {
                         let b = (a + len).min(ns);
-                        let got = rank_range(&layout, r, true, Order::Fast, 4, 1, a, b)
-                            .unwrap()
-                            .to_u64_vec();
+                        let got = rank_range(&layout, r, draw, a..b).unwrap().to_u64_vec();
                         assert_eq!(got, whole[a as usize..b as usize], "n={n} r={r} [{a}, {b})");
                     }
                 }
@@ -828,7 +831,7 @@ mod tests {
                 if a >= b {
                     continue;
                 }
-                let got: Vec<u64> = block_range(&layout, &classes, 0, j, (a, b), 6, 2);
+                let got: Vec<u64> = block_range(&layout, &classes, 0, j, (a, b), (6, 2));
                 assert_eq!(
                     got,
                     whole[(lo + a) as usize..(lo + b) as usize],
@@ -961,12 +964,17 @@ mod tests {
     #[test]
     fn same_for_any_thread_count() {
         let layout = Layout::new(9_000_011, 4, false).unwrap();
+        let draw = Draw {
+            seed: 3,
+            epoch: 1,
+            ..Draw::default()
+        };
         let run = |threads| {
             rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap()
-                .install(|| rank_indices(&layout, 2, true, Order::Fast, 3, 1).unwrap())
+                .install(|| rank_indices(&layout, 2, draw).unwrap())
         };
         let one = run(1);
         assert_eq!(one, run(2));
@@ -975,7 +983,7 @@ mod tests {
         // subtrees of 2**21): random access must still read the same positions.
         let whole = one.to_u64_vec();
         for a in [1_048_576u64, 1_500_000, 2_097_151, 2_200_000] {
-            let got = rank_range(&layout, 2, true, Order::Fast, 3, 1, a, a + 64)
+            let got = rank_range(&layout, 2, draw, a..a + 64)
                 .unwrap()
                 .to_u64_vec();
             assert_eq!(got, whole[a as usize..a as usize + 64], "at {a}");
@@ -986,7 +994,7 @@ mod tests {
     fn huge_dataset_and_many_ranks_beyond_u32() {
         let (n, w) = ((1u64 << 33) + 5, 1u64 << 20);
         let layout = Layout::new(n, w, false).unwrap();
-        let a = rank_indices(&layout, w - 1, true, Order::Fast, 0, 0).unwrap();
+        let a = rank_indices(&layout, w - 1, Draw::default()).unwrap();
         assert!(matches!(a, crate::Indices::U64(_)));
         let a = a.to_u64_vec();
         let b = share(n, w, 3, false, 0, 0);
@@ -1013,9 +1021,12 @@ mod tests {
         assert_eq!(share(10, 3, 2, false, 1234, 7), PIN_10_3_2);
         let big = (1u64 << 33) + 5;
         let layout = Layout::new(big, 1 << 20, false).unwrap();
-        let got = rank_range(&layout, 7, true, Order::Fast, 1, 2, 0, 4)
-            .unwrap()
-            .to_u64_vec();
+        let draw = Draw {
+            seed: 1,
+            epoch: 2,
+            ..Draw::default()
+        };
+        let got = rank_range(&layout, 7, draw, 0..4).unwrap().to_u64_vec();
         assert_eq!(got, PIN_BIG);
         // Inside a bucketed block, read whole and by random access.
         assert_eq!(
@@ -1023,13 +1034,13 @@ mod tests {
             PIN_BUCKETED
         );
         let layout = Layout::new(200_003, 1, false).unwrap();
-        let got = rank_range(&layout, 0, true, Order::Fast, 0, 0, 150_000, 150_004)
+        let got = rank_range(&layout, 0, Draw::default(), 150_000..150_004)
             .unwrap()
             .to_u64_vec();
         assert_eq!(got, PIN_BUCKETED);
         // A longer range cutting that block at both ends, read through a windowed plan (its
         // edge buckets beside the output), against the pin recorded before windows existed.
-        let got = rank_range(&layout, 0, true, Order::Fast, 0, 0, 149_500, 150_004)
+        let got = rank_range(&layout, 0, Draw::default(), 149_500..150_004)
             .unwrap()
             .to_u64_vec();
         assert_eq!(got[500..], PIN_BUCKETED);

@@ -29,6 +29,16 @@ pub struct Layout {
 
 /// Checks a number of ranks: `num_replicas` in `[1, 2**63 - 1]`. Every core function that
 /// takes ranks checks them here or in [`check_world`], in the same words.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::deal::check_num_replicas;
+///
+/// assert!(check_num_replicas(1).is_ok());
+/// let err = check_num_replicas(0).unwrap_err().to_string();
+/// assert!(err.contains("num_replicas must be in [1, 2**63 - 1]"), "{err}");
+/// ```
 pub fn check_num_replicas(num_replicas: u64) -> Result<()> {
     if num_replicas == 0 || num_replicas > MAX_LEN {
         return Err(Error::out_of_range(
@@ -42,6 +52,8 @@ pub fn check_num_replicas(num_replicas: u64) -> Result<()> {
 
 /// Checks a world and a rank in it: `num_replicas` in `[1, 2**63 - 1]`, `rank` in
 /// `[0, num_replicas)`.
+///
+/// # Examples
 ///
 /// ```
 /// use croupier_core::deal::check_world;
@@ -63,8 +75,88 @@ pub fn check_world(num_replicas: u64, rank: u64) -> Result<()> {
     Ok(())
 }
 
+/// One rank's place in a world, as torch's `DistributedSampler` takes it: how many ranks share
+/// each epoch, which of them this is, and whether an uneven tail is cut or padded. A sampler's
+/// [`Layout`] is this with the number of items dealt ([`Deal::layout`]).
+///
+/// The default is a single process with torch's `drop_last=False`.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::Deal;
+///
+/// let deal = Deal { num_replicas: 4, rank: 3, ..Deal::default() };
+/// assert!(deal.check().is_ok());
+/// assert!(Deal { rank: 4, ..deal }.check().is_err()); // rank outside [0, 4)
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deal {
+    /// Number of ranks, in `[1, 2**63 - 1]`.
+    pub num_replicas: u64,
+    /// This rank, in `[0, num_replicas)`.
+    pub rank: u64,
+    /// Cut the uneven tail to a multiple of `num_replicas` instead of padding it by repeating
+    /// the head.
+    pub drop_last: bool,
+}
+
+impl Default for Deal {
+    fn default() -> Self {
+        Deal {
+            num_replicas: 1,
+            rank: 0,
+            drop_last: false,
+        }
+    }
+}
+
+impl Deal {
+    /// Checks the world and the rank in it ([`check_world`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Deal;
+    ///
+    /// assert!(Deal { num_replicas: 2, rank: 1, drop_last: true }.check().is_ok());
+    /// assert!(Deal { num_replicas: 0, rank: 0, drop_last: true }.check().is_err());
+    /// ```
+    pub fn check(&self) -> Result<()> {
+        check_world(self.num_replicas, self.rank)
+    }
+
+    /// The layout of an epoch of `n` items dealt to these ranks (the rank is not checked;
+    /// [`Layout::check_rank`] does).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Deal;
+    ///
+    /// let deal = Deal { num_replicas: 4, rank: 0, drop_last: true };
+    /// let layout = deal.layout(10).unwrap();
+    /// assert_eq!(layout.num_samples() * 4, layout.total_size());
+    /// assert!(layout.total_size() <= 10); // cut, not padded
+    /// ```
+    pub fn layout(&self, n: u64) -> Result<Layout> {
+        Layout::new(n, self.num_replicas, self.drop_last)
+    }
+}
+
 impl Layout {
     /// A layout; `n` in `[0, 2**63 - 1]`, `num_replicas` in `[1, 2**63 - 1]`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Layout, MAX_LEN};
+    ///
+    /// let layout = Layout::new(10, 4, false).unwrap();
+    /// assert_eq!(layout.num_samples() * 4, layout.total_size());
+    /// assert!(Layout::new(10, 0, false).is_err()); // no ranks
+    /// assert!(Layout::new(MAX_LEN + 1, 1, false).is_err()); // indices past int64
+    /// ```
     pub fn new(n: u64, num_replicas: u64, drop_last: bool) -> Result<Self> {
         check_len("dataset length", n)?;
         check_num_replicas(num_replicas)?;
@@ -76,21 +168,66 @@ impl Layout {
     }
 
     /// Number of samples in the dataset.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Layout;
+    ///
+    /// let layout = Layout::new(10, 4, true).unwrap();
+    /// assert_eq!(layout.n(), 10); // the dataset, before cutting
+    /// assert_eq!(layout.total_size(), 8);
+    /// ```
     pub fn n(&self) -> u64 {
         self.n
     }
 
     /// Whether the uneven tail is cut instead of padded.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Layout;
+    ///
+    /// let cut = Layout::new(10, 4, true).unwrap();
+    /// assert!(cut.drop_last() && cut.total_size() <= cut.n()); // cut to a multiple of 4
+    /// let padded = Layout::new(10, 4, false).unwrap();
+    /// assert!(!padded.drop_last() && padded.total_size() >= padded.n()); // padded to one
+    /// ```
     pub fn drop_last(&self) -> bool {
         self.drop_last
     }
 
     /// Number of ranks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Layout;
+    ///
+    /// let layout = Layout::new(10, 4, false).unwrap();
+    /// assert_eq!(layout.num_replicas(), 4);
+    /// assert_eq!(layout.total_size(), layout.num_samples() * layout.num_replicas());
+    /// ```
     pub fn num_replicas(&self) -> u64 {
         self.num_replicas
     }
 
     /// Indices each rank receives per epoch (torch's `num_samples`, its `__len__`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Layout;
+    ///
+    /// for n in 0..50 {
+    ///     for w in 1..8 {
+    ///         // torch's len(sampler): ceil(n / W) padded, floor(n / W) cut.
+    ///         assert_eq!(Layout::new(n, w, false).unwrap().num_samples(), n.div_ceil(w));
+    ///         assert_eq!(Layout::new(n, w, true).unwrap().num_samples(), n / w);
+    ///     }
+    /// }
+    /// ```
     pub fn num_samples(&self) -> u64 {
         let (q, rem) = (self.n / self.num_replicas, self.n % self.num_replicas);
         if self.drop_last || rem == 0 {
@@ -101,12 +238,34 @@ impl Layout {
     }
 
     /// Length of the padded or cut global sequence (torch's `total_size`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Layout;
+    ///
+    /// for drop_last in [false, true] {
+    ///     let layout = Layout::new(10, 4, drop_last).unwrap();
+    ///     assert_eq!(layout.total_size() % 4, 0); // every rank the same number
+    ///     assert!(layout.total_size().abs_diff(10) < 4); // less than one per rank padded or cut
+    /// }
+    /// ```
     pub fn total_size(&self) -> u64 {
         // num_samples * W <= n + W - 1 < 2**64 by the bounds in `new`.
         self.num_samples() * self.num_replicas
     }
 
     /// Checks `rank` against `[0, num_replicas)`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Layout;
+    ///
+    /// let layout = Layout::new(10, 4, false).unwrap();
+    /// assert!((0..4).all(|r| layout.check_rank(r).is_ok()));
+    /// assert!(layout.check_rank(4).is_err());
+    /// ```
     pub fn check_rank(&self, rank: u64) -> Result<()> {
         check_world(self.num_replicas, rank)
     }
@@ -171,11 +330,17 @@ pub(super) fn sequential_share<T: Index>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deal::rank::{rank_indices, Order};
+    use crate::deal::rank::{rank_indices, Draw, Order};
     use crate::index::Indices;
     use crate::shuffle::torch_randperm;
 
     const TORCH: Order = Order::Torch(torch_randperm::TorchRandperm::InsideOutForLargeN);
+    const UNSHUFFLED: Draw = Draw {
+        shuffle: false,
+        order: Order::Fast,
+        seed: 0,
+        epoch: 0,
+    };
 
     /// torch's DistributedSampler.__iter__, transcribed as list operations (independent of the
     /// in-place code above).
@@ -213,6 +378,12 @@ mod tests {
                 for drop_last in [false, true] {
                     let layout = Layout::new(n, w, drop_last).unwrap();
                     for (shuffle, order) in [(false, Order::Fast), (true, TORCH)] {
+                        let draw = Draw {
+                            shuffle,
+                            order,
+                            seed: 11,
+                            epoch: 3,
+                        };
                         let global = if shuffle {
                             torch_randperm::randperm(
                                 n,
@@ -225,9 +396,7 @@ mod tests {
                             (0..n).collect()
                         };
                         for r in 0..w {
-                            let got = rank_indices(&layout, r, shuffle, order, 11, 3)
-                                .unwrap()
-                                .to_u64_vec();
+                            let got = rank_indices(&layout, r, draw).unwrap().to_u64_vec();
                             let want = torch_reference(&global, w as usize, r as usize, drop_last);
                             assert_eq!(got, want, "n={n} w={w} r={r} drop_last={drop_last}");
                             assert_eq!(got.len() as u64, layout.num_samples());
@@ -244,16 +413,12 @@ mod tests {
         assert_eq!(layout.num_samples(), 1);
         assert_eq!(layout.total_size(), 10);
         let got: Vec<u64> = (0..10)
-            .flat_map(|r| {
-                rank_indices(&layout, r, false, Order::Fast, 0, 0)
-                    .unwrap()
-                    .to_u64_vec()
-            })
+            .flat_map(|r| rank_indices(&layout, r, UNSHUFFLED).unwrap().to_u64_vec())
             .collect();
         assert_eq!(got, [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]);
         let dropped = Layout::new(3, 10, true).unwrap();
         assert_eq!(dropped.num_samples(), 0);
-        assert!(rank_indices(&dropped, 9, true, Order::Fast, 0, 0)
+        assert!(rank_indices(&dropped, 9, Draw::default())
             .unwrap()
             .is_empty());
     }
@@ -263,9 +428,11 @@ mod tests {
         for drop_last in [false, true] {
             let layout = Layout::new(0, 4, drop_last).unwrap();
             assert_eq!(layout.num_samples(), 0);
-            assert!(rank_indices(&layout, 3, true, TORCH, 0, 0)
-                .unwrap()
-                .is_empty());
+            let torch = Draw {
+                order: TORCH,
+                ..Draw::default()
+            };
+            assert!(rank_indices(&layout, 3, torch).unwrap().is_empty());
         }
     }
 
@@ -277,7 +444,7 @@ mod tests {
             "num_replicas must be in [1, 2**63 - 1], got 0"
         );
         let layout = Layout::new(10, 4, false).unwrap();
-        let e = rank_indices(&layout, 4, true, Order::Fast, 0, 0).unwrap_err();
+        let e = rank_indices(&layout, 4, Draw::default()).unwrap_err();
         assert_eq!(
             e.to_string(),
             "rank must be in [0, num_replicas) = [0, 4), got 4"
@@ -292,7 +459,7 @@ mod tests {
         let w = 1u64 << 20;
         let layout = Layout::new(n, w, false).unwrap();
         let r = w - 1;
-        let got = rank_indices(&layout, r, false, Order::Fast, 0, 0).unwrap();
+        let got = rank_indices(&layout, r, UNSHUFFLED).unwrap();
         assert!(matches!(got, Indices::U64(_)));
         let got = got.to_u64_vec();
         assert_eq!(got.len() as u64, layout.num_samples());

@@ -7,12 +7,13 @@
 //!
 //! - `rank`: the entry points ([`rank_range`], [`first_stop`], [`rank_range_bytes`]) that give
 //!   a rank's positions in either [`Order`]: without shuffling, in torch's order, or in the
-//!   fast order.
+//!   fast order, as a [`Draw`] says.
 //! - `elastic`: an epoch continued on a different number of ranks ([`Elastic`]): the rest of
 //!   the epoch's global order dealt to the new ranks.
 //! - `layout`: torch's `DistributedSampler` arithmetic ([`Layout`]: padding by repeating the
-//!   head, `drop_last`, rank `r` taking positions `r, r + W, …`), and a rank's share taken from
-//!   a whole global order.
+//!   head, `drop_last`, rank `r` taking positions `r, r + W, …`), a rank's place in its world
+//!   ([`Deal`], which the mixtures, buckets and chunk plans take too), and a rank's share taken
+//!   from a whole global order.
 //! - `fast_share`: one rank's share in `order="fast"`, computed without the other ranks':
 //!   its values from `class_split`, cut into blocks, each block in its own uniform order.
 //! - `class_split`: the values of chosen classes of a uniform random partition of `[0, n)`,
@@ -31,5 +32,5 @@ pub(crate) mod rank;
 pub(crate) mod seekable;
 
 pub use elastic::{Elastic, ELASTIC_FIRST_STOP};
-pub use layout::{check_num_replicas, check_world, Layout};
-pub use rank::{first_stop, rank_range, rank_range_bytes, Order};
+pub use layout::{check_num_replicas, check_world, Deal, Layout};
+pub use rank::{first_stop, rank_range, rank_range_bytes, Draw, Order};

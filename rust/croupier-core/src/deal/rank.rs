@@ -12,6 +12,7 @@ use crate::deal::layout::{sequential_share, take_rank_share, Layout};
 use crate::error::Result;
 use crate::index::{index_bytes, keep_range, Index, Indices, U32_MAX_LEN};
 use crate::shuffle::torch_randperm;
+use std::ops::Range;
 
 /// Which global order an epoch follows when shuffling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,18 +44,69 @@ fn torch_share<T: Index>(
     Ok(take_rank_share(order, layout, rank))
 }
 
+/// How an epoch's global order is drawn: shuffled or not, in which [`Order`], and the seed and
+/// epoch that key the shuffle. Without `shuffle` the order is `0, 1, …, n-1` and the other
+/// fields are not read.
+///
+/// The default is torch's `DistributedSampler`'s: shuffled (in croupier's fast order), seed 0,
+/// epoch 0.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::{Draw, Order};
+///
+/// let draw = Draw { seed: 7, epoch: 3, ..Draw::default() };
+/// assert!(draw.shuffle && draw.order == Order::Fast);
+/// assert_eq!((draw.seed, draw.epoch), (7, 3));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Draw {
+    /// Whether the global order is shuffled (else it is `0, 1, …, n-1`).
+    pub shuffle: bool,
+    /// The shuffled order: croupier's or torch's.
+    pub order: Order,
+    /// The seed of the shuffle.
+    pub seed: u64,
+    /// The epoch: each epoch of a seed is its own shuffle.
+    pub epoch: u64,
+}
+
+impl Default for Draw {
+    fn default() -> Self {
+        Draw {
+            shuffle: true,
+            order: Order::Fast,
+            seed: 0,
+            epoch: 0,
+        }
+    }
+}
+
+impl Draw {
+    /// The fast order keyed by `key` alone (epoch 0): the permutations the buckets draw, keyed
+    /// by a stream of their own.
+    pub(crate) fn keyed(key: u64) -> Self {
+        Draw {
+            shuffle: true,
+            order: Order::Fast,
+            seed: key,
+            epoch: 0,
+        }
+    }
+}
+
 fn share_range<T: Index>(
     layout: &Layout,
     rank: u64,
-    shuffle: bool,
-    order: Order,
-    (seed, epoch): (u64, u64),
+    draw: Draw,
     (start, stop): (u64, u64),
 ) -> Result<Vec<T>> {
-    if !shuffle {
+    if !draw.shuffle {
         return sequential_share(layout, rank, start, stop);
     }
-    match order {
+    let (seed, epoch) = (draw.seed, draw.epoch);
+    match draw.order {
         Order::Fast => fast_share::fast_share(layout, rank, seed, epoch, start, stop),
         Order::Torch(variant) => {
             let mut v = torch_share::<T>(layout, rank, variant, seed, epoch)?;
@@ -65,23 +117,27 @@ fn share_range<T: Index>(
     }
 }
 
-/// Positions `[start, stop)` of the sequence rank `rank` receives in epoch `epoch`, with
-/// `0 <= start <= stop <= num_samples`.
+/// Positions `range` (`start..stop`, with `0 <= start <= stop <= num_samples`) of the sequence
+/// rank `rank` receives in the epoch `draw` describes.
 ///
-/// With `shuffle`, the global order is the epoch's `order`; without, it is `0, 1, …, n-1` (in
-/// both orders, as in torch). Padding, `drop_last` and striding follow torch (see [`Layout`]).
-/// `order="fast"` computes only the blocks holding the positions asked for; the other modes
-/// compute the whole share and cut it.
+/// With `draw.shuffle`, the global order is the epoch's `draw.order`; without, it is
+/// `0, 1, …, n-1` (in both orders, as in torch). Padding, `drop_last` and striding follow
+/// torch (see [`Layout`]). `order="fast"` computes only the blocks holding the positions asked
+/// for; the other modes compute the whole share and cut it.
+///
+/// # Examples
 ///
 /// ```
-/// use croupier_core::{rank_range, Indices, Layout, Order};
+/// use croupier_core::{rank_range, Draw, Indices, Layout};
 ///
 /// // 10 samples on 4 ranks: 3 each, the first two repeated as torch pads.
 /// let layout = Layout::new(10, 4, false).unwrap();
+/// let draw = Draw { seed: 5, ..Draw::default() };
 /// let mut seen = Vec::new();
 /// for rank in 0..4 {
-///     let share = rank_range(&layout, rank, true, Order::Fast, 0, 5, 0, 3).unwrap();
-///     let Indices::U32(v) = share else { unreachable!() };
+///     let Indices::U32(v) = rank_range(&layout, rank, draw, 0..3).unwrap() else {
+///         unreachable!()
+///     };
 ///     assert_eq!(v.len(), 3);
 ///     seen.extend(v);
 /// }
@@ -89,29 +145,21 @@ fn share_range<T: Index>(
 /// seen.dedup();
 /// assert_eq!(seen, (0..10).collect::<Vec<u32>>()); // every sample dealt
 /// // Unshuffled, rank 1 takes positions 1, 5, 9 as torch deals them.
-/// let Indices::U32(v) = rank_range(&layout, 1, false, Order::Fast, 0, 0, 0, 3).unwrap() else {
+/// let plain = Draw { shuffle: false, ..draw };
+/// let Indices::U32(v) = rank_range(&layout, 1, plain, 0..3).unwrap() else {
 ///     unreachable!()
 /// };
 /// assert_eq!(v, [1, 5, 9]);
+/// assert!(rank_range(&layout, 4, draw, 0..3).is_err()); // no rank 4 of 4
 /// ```
-#[allow(clippy::too_many_arguments)]
-pub fn rank_range(
-    layout: &Layout,
-    rank: u64,
-    shuffle: bool,
-    order: Order,
-    seed: u64,
-    epoch: u64,
-    start: u64,
-    stop: u64,
-) -> Result<Indices> {
+pub fn rank_range(layout: &Layout, rank: u64, draw: Draw, range: Range<u64>) -> Result<Indices> {
+    let Range { start, end: stop } = range;
     layout.check_rank(rank)?;
     layout.check_range(start, stop)?;
-    let range = ((seed, epoch), (start, stop));
     Ok(if layout.n() <= U32_MAX_LEN {
-        Indices::U32(share_range(layout, rank, shuffle, order, range.0, range.1)?)
+        Indices::U32(share_range(layout, rank, draw, (start, stop))?)
     } else {
-        Indices::U64(share_range(layout, rank, shuffle, order, range.0, range.1)?)
+        Indices::U64(share_range(layout, rank, draw, (start, stop))?)
     })
 }
 
@@ -120,56 +168,41 @@ pub fn rank_range(
 /// `order="fast"`, the whole permutation of `n` in torch's order). An estimate, so that a call
 /// that cannot fit is refused before any work.
 ///
+/// # Examples
+///
 /// ```
-/// use croupier_core::{rank_range_bytes, Layout, Order};
+/// use croupier_core::{rank_range_bytes, Draw, Layout, Order, TorchRandperm};
 ///
 /// let layout = Layout::new(1000, 4, false).unwrap();
-/// assert_eq!(rank_range_bytes(&layout, 0, false, Order::Fast, 0, 250), 1000); // 250 u32
+/// let plain = Draw { shuffle: false, ..Draw::default() };
+/// assert_eq!(rank_range_bytes(&layout, 0, plain, 0..250), 1000); // 250 u32
+/// // torch's order builds the whole permutation, whatever the range.
+/// let torch = Draw { order: Order::Torch(TorchRandperm::Forward), ..Draw::default() };
+/// assert_eq!(rank_range_bytes(&layout, 0, torch, 0..1), 4000);
 /// ```
-pub fn rank_range_bytes(
-    layout: &Layout,
-    rank: u64,
-    shuffle: bool,
-    order: Order,
-    start: u64,
-    stop: u64,
-) -> u64 {
+pub fn rank_range_bytes(layout: &Layout, rank: u64, draw: Draw, range: Range<u64>) -> u64 {
     let elem = index_bytes(layout.n());
-    let stop = stop.max(start);
-    match (shuffle, order) {
+    let (start, stop) = (range.start, range.end.max(range.start));
+    match (draw.shuffle, draw.order) {
         (false, _) => (stop - start).saturating_mul(elem),
         (true, Order::Fast) => fast_share::fast_share_bytes(layout, rank, start, stop),
         (true, Order::Torch(_)) => layout.n().saturating_mul(elem),
     }
 }
 
-/// The indices rank `rank` receives in epoch `epoch`, in the order it receives them: all of
-/// [`rank_range`].
+/// The indices rank `rank` receives in the epoch `draw` describes, in the order it receives
+/// them: all of [`rank_range`].
 #[cfg(test)]
-pub(crate) fn rank_indices(
-    layout: &Layout,
-    rank: u64,
-    shuffle: bool,
-    order: Order,
-    seed: u64,
-    epoch: u64,
-) -> Result<Indices> {
-    rank_range(
-        layout,
-        rank,
-        shuffle,
-        order,
-        seed,
-        epoch,
-        0,
-        layout.num_samples(),
-    )
+pub(crate) fn rank_indices(layout: &Layout, rank: u64, draw: Draw) -> Result<Indices> {
+    rank_range(layout, rank, draw, 0..layout.num_samples())
 }
 
 /// Where a call that starts at `start` should stop to hand out its first index soonest: in
 /// `order="fast"` with shuffling the end of the block holding `start`, or at most
 /// `RANDOM_ACCESS_MAX` (64) positions on inside a long block (read by random
 /// access); `num_samples` otherwise.
+///
+/// # Examples
 ///
 /// ```
 /// use croupier_core::{first_stop, Layout, Order};

@@ -17,6 +17,19 @@ use crate::error::{Error, Result};
 ///
 /// Refuses an empty list, a negative, NaN or infinite weight, all weights zero, and a
 /// temperature that is not finite and positive, naming `what` (the argument) in the message.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::mix::probabilities;
+///
+/// let p = probabilities(&[1.0, 3.0], 1.0, "weights").unwrap();
+/// assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12); // normalised
+/// let flatter = probabilities(&[1.0, 3.0], 2.0, "weights").unwrap();
+/// assert!(flatter[0] > p[0]); // a higher temperature evens the datasets out
+/// let err = probabilities(&[1.0, -1.0], 1.0, "weights").unwrap_err().to_string();
+/// assert!(err.starts_with("weights must be finite and >= 0"), "{err}");
+/// ```
 pub fn probabilities(weights: &[f64], temperature: f64, what: &'static str) -> Result<Vec<f64>> {
     if weights.is_empty() {
         return Err(Error::out_of_range(
@@ -81,6 +94,8 @@ pub fn probabilities(weights: &[f64], temperature: f64, what: &'static str) -> R
 /// Hamilton's largest-remainder rounding of `p_i * length` (see the module docs). A dataset
 /// with `p_i == 0` always gets 0.
 ///
+/// # Examples
+///
 /// ```
 /// use croupier_core::mix::largest_remainder;
 ///
@@ -136,6 +151,17 @@ pub fn largest_remainder(probs: &[f64], length: u64) -> Vec<u64> {
 /// [`probabilities`], computed on exact integers when every weight is a whole number below
 /// `2**53` and `temperature == 1` (so ties between equal remainders, common with small integer
 /// weights, go to the lower index as in exact arithmetic, not to rounding noise).
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::mix::phase_counts;
+///
+/// let counts = phase_counts(&[1.0, 1.0, 1.0], 1.0, 10, "weights").unwrap();
+/// assert_eq!(counts.iter().sum::<u64>(), 10); // exactly the phase's length
+/// assert!(counts.iter().all(|&c| c == 3 || c == 4)); // each within 1 of 10 / 3
+/// assert!(phase_counts(&[0.0, 0.0], 1.0, 10, "weights").is_err()); // all zero
+/// ```
 pub fn phase_counts(
     weights: &[f64],
     temperature: f64,

@@ -29,8 +29,7 @@
 //! Nothing depends on the number of threads.
 
 use crate::cancel::cancelled;
-use crate::deal::Elastic;
-use crate::deal::{check_num_replicas, check_world};
+use crate::deal::{check_num_replicas, check_world, Deal, Elastic};
 use crate::error::{Error, Result};
 use crate::index::{
     index_bytes, try_with_capacity_huge, zeros_par, Index, Indices, MAX_LEN, U32_MAX_LEN,
@@ -59,6 +58,52 @@ pub struct PhaseSpec {
     pub temperature: f64,
 }
 
+/// How a [`Mixture`] is dealt: the rank and its world, shuffling, the seed, and the epoch's
+/// length.
+///
+/// The default is `MixtureSampler`'s: one rank, `drop_last`, shuffled, seed 0, one pass of
+/// every dataset's share per epoch.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::{Deal, MixtureConfig};
+///
+/// let config = MixtureConfig {
+///     deal: Deal { num_replicas: 8, rank: 3, drop_last: true },
+///     seed: 42,
+///     ..MixtureConfig::default()
+/// };
+/// assert!(config.shuffle && config.length.is_none());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MixtureConfig {
+    /// The rank, its world, and whether a pass deals each rank `⌊n/W⌋` of a dataset
+    /// (`drop_last`) or `⌈n/W⌉`.
+    pub deal: Deal,
+    /// Interleave the datasets and shuffle their passes; without, a phase is its datasets one
+    /// after another, each pass the rank's strided share.
+    pub shuffle: bool,
+    /// The seed of every shuffle.
+    pub seed: u64,
+    /// Positions per rank and epoch; `None` for one pass of every dataset's share (their sum).
+    pub length: Option<u64>,
+}
+
+impl Default for MixtureConfig {
+    fn default() -> Self {
+        MixtureConfig {
+            deal: Deal {
+                drop_last: true,
+                ..Deal::default()
+            },
+            shuffle: true,
+            seed: 0,
+            length: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Phase {
     start: u64,
@@ -82,6 +127,8 @@ pub struct Mixture {
 
 /// Per-rank positions of one pass of each dataset: `⌊n/W⌋` with `drop_last`, `⌈n/W⌉` without.
 ///
+/// # Examples
+///
 /// ```
 /// use croupier_core::mix::pass_shares;
 ///
@@ -104,19 +151,32 @@ pub fn pass_shares(sizes: &[u64], num_replicas: u64, drop_last: bool) -> Result<
 }
 
 impl Mixture {
-    /// A mixture of datasets of `sizes` on rank `rank` of `num_replicas`, with an epoch of
-    /// `length` positions per rank (`None`: the sum of the pass shares) and the given phases.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        sizes: &[u64],
-        num_replicas: u64,
-        rank: u64,
-        drop_last: bool,
-        shuffle: bool,
-        seed: u64,
-        length: Option<u64>,
-        phases: &[PhaseSpec],
-    ) -> Result<Self> {
+    /// A mixture of datasets of `sizes` in the given phases, dealt as `config` says.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// let phase = PhaseSpec { start: 0, length: 150, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let m = Mixture::new(&[100, 50], &[phase.clone()], &MixtureConfig::default()).unwrap();
+    /// assert_eq!(m.len(), 150); // one pass of each dataset's share
+    /// assert_eq!(m.phase_counts(0).unwrap(), [100, 50]); // 2 : 1
+    /// let one_weight = PhaseSpec { weights: vec![1.0], ..phase };
+    /// assert!(Mixture::new(&[100, 50], &[one_weight], &MixtureConfig::default()).is_err());
+    /// ```
+    pub fn new(sizes: &[u64], phases: &[PhaseSpec], config: &MixtureConfig) -> Result<Self> {
+        let MixtureConfig {
+            deal,
+            shuffle,
+            seed,
+            length,
+        } = *config;
+        let Deal {
+            num_replicas,
+            rank,
+            drop_last,
+        } = deal;
         if sizes.is_empty() {
             return Err(Error::out_of_range(
                 "cumulative_sizes",
@@ -238,32 +298,109 @@ impl Mixture {
     }
 
     /// Positions per rank and epoch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::mix::pass_shares;
+    /// use croupier_core::{Deal, Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// let deal = Deal { num_replicas: 3, rank: 1, drop_last: true };
+    /// let config = MixtureConfig { deal, ..MixtureConfig::default() };
+    /// let phase = PhaseSpec { start: 0, length: 49, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let m = Mixture::new(&[100, 50], &[phase], &config).unwrap();
+    /// // Without a length, an epoch is one pass of every dataset's share.
+    /// assert_eq!(m.len(), pass_shares(&[100, 50], 3, true).unwrap().iter().sum::<u64>());
+    /// ```
     pub fn len(&self) -> u64 {
         self.length
     }
 
     /// Whether the epoch is empty.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// let phase = PhaseSpec { start: 0, length: 0, weights: vec![1.0], temperature: 1.0 };
+    /// let config = MixtureConfig { length: Some(0), ..MixtureConfig::default() };
+    /// let m = Mixture::new(&[10], &[phase], &config).unwrap();
+    /// assert!(m.is_empty() && m.range(0, 0, 0).unwrap().is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.length == 0
     }
 
     /// Number of datasets.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// let phase = PhaseSpec { start: 0, length: 150, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let m = Mixture::new(&[100, 50], &[phase], &MixtureConfig::default()).unwrap();
+    /// assert_eq!(m.datasets(), 2);
+    /// ```
     pub fn datasets(&self) -> usize {
         self.offsets.len()
     }
 
     /// Samples in all datasets together.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Indices, Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// let phase = PhaseSpec { start: 0, length: 150, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let m = Mixture::new(&[100, 50], &[phase], &MixtureConfig::default()).unwrap();
+    /// assert_eq!(m.total(), 150);
+    /// // Indices are global: dataset 1's start after dataset 0's 100.
+    /// let Indices::U32(v) = m.range(0, 0, m.len()).unwrap() else { unreachable!() };
+    /// assert!(v.iter().all(|&i| u64::from(i) < m.total()));
+    /// ```
     pub fn total(&self) -> u64 {
         self.total
     }
 
     /// Phase `i`'s nominal counts per dataset.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// let weights = vec![1.0, 1.0, 1.0];
+    /// let phase = PhaseSpec { start: 0, length: 200, weights, temperature: 1.0 };
+    /// let m = Mixture::new(&[100, 50, 50], &[phase], &MixtureConfig::default()).unwrap();
+    /// let counts = m.phase_counts(0).unwrap();
+    /// assert_eq!(counts.iter().sum::<u64>(), 200); // the phase's nominal length
+    /// assert!(m.phase_counts(1).is_none()); // one phase
+    /// ```
     pub fn phase_counts(&self, i: usize) -> Option<&[u64]> {
         self.phases.get(i).map(|p| p.counts.as_slice())
     }
 
     /// How many positions of phase `phase` (up to its end) each dataset takes in `epoch`: its
     /// nominal counts unless a later phase cuts it short.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// let phases = [
+    ///     PhaseSpec { start: 0, length: 100, weights: vec![1.0, 1.0], temperature: 1.0 },
+    ///     PhaseSpec { start: 60, length: 90, weights: vec![0.0, 1.0], temperature: 1.0 },
+    /// ];
+    /// let m = Mixture::new(&[100, 50], &phases, &MixtureConfig::default()).unwrap();
+    /// // Phase 0 ends at 60, before its nominal 100: the counts of its first 60 positions.
+    /// let cut = m.effective_counts(3, 0);
+    /// assert_eq!(cut.iter().sum::<u64>(), 60);
+    /// assert!(cut.iter().zip(m.phase_counts(0).unwrap()).all(|(c, n)| c <= n));
+    /// ```
     pub fn effective_counts(&self, epoch: u64, phase: usize) -> Vec<u64> {
         let mut c = vec![0; self.datasets()];
         self.add_effective(epoch, &self.phases[phase], &mut c);
@@ -293,6 +430,18 @@ impl Mixture {
     /// beside the output (1/32 of the block), its stripe tables (1/128) and a bucket's shuffle
     /// scratch (1/64), bounded by an eighth of the largest pass share. An estimate, to refuse
     /// what cannot fit before any work.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// let phase = PhaseSpec { start: 0, length: 150, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let m = Mixture::new(&[100, 50], &[phase], &MixtureConfig::default()).unwrap();
+    /// let out = m.range(0, 0, m.len()).unwrap();
+    /// assert!(m.range_bytes(0, m.len()) >= out.len() as u64 * 4); // at least the u32 output
+    /// assert!(m.range_bytes(0, 10) < m.range_bytes(0, m.len()));
+    /// ```
     pub fn range_bytes(&self, start: u64, stop: u64) -> u64 {
         let n = stop.saturating_sub(start);
         let leaf = (16 * self.datasets() as u64)
@@ -314,6 +463,20 @@ impl Mixture {
     /// Bytes a [`Mixture::elastic_range`] of `[start, stop)` holds at its peak: the output
     /// (`u64` per position) and one old rank's range, about as long scaled by the worlds'
     /// sizes, with its own working memory ([`Mixture::range_bytes`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Deal, Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// let deal = Deal { num_replicas: 2, rank: 0, drop_last: true };
+    /// let phase = PhaseSpec { start: 0, length: 75, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let config = MixtureConfig { deal, ..MixtureConfig::default() };
+    /// let m = Mixture::new(&[100, 50], &[phase], &config).unwrap();
+    /// let el = m.elastic(30, 3, false).unwrap();
+    /// let n = el.num_samples();
+    /// assert!(m.elastic_range_bytes(&el, 0, n) >= n * 8); // at least the output, as u64
+    /// ```
     pub fn elastic_range_bytes(&self, elastic: &Elastic, start: u64, stop: u64) -> u64 {
         let n = stop.saturating_sub(start);
         let old = n.saturating_mul(elastic.num_replicas()) / self.num_replicas.max(1);
@@ -323,11 +486,42 @@ impl Mixture {
 
     /// Where a read starting at `start` should stop to hand out its first index soonest
     /// ([`MIX_FIRST_STOP`] positions, at most to the end of the epoch).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// let phase = PhaseSpec { start: 0, length: 150, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let m = Mixture::new(&[100, 50], &[phase], &MixtureConfig::default()).unwrap();
+    /// let stop = m.first_stop(20);
+    /// assert!(20 < stop && stop <= m.len()); // a short first piece
+    /// assert_eq!(m.first_stop(m.len()), m.len()); // never past the end
+    /// ```
     pub fn first_stop(&self, start: u64) -> u64 {
         start.saturating_add(MIX_FIRST_STOP).min(self.len())
     }
 
     /// The same mixture on rank `rank` (of the same number of ranks).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Deal, Indices, Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// # let u32s = |i: Indices| match i { Indices::U32(v) => v, _ => unreachable!() };
+    /// let deal = Deal { num_replicas: 2, rank: 0, drop_last: true };
+    /// let phase = PhaseSpec { start: 0, length: 75, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let config = MixtureConfig { deal, ..MixtureConfig::default() };
+    /// let r0 = Mixture::new(&[100, 50], &[phase], &config).unwrap();
+    /// let r1 = r0.for_rank(1).unwrap();
+    /// // One pass of each dataset per epoch: the two ranks' epochs are every sample once.
+    /// let mut all = u32s(r0.range(0, 0, r0.len()).unwrap());
+    /// all.extend(u32s(r1.range(0, 0, r1.len()).unwrap()));
+    /// all.sort_unstable();
+    /// assert_eq!(all, (0..150).collect::<Vec<u32>>());
+    /// assert!(r0.for_rank(2).is_err());
+    /// ```
     pub fn for_rank(&self, rank: u64) -> Result<Self> {
         check_world(self.num_replicas, rank)?;
         let passes = self
@@ -351,6 +545,22 @@ impl Mixture {
     /// How an epoch of this mixture, dealt over its ranks, continues on `num_replicas` ranks
     /// from global position `offset` ([`Elastic::over_sequences`]: the epoch's global order
     /// takes position `t` of every rank's sequence, rank after rank, before position `t + 1`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Deal, Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// let deal = Deal { num_replicas: 2, rank: 0, drop_last: true };
+    /// let phase = PhaseSpec { start: 0, length: 75, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let config = MixtureConfig { deal, ..MixtureConfig::default() };
+    /// let m = Mixture::new(&[100, 50], &[phase], &config).unwrap();
+    /// // The 2 ranks consumed 15 positions each: 30 of their 150 global positions.
+    /// let el = m.elastic(30, 3, false).unwrap();
+    /// assert_eq!(el.num_replicas(), 3);
+    /// assert_eq!(el.num_samples() * 3, 150 - 30);
+    /// assert!(m.elastic(151, 3, false).is_err()); // past the epoch's end
+    /// ```
     pub fn elastic(&self, offset: u64, num_replicas: u64, drop_last: bool) -> Result<Elastic> {
         Elastic::over_sequences(
             self.num_replicas,
@@ -364,6 +574,27 @@ impl Mixture {
     /// New rank `rank`'s positions `[start, stop)` of the rest of `epoch` as `elastic` (from
     /// [`Mixture::elastic`]) deals it: the old ranks' sequences from the offset on, read one
     /// old rank at a time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Deal, Indices, Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// # let u32s = |i: Indices| match i { Indices::U32(v) => v, _ => unreachable!() };
+    /// let deal = Deal { num_replicas: 2, rank: 0, drop_last: true };
+    /// let phase = PhaseSpec { start: 0, length: 75, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let config = MixtureConfig { deal, ..MixtureConfig::default() };
+    /// let r0 = Mixture::new(&[100, 50], &[phase], &config).unwrap();
+    /// // 2 ranks consumed 15 positions each, then 3 ranks take the rest.
+    /// let mut seen = u32s(r0.range(0, 0, 15).unwrap());
+    /// seen.extend(u32s(r0.for_rank(1).unwrap().range(0, 0, 15).unwrap()));
+    /// let el = r0.elastic(30, 3, false).unwrap();
+    /// for rank in 0..3 {
+    ///     seen.extend(u32s(r0.elastic_range(&el, rank, 0, 0, el.num_samples()).unwrap()));
+    /// }
+    /// seen.sort_unstable();
+    /// assert_eq!(seen, (0..150).collect::<Vec<u32>>()); // consumed, then the rest: each once
+    /// ```
     pub fn elastic_range(
         &self,
         elastic: &Elastic,
@@ -408,6 +639,21 @@ impl Mixture {
     }
 
     /// Positions `[start, stop)` of the rank's sequence in `epoch`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Indices, Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// let phase = PhaseSpec { start: 0, length: 150, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let m = Mixture::new(&[100, 50], &[phase], &MixtureConfig::default()).unwrap();
+    /// let Indices::U32(whole) = m.range(5, 0, m.len()).unwrap() else { unreachable!() };
+    /// let mut sorted = whole.clone();
+    /// sorted.sort_unstable();
+    /// assert_eq!(sorted, (0..150).collect::<Vec<u32>>()); // one pass of each dataset, no repeat
+    /// assert_eq!(m.range(5, 10, 20).unwrap(), Indices::U32(whole[10..20].to_vec())); // a part
+    /// assert!(m.range(5, 0, m.len() + 1).is_err());
+    /// ```
     pub fn range(&self, epoch: u64, start: u64, stop: u64) -> Result<Indices> {
         if start > stop || stop > self.length {
             return Err(Error::out_of_range(
@@ -535,25 +781,36 @@ impl Mixture {
             }
             inside[i] = counts;
         }
-        self.fill_leaves(epoch, &il, (l0, s, e), &leaves, &inside, &at, out)
+        let range = LeafRange {
+            il: &il,
+            first: l0,
+            s,
+            e,
+            counts: &leaves,
+            inside: &inside,
+        };
+        self.fill_leaves(epoch, range, &at, out)
     }
 
-    /// Fills `out` with the leaves `first, first + 1, …` (`leaves`, with in-range counts
-    /// `inside`), reading each dataset's stream from `at`.
+    /// Fills `out` with the leaves `range` meets (`first, first + 1, …`, with counts `leaves`
+    /// and in-range counts `inside`), reading each dataset's stream from `at`.
     ///
     /// `out` itself holds the streams' values until the leaves are shuffled: leaf by leaf,
     /// each leaf's region holds its datasets' stream segments one after another (in the
     /// order of the leaf's counts), so that every leaf is then put in order inside its own
     /// region with a leaf-sized scratch. The streams are read a batch of datasets at a time
     /// into a buffer of at most `max(largest piece, range / 16)` and copied to their leaves.
-    #[allow(clippy::too_many_arguments)]
     fn fill_leaves<T: Index>(
         &self,
         epoch: u64,
-        il: &Interleave,
-        (first, s, e): (u64, u64, u64),
-        leaves: &[Counts],
-        inside: &[Vec<u64>],
+        LeafRange {
+            il,
+            first,
+            s,
+            e,
+            counts: leaves,
+            inside,
+        }: LeafRange<'_>,
         at: &[u64],
         out: &mut [T],
     ) -> Result<()> {
@@ -673,6 +930,24 @@ impl Mixture {
     }
 }
 
+/// The leaves of a phase's interleave that the range `[s, e)` of the phase's positions meets:
+/// leaves `first, first + 1, …`, with each one's counts per dataset and those inside the range.
+#[derive(Clone, Copy)]
+struct LeafRange<'a> {
+    /// The phase's interleave.
+    il: &'a Interleave,
+    /// The first leaf the range meets.
+    first: u64,
+    /// The range's first position in the phase.
+    s: u64,
+    /// The range's end in the phase.
+    e: u64,
+    /// Per leaf: `(dataset, count)` of every dataset it holds.
+    counts: &'a [Counts],
+    /// Per leaf: how many of each dataset's positions (in `counts`' order) lie in the range.
+    inside: &'a [Vec<u64>],
+}
+
 /// One dataset's run of positions in a leaf: `len` values of `dataset`'s stream piece from
 /// `from`, placed at `at` in the leaf's region before the leaf is shuffled.
 #[derive(Debug, Clone, Copy)]
@@ -699,7 +974,17 @@ mod tests {
 
     fn mixture(sizes: &[u64], w: u64, r: u64, weights: &[f64], length: Option<u64>) -> Mixture {
         let l = length.unwrap_or_else(|| pass_shares(sizes, w, true).unwrap().iter().sum());
-        Mixture::new(sizes, w, r, true, true, 9, Some(l), &one_phase(weights, l)).unwrap()
+        let config = MixtureConfig {
+            deal: Deal {
+                num_replicas: w,
+                rank: r,
+                drop_last: true,
+            },
+            seed: 9,
+            length: Some(l),
+            ..MixtureConfig::default()
+        };
+        Mixture::new(sizes, &one_phase(weights, l), &config).unwrap()
     }
 
     fn all(m: &Mixture, epoch: u64) -> Vec<u64> {
@@ -752,14 +1037,17 @@ mod tests {
     #[test]
     fn ranges_and_phases_agree_with_the_whole() {
         let sizes = [300_000u64, 50_000, 1];
+        let config = MixtureConfig {
+            deal: Deal {
+                num_replicas: 2,
+                rank: 1,
+                drop_last: false,
+            },
+            seed: 3,
+            ..MixtureConfig::default()
+        };
         let m = Mixture::new(
             &sizes,
-            2,
-            1,
-            false,
-            true,
-            3,
-            None,
             &[
                 PhaseSpec {
                     start: 0,
@@ -774,6 +1062,7 @@ mod tests {
                     temperature: 2.0,
                 },
             ],
+            &config,
         )
         .unwrap();
         let whole = all(&m, 2);
@@ -801,7 +1090,8 @@ mod tests {
     #[test]
     fn bad_schedules_are_refused() {
         let sizes = [10u64, 20];
-        let new = |phases: &[PhaseSpec]| Mixture::new(&sizes, 1, 0, true, true, 0, None, phases);
+        let one_rank = MixtureConfig::default();
+        let new = |phases: &[PhaseSpec]| Mixture::new(&sizes, phases, &one_rank);
         let p = |start, length, weights: &[f64]| PhaseSpec {
             start,
             length,
@@ -814,32 +1104,18 @@ mod tests {
         assert!(new(&[p(0, 30, &[1.0, 1.0]), p(0, 30, &[1.0, 1.0])]).is_err());
         assert!(new(&[p(0, 30, &[1.0, 1.0]), p(30, 1, &[1.0, 1.0])]).is_err());
         assert!(new(&[p(0, 10, &[1.0, 1.0]), p(20, 10, &[1.0, 1.0])]).is_err());
-        let err =
-            Mixture::new(&[10, 3], 4, 0, true, true, 0, None, &[p(0, 2, &[1.0, 1.0])]).unwrap_err();
+        let four_ranks = MixtureConfig {
+            deal: Deal {
+                num_replicas: 4,
+                ..one_rank.deal
+            },
+            ..one_rank
+        };
+        let err = Mixture::new(&[10, 3], &[p(0, 2, &[1.0, 1.0])], &four_ranks).unwrap_err();
         assert!(err.to_string().contains("dataset 1"), "{err}");
-        let err = Mixture::new(
-            &[10, 0],
-            1,
-            0,
-            true,
-            true,
-            0,
-            None,
-            &[p(0, 10, &[1.0, 1.0])],
-        )
-        .unwrap_err();
+        let err = Mixture::new(&[10, 0], &[p(0, 10, &[1.0, 1.0])], &one_rank).unwrap_err();
         assert!(err.to_string().contains("empty"), "{err}");
-        assert!(Mixture::new(
-            &[10, 0],
-            1,
-            0,
-            true,
-            true,
-            0,
-            None,
-            &[p(0, 10, &[1.0, 0.0])]
-        )
-        .is_ok());
+        assert!(Mixture::new(&[10, 0], &[p(0, 10, &[1.0, 0.0])], &one_rank).is_ok());
     }
 
     #[test]

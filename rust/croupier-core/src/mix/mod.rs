@@ -12,4 +12,4 @@ pub mod mixture;
 pub(crate) mod passes;
 
 pub use counts::{largest_remainder, phase_counts, probabilities};
-pub use mixture::{pass_shares, Mixture, PhaseSpec, MIX_FIRST_STOP};
+pub use mixture::{pass_shares, Mixture, MixtureConfig, PhaseSpec, MIX_FIRST_STOP};

@@ -352,6 +352,8 @@ const LEAF_LOOKAHEAD: usize = 64;
 /// Fills `out` with the permutation of `[0, out.len())` for `(seed, epoch)`, reusing the
 /// buffer.
 ///
+/// # Examples
+///
 /// ```
 /// use croupier_core::shuffle::{fill, permutation};
 /// use croupier_core::Indices;
@@ -618,6 +620,8 @@ fn shuffle_node<T: Index>(
 /// level-1 bucket of scratch per thread. An estimate, so that a call that cannot fit is
 /// refused before any work.
 ///
+/// # Examples
+///
 /// ```
 /// use croupier_core::shuffle::permutation_bytes;
 ///
@@ -637,6 +641,8 @@ pub fn permutation_bytes(n: u64) -> u64 {
 
 /// The epoch's permutation of `[0, n)` (see the module documentation). A `u32` buffer when
 /// `n <= 2**32`, `u64` above.
+///
+/// # Examples
 ///
 /// ```
 /// use croupier_core::shuffle::permutation;

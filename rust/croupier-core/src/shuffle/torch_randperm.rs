@@ -95,6 +95,19 @@ fn randperm_in<T: Index>(n: u64, mt: &mut Mt, variant: TorchRandperm) -> Result<
 
 /// `torch.randperm(n, generator=torch.Generator().manual_seed(seed))` on the CPU, as the torch
 /// releases named by `variant` compute it: a `u32` buffer when `n <= 2**32`, `u64` above.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::{torch_randperm, Indices, TorchRandperm};
+///
+/// let p = torch_randperm(100, 42, TorchRandperm::Forward).unwrap();
+/// let Indices::U32(mut sorted) = p.clone() else { unreachable!() };
+/// sorted.sort_unstable();
+/// assert_eq!(sorted, (0..100).collect::<Vec<u32>>()); // a permutation
+/// // The releases' variants differ only from LARGE_N_THRESHOLD on.
+/// assert_eq!(torch_randperm(100, 42, TorchRandperm::InsideOutForLargeN).unwrap(), p);
+/// ```
 pub fn randperm(n: u64, seed: u64, variant: TorchRandperm) -> Result<Indices> {
     check_len("n", n)?;
     let mut mt = generator(seed);
@@ -117,6 +130,18 @@ pub struct TorchGenerator {
 
 impl TorchGenerator {
     /// The generator `torch.Generator().manual_seed(seed)` of the torch releases `variant`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::shuffle::TorchGenerator;
+    /// use croupier_core::{torch_randperm, TorchRandperm};
+    ///
+    /// let mut g = TorchGenerator::new(42, TorchRandperm::Forward);
+    /// // A fresh generator's first randperm is torch_randperm under the same seed.
+    /// let once = torch_randperm(100, 42, TorchRandperm::Forward).unwrap();
+    /// assert_eq!(g.randperm(100).unwrap(), once);
+    /// ```
     pub fn new(seed: u64, variant: TorchRandperm) -> Self {
         TorchGenerator {
             mt: generator(seed),
@@ -125,6 +150,18 @@ impl TorchGenerator {
     }
 
     /// The next `torch.randperm(n, generator=g)`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::shuffle::TorchGenerator;
+    /// use croupier_core::TorchRandperm;
+    ///
+    /// let mut g = TorchGenerator::new(7, TorchRandperm::Forward);
+    /// let (first, second) = (g.randperm(50).unwrap(), g.randperm(50).unwrap());
+    /// assert_ne!(first, second); // the generator moves on, as torch's does
+    /// assert_eq!(first.len(), second.len());
+    /// ```
     pub fn randperm(&mut self, n: u64) -> Result<Indices> {
         check_len("n", n)?;
         Ok(if n <= U32_MAX_LEN {
@@ -135,6 +172,19 @@ impl TorchGenerator {
     }
 
     /// Advances the generator past a `randperm(n)` without computing it: the same draws.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::shuffle::TorchGenerator;
+    /// use croupier_core::TorchRandperm;
+    ///
+    /// let mut drawn = TorchGenerator::new(7, TorchRandperm::InsideOutForLargeN);
+    /// let mut skipped = drawn.clone();
+    /// drawn.randperm(1000).unwrap();
+    /// skipped.skip_randperm(1000);
+    /// assert_eq!(drawn.randperm(10).unwrap(), skipped.randperm(10).unwrap()); // the same state
+    /// ```
     pub fn skip_randperm(&mut self, n: u64) {
         let draws = if self.variant == TorchRandperm::InsideOutForLargeN && n >= LARGE_N_THRESHOLD {
             2 * n
