@@ -60,6 +60,7 @@ mod testkit;
 
 pub use cancel::Cancel;
 pub use deal::{first_stop, rank_range, rank_range_bytes, Deal, Draw, Elastic, Layout, Order};
+pub use draw::random_access::RandomAccessPermutation;
 pub use error::{Error, Result};
 pub use index::{index_bytes, Index, Indices, MAX_LEN, U32_MAX_LEN};
 pub use mix::{Mixture, MixtureConfig, PhaseSpec};

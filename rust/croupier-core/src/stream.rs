@@ -65,6 +65,9 @@ pub(crate) enum Purpose {
     ChunkOrder = u64::from_le_bytes(*b"chkorder"),
     /// The in-memory order of one load request of a rank (`chunk`).
     ChunkSplits = u64::from_le_bytes(*b"chksplit"),
+    /// The round keys and small-domain table of an epoch's world-size-invariant order
+    /// (`draw::random_access`).
+    GlobalOrder = u64::from_le_bytes(*b"globperm"),
 }
 
 /// A deterministic random stream; see the module documentation for its derivation.

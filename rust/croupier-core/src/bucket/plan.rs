@@ -45,7 +45,8 @@ const RANDOM_ACCESS_BATCHES: u64 = 4;
 /// Positions per random-access read of a bucket's permutation.
 const READ: u64 = 64;
 
-/// How batches are filled.
+/// How batches are filled. The default has no size limit yet (give `batch_size` or
+/// `max_tokens`), rounds to no multiple, serves oversized samples alone and keeps short batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// At most this many samples per batch.
@@ -60,6 +61,18 @@ pub struct Limits {
     /// is dropped (its samples wait for another epoch's shuffle), so every batch of a bucket
     /// holds exactly its size (static shapes with a fixed `batch_size`).
     pub full_batches: bool,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            batch_size: None,
+            max_tokens: None,
+            multiple: 1,
+            oversized_alone: true,
+            full_batches: false,
+        }
+    }
 }
 
 /// How an epoch's batches are drawn: the seed and epoch keying its shuffles, and which
@@ -144,9 +157,7 @@ impl BucketPlan {
     /// let limits = Limits {
     ///     batch_size: None,
     ///     max_tokens: Some(512),
-    ///     multiple: 1,
-    ///     oversized_alone: true,
-    ///     full_batches: false,
+    ///     ..Limits::default()
     /// };
     /// let plan = BucketPlan::new(&lengths, &[25, 50, 75], limits).unwrap();
     /// // Every batch keeps the budget: its size times its bucket's longest sample.
@@ -312,7 +323,7 @@ impl BucketPlan {
     /// ```
     /// use croupier_core::bucket::{BucketPlan, Limits};
     ///
-    /// # let limits = Limits { batch_size: Some(2), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// # let limits = Limits { batch_size: Some(2), ..Limits::default() };
     /// let a = BucketPlan::new(&[3u32, 1, 2], &[], limits).unwrap();
     /// let b = BucketPlan::new(&[3u32, 1, 2], &[2], limits).unwrap();
     /// let c = BucketPlan::new(&[1u32, 2, 3], &[], limits).unwrap();
@@ -330,7 +341,7 @@ impl BucketPlan {
     /// ```
     /// use croupier_core::bucket::{BucketPlan, Limits};
     ///
-    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// # let limits = Limits { batch_size: Some(10), ..Limits::default() };
     /// let lengths: Vec<u32> = (1..=100).collect();
     /// let plan = BucketPlan::new(&lengths, &[51], limits).unwrap();
     /// assert_eq!(plan.len(), 100);
@@ -348,7 +359,7 @@ impl BucketPlan {
     /// ```
     /// use croupier_core::bucket::{BucketPlan, Limits};
     ///
-    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// # let limits = Limits { batch_size: Some(10), ..Limits::default() };
     /// assert!(!BucketPlan::new(&[7u32], &[], limits).unwrap().is_empty());
     /// assert!(BucketPlan::new(&[] as &[u32], &[], limits).is_err()); // no empty plan is built
     /// ```
@@ -363,7 +374,7 @@ impl BucketPlan {
     /// ```
     /// use croupier_core::bucket::{BucketPlan, Limits};
     ///
-    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// # let limits = Limits { batch_size: Some(10), ..Limits::default() };
     /// let lengths: Vec<u32> = (0..1000).map(|i| 1 + i % 97).collect();
     /// let plan = BucketPlan::new(&lengths, &[10, 40], limits).unwrap();
     /// // Every bucket's members cut into batches of its size, the last one possibly short.
@@ -387,9 +398,7 @@ impl BucketPlan {
     /// let limits = Limits {
     ///     batch_size: Some(10),
     ///     max_tokens: None,
-    ///     multiple: 1,
-    ///     oversized_alone: true,
-    ///     full_batches: false,
+    ///     ..Limits::default()
     /// };
     /// let plan = BucketPlan::new(&lengths, &[51], limits).unwrap(); // two buckets of 50
     /// assert_eq!(plan.batches(), 10);
@@ -410,7 +419,7 @@ impl BucketPlan {
     /// ```
     /// use croupier_core::bucket::{BucketPlan, Limits};
     ///
-    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// # let limits = Limits { batch_size: Some(10), ..Limits::default() };
     /// let lengths: Vec<u32> = (1..=100).collect();
     /// let buckets = BucketPlan::new(&lengths, &[51], limits).unwrap().buckets();
     /// assert_eq!(buckets.len(), 3); // [0, 51), [51, ∞) and the (empty) oversized one
@@ -473,7 +482,7 @@ impl BucketPlan {
     /// ```
     /// use croupier_core::bucket::{BucketPlan, Limits};
     ///
-    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// # let limits = Limits { batch_size: Some(10), ..Limits::default() };
     /// let lengths: Vec<u32> = (1..=100).collect();
     /// let plan = BucketPlan::new(&lengths, &[51], limits).unwrap(); // 10 batches
     /// assert_eq!(plan.rank_batches(3, false).unwrap(), plan.batches().div_ceil(3)); // padded
@@ -494,7 +503,7 @@ impl BucketPlan {
     /// use croupier_core::bucket::{BatchDraw, BucketPlan, Limits};
     /// use croupier_core::{Deal, Indices};
     ///
-    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// # let limits = Limits { batch_size: Some(10), ..Limits::default() };
     /// let lengths: Vec<u32> = (1..=100).collect();
     /// let plan = BucketPlan::new(&lengths, &[51], limits).unwrap(); // 10 batches of 10
     /// let mut seen = Vec::new();
@@ -531,7 +540,7 @@ impl BucketPlan {
     /// use croupier_core::bucket::{BatchDraw, BucketPlan, Limits};
     /// use croupier_core::{Deal, Elastic, Indices};
     ///
-    /// # let limits = Limits { batch_size: Some(10), max_tokens: None, multiple: 1, oversized_alone: true, full_batches: false };
+    /// # let limits = Limits { batch_size: Some(10), ..Limits::default() };
     /// # let u32s = |(flat, _): (Indices, Vec<u64>)| match flat { Indices::U32(v) => v, _ => unreachable!() };
     /// let lengths: Vec<u32> = (1..=100).collect();
     /// let plan = BucketPlan::new(&lengths, &[51], limits).unwrap();
@@ -656,9 +665,7 @@ mod tests {
         Limits {
             batch_size,
             max_tokens,
-            multiple: 1,
-            oversized_alone: true,
-            full_batches: false,
+            ..Limits::default()
         }
     }
 
@@ -829,8 +836,7 @@ mod tests {
             batch_size: None,
             max_tokens: Some(1000),
             multiple: 8,
-            oversized_alone: true,
-            full_batches: false,
+            ..Limits::default()
         };
         let plan = BucketPlan::new(&lengths, &[], l).unwrap();
         assert_eq!(plan.buckets()[0].1, 96); // 100 rounded down to a multiple of 8

@@ -9,8 +9,11 @@
 //! - `hypergeom`: exact hypergeometric draws, bit-identical on every platform (no libm).
 //! - `prp`: a keyed pseudo-random permutation of `[0, n)` whose positions are read one by one
 //!   (a chunk order that is never materialised).
+//! - `random_access`: the world-size-invariant order, a keyed permutation of `[0, n)` for any
+//!   `n` read at any position, in bulk and in parallel (`order="global"`).
 
 pub(crate) mod cell_rng;
 pub(crate) mod hypergeom;
 pub(crate) mod keyed;
 pub(crate) mod prp;
+pub(crate) mod random_access;
