@@ -65,6 +65,19 @@ impl BatchDeal {
     }
 }
 
+impl BucketsConfig {
+    /// The core's limits of a batch.
+    fn limits(&self) -> croupier_core::bucket::Limits {
+        croupier_core::bucket::Limits {
+            batch_size: self.batch_size,
+            max_tokens: self.max_tokens,
+            multiple: self.multiple,
+            oversized_alone: self.oversized_alone,
+            full_batches: self.full_batches,
+        }
+    }
+}
+
 /// Samples grouped into length buckets with their batch sizes (`croupier_core::BucketPlan`),
 /// from which a rank's batches of any epoch are read.
 #[pyclass(module = "croupier._core", frozen)]
@@ -101,23 +114,10 @@ impl Buckets {
         lengths: &Bound<'_, PyAny>,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let BucketsConfig {
-            boundaries,
-            num_buckets,
-            batch_size,
-            max_tokens,
-            multiple,
-            oversized_alone,
-            full_batches,
-        } = BucketsConfig::from_kwargs(config, "Buckets")?;
+        let config = BucketsConfig::from_kwargs(config, "Buckets")?;
+        let limits = config.limits();
+        let (boundaries, num_buckets) = (config.boundaries, config.num_buckets);
         // Copied out of the borrowed numpy memory while attached; the work runs detached.
-        let limits = croupier_core::bucket::Limits {
-            batch_size,
-            max_tokens,
-            multiple,
-            oversized_alone,
-            full_batches,
-        };
         if let Ok(arr) = lengths.extract::<numpy::PyReadonlyArray1<'_, u32>>() {
             let lengths: Vec<u32> = arr.as_array().to_vec();
             return detached(py, move || {
