@@ -313,3 +313,38 @@ def test_drop_last_with_a_batch_size_yields_only_full_batches(
         t.set_epoch(epoch)
         t.set_skip(p)
         assert list(t) == whole[p:]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 300), q=st.integers(1, 500), budget=st.integers(50, 5000), w=st.integers(1, 3)
+)
+def test_quadratic_cost_keeps_every_batch_within_the_budget(n, q, budget, w):
+    lengths = [1 + (i * 7919) % 211 for i in range(n)]
+    cost = lambda batch: len(batch) * max(lengths[i] + lengths[i] ** 2 / q for i in batch)  # noqa: E731
+    seen = []
+    for r in range(w):
+        s = BucketBatchSampler(lengths, max_tokens=budget, quadratic=q, num_replicas=w, rank=r)
+        for b in s:
+            assert len(b) == 1 or cost(b) <= budget  # a sample over budget is served alone
+            seen += b
+    assert set(seen) == set(range(n))
+    # Larger batches than the linear cost allows never happen; short samples barely notice.
+    linear = BucketBatchSampler(lengths, max_tokens=budget, num_replicas=w, rank=0)
+    assert len(
+        BucketBatchSampler(lengths, max_tokens=budget, quadratic=q, num_replicas=w, rank=0)
+    ) >= len(linear)
+
+
+def test_quadratic_is_checked_and_part_of_the_state():
+    with pytest.raises(ValueError, match="quadratic"):
+        BucketBatchSampler([5, 6], max_tokens=100, quadratic=0)
+    with pytest.raises(ValueError, match="quadratic"):
+        BucketBatchSampler([5, 6], batch_size=2, quadratic=4)
+    with pytest.raises(TypeError, match="quadratic"):
+        BucketBatchSampler([5, 6], max_tokens=100, quadratic=2.5)
+    state = BucketBatchSampler([5, 6, 7], max_tokens=100, quadratic=8).state_dict()
+    with pytest.raises(ValueError, match="quadratic"):
+        BucketBatchSampler([5, 6, 7], max_tokens=100, quadratic=9).load_state_dict(state)
+    # 8 + 64/8 = 16 tokens a sample: 6 per batch of 100; linear: 12.
+    assert len(next(iter(BucketBatchSampler([8] * 12, max_tokens=100, quadratic=8)))) == 6

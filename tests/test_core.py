@@ -281,7 +281,7 @@ def test_typed_configs_take_every_keyword_and_refuse_unknown_or_missing_ones():
     lengths = np.array([5, 9, 3, 7], dtype=np.uint32)
     config = {
         "boundaries": None, "num_buckets": 2, "batch_size": 2, "max_tokens": None,
-        "multiple": 1, "oversized_alone": True, "full_batches": False,
+        "multiple": 1, "quadratic": None, "oversized_alone": True, "full_batches": False,
     }  # fmt: skip
     plan = _core.Buckets(lengths, **config)
     deal = {

@@ -112,6 +112,7 @@ class Buckets:
         batch_size: int | None,
         max_tokens: int | None,
         multiple: int,
+        quadratic: int | None,
         oversized_alone: bool,
         full_batches: bool,
     ) -> Buckets:

@@ -107,6 +107,9 @@ class BucketBatchSampler(BatchSampler):
             At least one of ``batch_size`` and ``max_tokens`` is needed.
         buckets: boundaries, or the number of quantile buckets (default 64).
         batch_size_multiple: batch sizes rounded down to a multiple of this (default 1).
+        quadratic: with ``max_tokens``, a sample of length ``L`` costs ``L + L**2 / quadratic``
+            tokens (lhotse's ``quadratic_duration``): attention's quadratic cost, so batches of
+            long samples get fewer of them. ``None`` (default): ``L`` tokens.
         oversized: ``"alone"`` or ``"error"`` for samples longer than ``max_tokens``.
         bucket_order: ``"shuffled"`` (batches of all buckets mixed) or ``"sequential"``.
         num_replicas, rank, dist_info: the ranks, as for :class:`~croupier.DistributedSampler`.
@@ -125,6 +128,7 @@ class BucketBatchSampler(BatchSampler):
         "batch_size",
         "max_tokens",
         "batch_size_multiple",
+        "quadratic",
         "oversized",
         "bucket_order",
         "shuffle",
@@ -140,6 +144,7 @@ class BucketBatchSampler(BatchSampler):
         max_tokens: int | None = None,
         buckets: int | Sequence[int] = DEFAULT_BUCKETS,
         batch_size_multiple: int = 1,
+        quadratic: int | None = None,
         oversized: str = "alone",
         bucket_order: str = "shuffled",
         num_replicas: int | None = None,
@@ -156,6 +161,9 @@ class BucketBatchSampler(BatchSampler):
         if self.batch_size is None and self.max_tokens is None:
             raise ValueError("give batch_size, max_tokens or both (neither was given)")
         self.batch_size_multiple = check_int("batch_size_multiple", batch_size_multiple, 1, MAX_LEN)
+        self.quadratic = _optional_positive("quadratic", quadratic)
+        if self.quadratic is not None and self.max_tokens is None:
+            raise ValueError("quadratic applies to max_tokens batches: give max_tokens too")
         if oversized not in _OVERSIZED:
             raise ValueError(f"oversized must be one of {list(_OVERSIZED)}, got {oversized!r}")
         if bucket_order not in _BUCKET_ORDERS:
@@ -205,6 +213,7 @@ class BucketBatchSampler(BatchSampler):
             batch_size=self.batch_size,
             max_tokens=self.max_tokens,
             multiple=self.batch_size_multiple,
+            quadratic=self.quadratic,
             oversized_alone=self.oversized == "alone",
             full_batches=self._full_batches,
         )
@@ -229,6 +238,7 @@ class BucketBatchSampler(BatchSampler):
             "batch_size": self.batch_size,
             "max_tokens": self.max_tokens,
             "batch_size_multiple": self.batch_size_multiple,
+            "quadratic": self.quadratic,
             "oversized": self.oversized,
             "bucket_order": self.bucket_order,
             "shuffle": self.shuffle,

@@ -20,6 +20,8 @@ config! {
         max_tokens: Option<u64>,
         /// Batch sizes are rounded down to a multiple of this.
         multiple: u64,
+        /// `L + L**2 / quadratic` tokens per sample of length `L`, with `max_tokens`.
+        quadratic: Option<u64>,
         /// A sample longer than `max_tokens` is served alone (else the Python layer refused it).
         oversized_alone: bool,
         /// Only full batches of `batch_size` (`drop_last` without `max_tokens`).
@@ -72,6 +74,7 @@ impl BucketsConfig {
             batch_size: self.batch_size,
             max_tokens: self.max_tokens,
             multiple: self.multiple,
+            quadratic: self.quadratic,
             oversized_alone: self.oversized_alone,
             full_batches: self.full_batches,
         }

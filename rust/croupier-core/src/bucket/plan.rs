@@ -55,6 +55,9 @@ pub struct Limits {
     pub max_tokens: Option<u64>,
     /// Batch sizes are rounded down to a multiple of this (when at least one multiple fits).
     pub multiple: u64,
+    /// With `max_tokens`: a sample of length `L` costs `L + L**2 / quadratic` tokens
+    /// (lhotse's `quadratic_duration`), so batches of long samples stay small.
+    pub quadratic: Option<u64>,
     /// Samples longer than `max_tokens`: served alone (`true`) or refused (`false`).
     pub oversized_alone: bool,
     /// Only full batches: a bucket's last batch, when shorter than the bucket's batch size,
@@ -69,9 +72,23 @@ impl Default for Limits {
             batch_size: None,
             max_tokens: None,
             multiple: 1,
+            quadratic: None,
             oversized_alone: true,
             full_batches: false,
         }
+    }
+}
+
+impl Limits {
+    /// How many samples of length `len` fit `max_tokens` (`None`: no token budget).
+    fn fitting(&self, len: u64) -> Option<u64> {
+        let t = u128::from(self.max_tokens?);
+        let len = u128::from(len.max(1));
+        let fit = match self.quadratic {
+            None => t / len,
+            Some(q) => t * u128::from(q) / (len * u128::from(q) + len * len),
+        };
+        Some(fit.min(u128::from(u64::MAX)) as u64)
     }
 }
 
@@ -190,9 +207,20 @@ impl BucketPlan {
                 "neither",
             ));
         }
-        if limits.batch_size == Some(0) || limits.max_tokens == Some(0) || limits.multiple == 0 {
+        if limits.quadratic.is_some() && limits.max_tokens.is_none() {
             return Err(Error::out_of_range(
-                "batch_size, max_tokens, batch_size_multiple",
+                "quadratic",
+                "with max_tokens",
+                "without",
+            ));
+        }
+        if limits.batch_size == Some(0)
+            || limits.max_tokens == Some(0)
+            || limits.multiple == 0
+            || limits.quadratic == Some(0)
+        {
+            return Err(Error::out_of_range(
+                "batch_size, max_tokens, batch_size_multiple, quadratic",
                 ">= 1",
                 0,
             ));
@@ -201,8 +229,8 @@ impl BucketPlan {
         // Every sample's bucket, in parallel: a table for lengths below 2**24 (one load a
         // sample), a binary search over the boundaries above.
         let bucket_of = |len: u64| -> u32 {
-            match limits.max_tokens {
-                Some(t) if len > t => regular as u32,
+            match limits.fitting(len) {
+                Some(0) => regular as u32,
                 _ => boundaries.partition_point(|&b| b <= len) as u32,
             }
         };
@@ -240,12 +268,12 @@ impl BucketPlan {
         if counts[regular] > 0 && !limits.oversized_alone {
             let first = lengths
                 .iter()
-                .position(|&l| Some(l.into()) > limits.max_tokens)
+                .position(|&l| limits.fitting(l.into()) == Some(0))
                 .unwrap_or(0);
             return Err(Error::out_of_range(
                 "lengths",
                 format!(
-                    "at most max_tokens = {} with oversized='error'",
+                    "costing at most max_tokens = {} with oversized='error'",
                     limits.max_tokens.unwrap_or(0)
                 ),
                 format!(
@@ -275,8 +303,8 @@ impl BucketPlan {
                     return 1;
                 }
                 let mut s = limits.batch_size.unwrap_or(u64::MAX);
-                if let Some(t) = limits.max_tokens {
-                    s = s.min(t / longest[j].max(1));
+                if let Some(fit) = limits.fitting(longest[j]) {
+                    s = s.min(fit);
                 }
                 if s >= limits.multiple {
                     s -= s % limits.multiple;
