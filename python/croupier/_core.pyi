@@ -47,12 +47,13 @@ _Indices = npt.NDArray[np.uint32] | npt.NDArray[np.int64]
 
 @final
 class Order:
-    """An epoch order: croupier's own, or torch's CPU ``randperm`` as releases before 2.6 or
-    from 2.6 on compute it."""
+    """An epoch order: croupier's own (fast, or world-size-invariant: ``GLOBAL``), or torch's
+    CPU ``randperm`` as releases before 2.6 or from 2.6 on compute it."""
 
     FAST: Order
     TORCH_FORWARD: Order
     TORCH_INSIDE_OUT: Order
+    GLOBAL: Order
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
     def __int__(self) -> int: ...

@@ -20,7 +20,8 @@ from croupier.samplers._state import KEMPNERFORGE, StateFormat
 
 __all__ = ["DistributedSampler"]
 
-_ORDERS = ("fast", "torch")
+_ORDERS = ("fast", "torch", "global")
+_CORE_ORDERS = {"fast": _core.Order.FAST, "global": _core.Order.GLOBAL}
 
 
 class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
@@ -45,6 +46,12 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
             ``torch.utils.data.DistributedSampler`` yields for the same arguments and epoch
             (torch's CPU ``randperm`` seeded with ``seed + epoch``, reproduced in Rust), so a
             run can switch samplers mid-training without changing its data order.
+            ``"global"``: world-size-invariant: the epoch is one keyed permutation of the ``N``
+            samples whatever ``num_replicas`` is (rank ``r`` of ``W`` takes its positions
+            ``r, r + W, ...``), so a run on 8 ranks and one on 64 see the same samples at every
+            global step, and a resume on another world size continues the same sequence. Each
+            rank computes only its own positions, a window at a time (memory stays small at any
+            ``N``).
         torch_version: with ``order="torch"``, the torch release whose ``randperm`` to
             reproduce, e.g. ``"2.5.1"`` (default: the torch in use, ``torch.__version__`` if
             imported, else the installed package; the newest algorithm if torch is absent).
@@ -126,7 +133,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
             shuffle=self.shuffle,
             seed=self.seed,
             drop_last=self.drop_last,
-            order=_core.Order.FAST if randperm is None else TORCH_ORDERS[randperm],
+            order=_CORE_ORDERS[order] if randperm is None else TORCH_ORDERS[randperm],
         )
         self.num_samples, self.total_size = self._deal.num_samples, self._deal.total_size
         super().__init__(num_replicas, rank, self.num_samples)
@@ -186,8 +193,9 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
         return arr
 
     def _window(self) -> int | None:
-        # Unshuffled, any range is arithmetic: stream it instead of holding the whole share.
-        return None if self.shuffle else 1 << 16
+        # Unshuffled or in the global order, any range costs its length: stream it instead of
+        # holding the whole share.
+        return 1 << 16 if not self.shuffle or self.order == "global" else None
 
     def _first_stop(self, start: int) -> int:
         # In the fast shuffled order: the end of the block holding `start`, or the next 64

@@ -77,7 +77,7 @@ impl Deal {
         let draw = self.draw(epoch);
         let bytes = croupier_core::rank_range_bytes(&self.layout, self.rank, draw, start..stop);
         let what = match self.order {
-            Order::Fast => "this rank's indices",
+            Order::Fast | Order::Global => "this rank's indices",
             _ => "torch's order (the whole permutation, as torch builds it)",
         };
         let (layout, rank) = (self.layout, self.rank);

@@ -1,12 +1,14 @@
-//! `Order`: which epoch order a share follows (croupier's, or torch's `randperm`).
+//! `Order`: which epoch order a share follows (croupier's fast or world-size-invariant one, or
+//! torch's `randperm`).
 
 use croupier_core::TorchRandperm;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
-/// An epoch order: croupier's own (`FAST`), or torch's CPU `randperm` as releases before 2.6
-/// (`TORCH_FORWARD`) or from 2.6 on (`TORCH_INSIDE_OUT`) compute it; they differ only for
-/// `2**32 // 20` samples or more.
+/// An epoch order: croupier's own (`FAST`), its world-size-invariant one (`GLOBAL`: one keyed
+/// permutation per epoch whatever the number of ranks), or torch's CPU `randperm` as releases
+/// before 2.6 (`TORCH_FORWARD`) or from 2.6 on (`TORCH_INSIDE_OUT`) compute it; they differ
+/// only for `2**32 // 20` samples or more.
 #[pyclass(
     module = "croupier._core",
     frozen,
@@ -21,6 +23,7 @@ pub(crate) enum Order {
     Fast,
     TorchForward,
     TorchInsideOut,
+    Global,
 }
 
 impl Order {
@@ -29,6 +32,7 @@ impl Order {
             Order::Fast => croupier_core::Order::Fast,
             Order::TorchForward => croupier_core::Order::Torch(TorchRandperm::Forward),
             Order::TorchInsideOut => croupier_core::Order::Torch(TorchRandperm::InsideOutForLargeN),
+            Order::Global => croupier_core::Order::Global,
         }
     }
 
@@ -37,6 +41,7 @@ impl Order {
             Order::Fast => "FAST",
             Order::TorchForward => "TORCH_FORWARD",
             Order::TorchInsideOut => "TORCH_INSIDE_OUT",
+            Order::Global => "GLOBAL",
         }
     }
 }

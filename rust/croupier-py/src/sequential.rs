@@ -1,6 +1,7 @@
 //! `SequentialBuckets`: NeMo Automodel's bucket-by-bucket batches (`SequentialBucketSampler`).
 
 use numpy::IntoPyArray;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -22,9 +23,11 @@ config! {
     }
 }
 
-impl From<&SequentialConfig> for croupier_core::bucket::SequentialConfig {
-    fn from(c: &SequentialConfig) -> Self {
-        croupier_core::bucket::SequentialConfig {
+impl TryFrom<&SequentialConfig> for croupier_core::bucket::SequentialConfig {
+    type Error = PyErr;
+
+    fn try_from(c: &SequentialConfig) -> PyResult<Self> {
+        Ok(croupier_core::bucket::SequentialConfig {
             deal: croupier_core::Deal {
                 num_replicas: c.num_replicas,
                 rank: c.rank,
@@ -35,8 +38,13 @@ impl From<&SequentialConfig> for croupier_core::bucket::SequentialConfig {
             order: match c.order.core() {
                 croupier_core::Order::Fast => croupier_core::bucket::SeqOrder::Fast,
                 croupier_core::Order::Torch(v) => croupier_core::bucket::SeqOrder::Torch(v),
+                croupier_core::Order::Global => {
+                    return Err(PyValueError::new_err(
+                        "SequentialBuckets takes order FAST or a TORCH order, got GLOBAL",
+                    ))
+                }
             },
-        }
+        })
     }
 }
 
@@ -60,7 +68,7 @@ impl SequentialBuckets {
         let inner = core(croupier_core::bucket::SequentialBuckets::new(
             &buckets,
             &sizes,
-            &croupier_core::bucket::SequentialConfig::from(&config),
+            &croupier_core::bucket::SequentialConfig::try_from(&config)?,
         ))?;
         Ok(SequentialBuckets {
             inner: std::sync::Arc::new(inner),

@@ -20,6 +20,7 @@
 use crate::deal::fast_share::{fast_share_range_into, Blocks};
 use crate::deal::layout::Layout;
 use crate::deal::rank::{Draw, Order};
+use crate::draw::random_access::RandomAccessPermutation;
 use crate::error::{Error, Result};
 use crate::index::{index_bytes, try_with_capacity_huge, zeros_par, Index, Indices, U32_MAX_LEN};
 use crate::shuffle::torch_randperm;
@@ -202,6 +203,7 @@ impl Elastic {
         match (draw.shuffle, draw.order) {
             (false, _) => out,
             (true, Order::Torch(_)) => out.saturating_add(self.origin.n().saturating_mul(elem)),
+            (true, Order::Global) => out,
             // One old piece (at most about half an old share) with its stripe tables and cut
             // buckets, bounded by a whole old share.
             (true, Order::Fast) => {
@@ -234,6 +236,23 @@ impl Elastic {
                 }
             }
             Order::Fast => self.fast_range(rank, (seed, epoch), (start, stop)),
+            Order::Global => {
+                // The rest is the same permutation's positions [offset, end): arithmetic.
+                let mut out = zeros_par::<T>("a rank's indices", stop - start)?;
+                if !crate::cancel::cancelled() {
+                    let (w, r) = (self.rest.num_replicas(), self.end - self.offset);
+                    let first =
+                        (u128::from(start) * u128::from(w) + u128::from(rank)) % u128::from(r);
+                    RandomAccessPermutation::new(self.origin.n(), seed, epoch).fill_strided(
+                        &mut out,
+                        self.offset,
+                        r,
+                        first as u64,
+                        w,
+                    );
+                }
+                Ok(out)
+            }
         }
     }
 

@@ -9,8 +9,12 @@
 use crate::cancel::cancelled;
 use crate::deal::fast_share;
 use crate::deal::layout::{sequential_share, take_rank_share, Layout};
+use crate::draw::random_access::RandomAccessPermutation;
 use crate::error::Result;
-use crate::index::{index_bytes, keep_range, Index, Indices, U32_MAX_LEN};
+use crate::index::{index_bytes, keep_range, zeros_par, Index, Indices, U32_MAX_LEN};
+
+/// The first piece of a call in the world-size-invariant order.
+const GLOBAL_FIRST: u64 = 1 << 10;
 use crate::shuffle::torch_randperm;
 use std::ops::Range;
 
@@ -23,6 +27,28 @@ pub enum Order {
     /// torch's order: `torch.randperm(n)` seeded with `seed + epoch`
     /// ([`crate::shuffle::torch_randperm()`]), as the given torch releases compute it.
     Torch(torch_randperm::TorchRandperm),
+    /// The world-size-invariant order: one keyed permutation of `[0, n)` per epoch
+    /// ([`RandomAccessPermutation`]), the same whatever the number of ranks, of which each
+    /// rank computes only its own positions, by random access.
+    Global,
+}
+
+/// This rank's positions `[start, stop)` in the world-size-invariant order: global positions
+/// `start * W + rank`, `+ W`, ... of the epoch's permutation, wrapping past `n` as torch pads.
+fn global_share<T: Index>(
+    layout: &Layout,
+    rank: u64,
+    (seed, epoch): (u64, u64),
+    (start, stop): (u64, u64),
+) -> Result<Vec<T>> {
+    let mut out = zeros_par::<T>("a rank's indices", stop - start)?;
+    if start == stop || cancelled() {
+        return Ok(out);
+    }
+    let (n, w) = (layout.n(), layout.num_replicas());
+    let first = ((u128::from(start) * u128::from(w) + u128::from(rank)) % u128::from(n)) as u64;
+    RandomAccessPermutation::new(n, seed, epoch).fill_strided(&mut out, 0, n, first, w);
+    Ok(out)
 }
 
 fn torch_share<T: Index>(
@@ -108,6 +134,7 @@ fn share_range<T: Index>(
     let (seed, epoch) = (draw.seed, draw.epoch);
     match draw.order {
         Order::Fast => fast_share::fast_share(layout, rank, seed, epoch, start, stop),
+        Order::Global => global_share(layout, rank, (seed, epoch), (start, stop)),
         Order::Torch(variant) => {
             let mut v = torch_share::<T>(layout, rank, variant, seed, epoch)?;
             keep_range(&mut v, start as usize, (stop - start) as usize);
@@ -187,6 +214,7 @@ pub fn rank_range_bytes(layout: &Layout, rank: u64, draw: Draw, range: Range<u64
         (false, _) => (stop - start).saturating_mul(elem),
         (true, Order::Fast) => fast_share::fast_share_bytes(layout, rank, start, stop),
         (true, Order::Torch(_)) => layout.n().saturating_mul(elem),
+        (true, Order::Global) => (stop - start).saturating_mul(elem),
     }
 }
 
@@ -222,6 +250,9 @@ pub fn first_stop(
     layout.check_rank(rank)?;
     if shuffle && order == Order::Fast {
         fast_share::first_stop(layout, rank, start.min(layout.num_samples()))
+    } else if shuffle && order == Order::Global {
+        // Any range costs its length: a short first piece.
+        Ok(start.saturating_add(GLOBAL_FIRST).min(layout.num_samples()))
     } else {
         Ok(layout.num_samples())
     }
