@@ -42,44 +42,53 @@ fn bin(x: u64, n: u64, b: u64) -> usize {
     (x * b / n) as usize
 }
 
-fn stats(p: &[u64]) -> Stats {
-    let n = p.len() as u64;
+/// `bins[x]` is `bin(x)`: looked up, not divided, a billion times per size.
+fn bin_table(n: u64) -> Vec<u8> {
     let b = BINS.min(n);
+    (0..n).map(|x| bin(x, n, b) as u8).collect()
+}
+
+fn stats(p: &[u64], bins: &[u8]) -> Stats {
+    let n = p.len() as u64;
+    let b = BINS.min(n) as usize;
     let mut s = Stats {
-        table: vec![0; (b * b) as usize],
-        pairs: vec![0; (b * b) as usize],
+        table: vec![0; b * b],
+        pairs: vec![0; b * b],
         ..Stats::default()
     };
     for (i, &v) in p.iter().enumerate() {
         s.fixed += u64::from(v == i as u64);
-        s.table[bin(i as u64, n, b) * b as usize + bin(v, n, b)] += 1;
+        let vb = bins[v as usize] as usize;
+        s.table[bins[i] as usize * b + vb] += 1;
         if i + 1 < p.len() {
             s.descents += u64::from(p[i + 1] < v);
-            s.pairs[bin(v, n, b) * b as usize + bin(p[i + 1], n, b)] += 1;
+            s.pairs[vb * b + bins[p[i + 1] as usize] as usize] += 1;
         }
     }
-    let mut seen = vec![false; p.len()];
-    for start in 0..p.len() {
-        if !seen[start] {
+    // Cycles, walked over a u32 copy with a bit set of the visited values (cache-resident).
+    let q: Vec<u32> = p.iter().map(|&x| x as u32).collect();
+    let mut seen = vec![0u64; p.len().div_ceil(64)];
+    for start in 0..q.len() {
+        if seen[start / 64] >> (start % 64) & 1 == 0 {
             s.cycles += 1;
             let mut i = start;
-            while !seen[i] {
-                seen[i] = true;
-                i = p[i] as usize;
+            while seen[i / 64] >> (i % 64) & 1 == 0 {
+                seen[i / 64] |= 1 << (i % 64);
+                i = q[i] as usize;
             }
         }
     }
-    s.inversions = inversions(p);
+    s.inversions = inversions(&q);
     s
 }
 
 /// Inversions by a bottom-up merge sort (sequential passes, faster than a Fenwick tree at
 /// 1e6 values): each merge counts, for every value taken from the right run, the values
 /// left in the left run.
-fn inversions(p: &[u64]) -> u64 {
+fn inversions(p: &[u32]) -> u64 {
     let n = p.len();
-    let mut a: Vec<u64> = p.to_vec();
-    let mut b = vec![0u64; n];
+    let mut a: Vec<u32> = p.to_vec();
+    let mut b = vec![0u32; n];
     let mut count = 0u64;
     let mut width = 1;
     while width < n {
@@ -87,15 +96,13 @@ fn inversions(p: &[u64]) -> u64 {
             let mid = (lo + width).min(n);
             let hi = (lo + 2 * width).min(n);
             let (mut i, mut j, mut k) = (lo, mid, lo);
+            // Branch-free: random data would mispredict every other comparison.
             while i < mid && j < hi {
-                if a[j] < a[i] {
-                    count += (mid - i) as u64;
-                    b[k] = a[j];
-                    j += 1;
-                } else {
-                    b[k] = a[i];
-                    i += 1;
-                }
+                let right = a[j] < a[i];
+                b[k] = if right { a[j] } else { a[i] };
+                count += u64::from(right) * (mid - i) as u64;
+                j += usize::from(right);
+                i += usize::from(!right);
                 k += 1;
             }
             b[k..k + mid - i].copy_from_slice(&a[i..mid]);
@@ -163,7 +170,11 @@ fn table_test(counts: &[u64], expected: &[f64], dof: f64, n: u64) -> f64 {
 
 /// Every p-value of the battery for `n` over `KEYS` permutations drawn by `perm(key)`, named.
 fn battery(n: u64, perm: impl Fn(u64) -> Vec<u64> + Sync) -> Vec<(String, f64)> {
-    let all: Vec<Stats> = (0..KEYS).into_par_iter().map(|k| stats(&perm(k))).collect();
+    let bins = bin_table(n);
+    let all: Vec<Stats> = (0..KEYS)
+        .into_par_iter()
+        .map(|k| stats(&perm(k), &bins))
+        .collect();
     let b = BINS.min(n);
     // The size of each bin: the x in [0, n) with x * b / n == j.
     let bin_size: Vec<u64> = (0..b)
@@ -324,14 +335,25 @@ type Make<'a> = &'a dyn Fn(u64) -> Box<dyn Fn(u64) -> Vec<u64> + Sync>;
 fn run(name: &str, make: Make<'_>, sizes: &[u64], orders: bool) -> f64 {
     let mut all = Vec::new();
     for &n in sizes {
-        for (test, p) in battery(n, make(n)) {
+        let clock = std::time::Instant::now();
+        let results = battery(n, make(n));
+        println!(
+            "{name:>14}  n={n:<8} ({:.1} s)",
+            clock.elapsed().as_secs_f64()
+        );
+        for (test, p) in results {
             println!("{name:>14}  n={n:<8} {test:<32} p={p:.4}");
             all.push(p);
         }
     }
     if orders {
         for n in 2..=6 {
+            let clock = std::time::Instant::now();
             let p = every_order(n, make(n));
+            println!(
+                "{name:>14}  n={n:<8} ({:.1} s)",
+                clock.elapsed().as_secs_f64()
+            );
             println!(
                 "{name:>14}  n={n:<8} {:<32} p={p:.4}",
                 format!("all {n}! orders")
