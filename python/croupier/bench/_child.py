@@ -45,6 +45,10 @@ def _sampler(system: str, n: int, ranks: int, rank: int, seed: int) -> Any:
         from croupier import DistributedSampler
 
         return DistributedSampler(n, num_replicas=ranks, rank=rank, seed=seed)
+    if system == "croupier-fast-order":
+        from croupier import DistributedSampler
+
+        return DistributedSampler(n, num_replicas=ranks, rank=rank, seed=seed, order="fast")
     if system == "croupier-torch-order":
         from croupier import DistributedSampler
 
@@ -285,18 +289,19 @@ def _measure_elastic(spec: dict[str, Any]) -> dict[str, Any]:
     new_ranks, new_rank = elastic_world(ranks, rank)
     epoch = 1
     out: dict[str, Any] = {"new_ranks": new_ranks}
-    if system == "croupier-elastic":
+    if system in ("croupier-elastic", "croupier-elastic-fast"):
         from croupier import DistributedSampler
 
+        order = "fast" if system == "croupier-elastic-fast" else "global"
         # The checkpoint: every old rank consumed half its share (untimed, O(1)).
-        old = DistributedSampler(n, num_replicas=ranks, rank=0, seed=seed)
+        old = DistributedSampler(n, num_replicas=ranks, rank=0, seed=seed, order=order)
         old.set_epoch(epoch)
         old.set_skip(len(old) // 2)
         state = old.state_dict()
         del old
 
         def resumed() -> Any:
-            s = DistributedSampler(n, num_replicas=new_ranks, rank=new_rank, seed=seed)
+            s = DistributedSampler(n, num_replicas=new_ranks, rank=new_rank, seed=seed, order=order)
             s.set_epoch(epoch)
             s.load_state_dict(state)
             return s

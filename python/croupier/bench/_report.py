@@ -138,7 +138,11 @@ def _pair(
     other = _find(results["rows"], results["baselines"].get(r["system"], ""), r["n"])
     if other is None:
         return None
-    return (other, r) if results["systems"][r["system"]]["ours"] else (r, other)
+    systems = results["systems"]
+    # croupier's side is the denominator; between two of croupier's own (an earlier order
+    # as the baseline of the new one), the row naming its target is the baseline.
+    mine, its_target = systems[r["system"]]["ours"], systems[other["system"]]["ours"]
+    return (other, r) if mine and not its_target else (r, other)
 
 
 def _line(r: dict[str, Any], results: dict[str, Any], keys: tuple[str, ...]) -> str:

@@ -70,12 +70,24 @@ SYSTEMS: tuple[System, ...] = (
     System(
         "croupier",
         "samplers",
+        'croupier.DistributedSampler(order="global")',
+        ("croupier",),
+        bytes_per_index=8,
+        startup_s=3.8,
+        s_per_index=1.0e-08,
+        per_rank=True,
+    ),
+    System(
+        "croupier-fast-order",
+        "samplers",
         'croupier.DistributedSampler(order="fast")',
         ("croupier",),
         bytes_per_index=8,
         startup_s=3.8,
         s_per_index=1.0e-08,
         per_rank=True,
+        headline=False,
+        baseline_for="croupier",
     ),
     System(
         "torch-sampler",
@@ -200,7 +212,7 @@ SYSTEMS: tuple[System, ...] = (
     System(
         "croupier-elastic",
         "elastic",
-        "croupier.DistributedSampler resumed mid-epoch on 3/4 of the ranks",
+        'croupier.DistributedSampler(order="global") resumed mid-epoch on 3/4 of the ranks',
         ("croupier",),
         # the rest of the epoch on the new rank (u32) and one old share's piece (about half
         # an old share), per sample of the share
@@ -208,6 +220,20 @@ SYSTEMS: tuple[System, ...] = (
         startup_s=3.9,
         s_per_index=2.5e-08,
         per_rank=True,
+    ),
+    System(
+        "croupier-elastic-fast",
+        "elastic",
+        'croupier.DistributedSampler(order="fast") resumed mid-epoch on 3/4 of the ranks',
+        ("croupier",),
+        # the rest of the epoch on the new rank (u32) and one old share's piece (about half
+        # an old share), per sample of the share
+        bytes_per_index=8,
+        startup_s=3.9,
+        s_per_index=2.5e-08,
+        per_rank=True,
+        headline=False,
+        baseline_for="croupier-elastic",
     ),
     System(
         "torch-elastic",

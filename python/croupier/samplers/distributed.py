@@ -41,17 +41,18 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
         shuffle: shuffle the order every epoch (seeded by ``seed`` and the epoch).
         seed: non-negative integer below ``2**64``; all ranks must use the same one.
         drop_last: cut the uneven tail instead of padding.
-        order: ``"fast"``, croupier's own seeded order: uniform, disjoint across ranks, equal
-            lengths, identical on every platform. ``"torch"``: exactly the sequence
-            ``torch.utils.data.DistributedSampler`` yields for the same arguments and epoch
-            (torch's CPU ``randperm`` seeded with ``seed + epoch``, reproduced in Rust), so a
-            run can switch samplers mid-training without changing its data order.
-            ``"global"``: world-size-invariant: the epoch is one keyed permutation of the ``N``
-            samples whatever ``num_replicas`` is (rank ``r`` of ``W`` takes its positions
-            ``r, r + W, ...``), so a run on 8 ranks and one on 64 see the same samples at every
-            global step, and a resume on another world size continues the same sequence. Each
-            rank computes only its own positions, a window at a time (memory stays small at any
-            ``N``).
+        order: ``"global"`` (the default): world-size-invariant, as torch's order is: the
+            epoch is one keyed permutation of the ``N`` samples whatever ``num_replicas`` is,
+            and rank ``r`` of ``W`` takes its positions ``r, r + W, ...``, so a run on 8 ranks
+            and one on 64 see the same samples at every global step, and a resume on another
+            world size continues the same sequence. Each rank computes only its own positions,
+            a window at a time (memory stays small at any ``N``). ``"fast"``: croupier's
+            earlier order (the default before 0.2.0's global order): uniform, disjoint across
+            ranks, but a different sequence for each world size. ``"torch"``: exactly the
+            sequence ``torch.utils.data.DistributedSampler`` yields for the same arguments and
+            epoch (torch's CPU ``randperm`` seeded with ``seed + epoch``, reproduced in Rust), so
+            a run can switch samplers mid-training without changing its data order; it builds
+            the whole permutation on every rank.
         torch_version: with ``order="torch"``, the torch release whose ``randperm`` to
             reproduce, e.g. ``"2.5.1"`` (default: the torch in use, ``torch.__version__`` if
             imported, else the installed package; the newest algorithm if torch is absent).
@@ -105,7 +106,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
         seed: int = 0,
         drop_last: bool = False,
         *,
-        order: str = "fast",
+        order: str = "global",
         dist_info: DistInfo = None,
         torch_version: str | None = None,
     ) -> None:
