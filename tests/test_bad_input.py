@@ -41,7 +41,11 @@ def make(**kw):
         ({"dataset": True}, TypeError, "dataset must be a sized object"),
         ({"shuffle": "false"}, TypeError, "shuffle must be a bool, got str"),
         ({"drop_last": 1}, TypeError, "drop_last must be a bool, got int"),
-        ({"order": "random"}, ValueError, "order must be one of ['fast', 'torch'], got 'random'"),
+        (
+            {"order": "random"},
+            ValueError,
+            "order must be one of ['fast', 'torch', 'global'], got 'random'",
+        ),
         (
             {"dist_info": "mpi", "num_replicas": None},
             ValueError,
@@ -164,7 +168,7 @@ def _with(**changes):
         ),
         (_with(num_replicas=8, position=14), ValueError, "state['position'] must be in [0, 13]"),
         (_with(drop_last=True), ValueError, "drop_last: state has True, this sampler has False"),
-        (_with(order="torch"), ValueError, "order: state has 'torch', this sampler has 'fast'"),
+        (_with(order="torch"), ValueError, "order: state has 'torch', this sampler has 'global'"),
         (_with(version=2), ValueError, "version: state has 2, this sampler has 1"),
     ],
 )

@@ -78,9 +78,11 @@ def test_global_step_k_is_the_same_batch_on_every_world(w):
     assert g[: n - n % w].tolist() == reference[: n - n % w].tolist()
 
 
-def test_the_order_is_not_the_fast_order_and_moves_with_seed_and_epoch():
+def test_the_default_order_is_global_not_fast_and_moves_with_seed_and_epoch():
     a = epoch_order(10_000, 1, 0)
-    assert a.tolist() != DistributedSampler(10_000, num_replicas=1, seed=1).indices().tolist()
+    fast = DistributedSampler(10_000, num_replicas=1, seed=1, order="fast").indices()
+    assert a.tolist() != fast.tolist()
+    assert a.tolist() == DistributedSampler(10_000, num_replicas=1, seed=1).indices().tolist()
     assert a.tolist() != epoch_order(10_000, 2, 0).tolist()
     assert a.tolist() != epoch_order(10_000, 1, 1).tolist()
     assert a.tolist() == epoch_order(10_000, 1, 0).tolist()
@@ -155,6 +157,11 @@ def test_elastic_resume_continues_the_same_global_sequence(n, old, new, drop_las
     g = np.empty(per * new, dtype=np.int64)
     for r, share in enumerate(shares):
         g[r::new] = share
+    if old == new:
+        # The same world: its own epoch goes on (padding repeats the epoch's head).
+        total = (len(before) - p) * new
+        assert g.tolist() == order[(p * new + np.arange(total)) % n].tolist()
+        return
     left = end - consumed
     total = (left // new) * new if drop_last else -(-left // new) * new
     # The rest of the same permutation from the consumed position, dealt to the new world

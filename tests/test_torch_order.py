@@ -90,7 +90,7 @@ def test_state_skip_and_indices_work_in_torch_order():
     fresh.set_skip(250)
     assert fresh.indices().tolist() == full[250:]
     fast = DistributedSampler(1000, num_replicas=3, rank=2, seed=5)
-    with pytest.raises(ValueError, match="order: state has 'torch', this sampler has 'fast'"):
+    with pytest.raises(ValueError, match="order: state has 'torch', this sampler has 'global'"):
         fast.load_state_dict(state)
 
 
