@@ -186,3 +186,48 @@ def test_bad_order_is_refused():
         DistributedSampler(10, num_replicas=1, order="globl")
     with pytest.raises(ValueError, match="torch_version"):
         DistributedSampler(10, num_replicas=1, order="global", torch_version="2.5.1")
+
+
+@pytest.mark.parametrize("order", ["global", "fast"])
+@pytest.mark.parametrize("change", ["set_epoch", "load"])
+def test_a_running_iteration_keeps_its_elastic_rest(order, change):
+    # An iterator streams its epoch in windows; a set_epoch or a load while it runs must not
+    # switch its later windows to another layout (found by review: windows re-read the
+    # elastic rest, so the rest drifted onto the plain epoch's sequence).
+    n = 300_000
+    kw = {"order": order, "shuffle": order == "global", "seed": 2}
+    old = DistributedSampler(n, num_replicas=4, rank=0, **kw)
+    old.set_skip(1000)
+    state = old.state_dict()
+    want = DistributedSampler(n, num_replicas=2, rank=0, **kw)
+    want.load_state_dict(state)
+    expected = list(want)
+    s = DistributedSampler(n, num_replicas=2, rank=0, **kw)
+    s.load_state_dict(state)
+    it = iter(s)
+    got = [next(it) for _ in range(100_000)]
+    if change == "set_epoch":
+        s.set_epoch(1)
+    else:
+        s.load_state_dict(DistributedSampler(n, num_replicas=2, rank=0, **kw).state_dict())
+    got += list(it)
+    assert got == expected
+    # And a plain iteration keeps its layout when an elastic state is loaded under it.
+    plain = DistributedSampler(n, num_replicas=2, rank=0, **kw)
+    whole = list(plain)
+    it = iter(plain)
+    head = [next(it) for _ in range(120_000)]
+    plain.load_state_dict(state)
+    assert head + list(it) == whole
+    assert list(plain) == expected  # the next iteration is the loaded rest
+
+
+def test_a_state_of_the_old_default_says_how_to_resume_it():
+    old = DistributedSampler(100, num_replicas=2, order="fast", seed=3).state_dict()
+    with pytest.raises(ValueError, match="construct the sampler with order='fast'") as e:
+        DistributedSampler(100, num_replicas=2, seed=4).load_state_dict(old)
+    assert any(d.startswith("seed: state has 3") for d in e.value.differences)
+    resumed = DistributedSampler(100, num_replicas=2, order="fast", seed=3)
+    resumed.load_state_dict(old)  # as the message says
+    with pytest.raises(TypeError, match="order must be a str"):
+        DistributedSampler(100, num_replicas=2, order=None)

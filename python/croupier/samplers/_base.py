@@ -42,6 +42,8 @@ T = TypeVar("T")
 Seg = TypeVar("Seg", bound="_Segment")
 
 _STATE_VERSION = 1
+#: An elastic rest: ``(epoch, origin world size, global offset, items per rank)``, or ``None``.
+_Elastic = tuple[int, int, int, int] | None
 # The first window of a streamed iteration is short, so its first item comes at once.
 _FIRST_WINDOW = 1 << 10
 # From this many items, the rest of an epoch is computed on a thread while its first pieces
@@ -178,8 +180,8 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         # (epoch, where the next or live iteration stands), replaced as one value so that a
         # checkpoint never pairs one epoch with another's position.
         self._now: tuple[int, _Pending | _Cursor | None] = (0, None)
-        # (epoch, first position, items from there to the end of that epoch) or None.
-        self._cache: tuple[int, int, Seg] | None = None
+        # (epoch, first position, its elastic rest, items from there to the end) or None.
+        self._cache: tuple[int, int, _Elastic, Seg] | None = None
         # After an elastic resume: (epoch, origin world size, global offset, items per rank for
         # the rest of that epoch); it applies to that epoch only.
         self._elastic: tuple[int, int, int, int] | None = None
@@ -274,10 +276,10 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         el = self._elastic_of(epoch)
         return self._length if el is None else el[3]
 
-    def _items(self, epoch: int, start: int, stop: int | None) -> Seg:
-        """This rank's items ``[start, stop)`` of ``epoch``, elastic or not, read-only (every
-        view handed out shares them)."""
-        el = self._elastic_of(epoch)
+    def _items(self, epoch: int, start: int, stop: int | None, el: _Elastic) -> Seg:
+        """This rank's items ``[start, stop)`` of ``epoch``, of its elastic rest ``el`` if not
+        ``None`` (an iteration keeps the rest it started with), read-only (every view handed
+        out shares them)."""
         if el is None:
             seg = self._compute(epoch, start, stop)
         else:
@@ -287,8 +289,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
                 arr.flags.writeable = False
         return seg
 
-    def _first_stop_of(self, epoch: int, start: int) -> int:
-        el = self._elastic_of(epoch)
+    def _first_stop_of(self, start: int, el: _Elastic) -> int:
         return self._first_stop(start) if el is None else self._elastic_first_stop(start, el[3])
 
     # -- epoch and position ---------------------------------------------------------------------
@@ -349,53 +350,61 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
 
     # -- items ----------------------------------------------------------------------------------
 
-    def _cached(self, epoch: int, start: int) -> Seg | None:
-        """The cached items of ``epoch`` from ``start`` on, if the cache holds them."""
+    def _cached(self, epoch: int, start: int, el: _Elastic) -> Seg | None:
+        """The cached items of ``epoch`` (its elastic rest ``el``) from ``start`` on, if the
+        cache holds them."""
         cache = self._cache
-        if cache is None or cache[0] != epoch or cache[1] > start:
+        if cache is None or cache[0] != epoch or cache[2] != el or cache[1] > start:
             return None
-        return cache[2][start - cache[1] :]  # type: ignore[no-any-return]
+        return cache[3][start - cache[1] :]  # type: ignore[no-any-return]
 
-    def _tail(self, epoch: int, start: int) -> Seg:
+    def _keep(self, epoch: int, start: int, el: _Elastic, items: Seg) -> None:
+        """Caches ``items`` while they are the current epoch's (an iteration that outlived a
+        ``set_epoch`` or a load does not overwrite the new state's cache)."""
+        if epoch == self._now[0] and el == self._elastic_of(epoch):
+            self._cache = (epoch, start, el, items)
+
+    def _tail(self, epoch: int, start: int, el: _Elastic) -> Seg:
         """``epoch``'s items from ``start`` to its end: a view of the cache when it holds them,
         else computed (and cached while ``epoch`` is the current one)."""
-        view = self._cached(epoch, start)
+        view = self._cached(epoch, start, el)
         if view is not None:
             return view
-        items = self._items(epoch, start, None)
-        if epoch == self._now[0]:
-            self._cache = (epoch, start, items)
+        items = self._items(epoch, start, None, el)
+        self._keep(epoch, start, el, items)
         return items
 
     def _segments(self, epoch: int, start: int) -> Iterator[Seg]:
         """``epoch``'s items from ``start`` on, in consecutive pieces: a short first piece
         (see :meth:`_first_stop`), then the rest; or windows (see :meth:`_window`). The epoch
         is fixed when iteration starts, as torch's samplers fix their list: a later
-        ``set_epoch`` does not leak into an iterator already running."""
-        view = self._cached(epoch, start)
+        ``set_epoch`` does not leak into an iterator already running, nor does a loaded state:
+        the elastic rest (or its absence) is read once, here."""
+        el = self._elastic_of(epoch)
+        view = self._cached(epoch, start, el)
         if view is not None:
             yield view
             return
-        length = self._len_of(epoch)
+        length = self._length if el is None else el[3]
         window = self._window()
         if window is not None:
             lo = start
             size = min(window, _FIRST_WINDOW)
             while lo < length:
                 hi = min(lo + size, length)
-                yield self._items(epoch, lo, hi)
+                yield self._items(epoch, lo, hi, el)
                 lo, size = hi, window
             return
-        stop = self._first_stop_of(epoch, start)
+        stop = self._first_stop_of(start, el)
         if stop < length:
-            yield self._items(epoch, start, stop)
-            if length - stop >= _BACKGROUND_FROM and self._cached(epoch, stop) is None:
-                yield from self._while_the_tail_computes(epoch, stop)
+            yield self._items(epoch, start, stop, el)
+            if length - stop >= _BACKGROUND_FROM and self._cached(epoch, stop, el) is None:
+                yield from self._while_the_tail_computes(epoch, stop, el)
                 return
             start = stop
-        yield self._tail(epoch, start)
+        yield self._tail(epoch, start, el)
 
-    def _while_the_tail_computes(self, epoch: int, start: int) -> Iterator[Seg]:
+    def _while_the_tail_computes(self, epoch: int, start: int, el: _Elastic) -> Iterator[Seg]:
         """The items from ``start`` on: the rest of the epoch is computed on a thread (the core
         releases the GIL) while short first pieces (:meth:`_first_stop`, read by random
         access) keep the consumer going; then the rest, from where the pieces reached. A
@@ -406,32 +415,31 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
 
         def work() -> None:
             try:
-                box.append(self._items(epoch, start, None))
+                box.append(self._items(epoch, start, None, el))
             except BaseException as e:  # re-raised where the items are consumed
                 box.append(e)
             done.set()
 
         threading.Thread(target=work, name="croupier-tail", daemon=True).start()
         lo = start
-        length = self._len_of(epoch)
+        length = self._length if el is None else el[3]
         while not done.is_set():
-            hi = self._first_stop_of(epoch, lo)
+            hi = self._first_stop_of(lo, el)
             if hi >= length:
                 break
-            yield self._items(epoch, lo, hi)
+            yield self._items(epoch, lo, hi, el)
             lo = hi
         done.wait()
         items = box[0]
         if isinstance(items, BaseException):
             raise items
-        if epoch == self._now[0]:
-            self._cache = (epoch, start, items)
+        self._keep(epoch, start, el, items)
         yield items[lo - start :]
 
     def _remaining(self) -> Seg:
         """What the next iteration yields."""
         epoch, at = self._now
-        return self._tail(epoch, self._next_start(at))
+        return self._tail(epoch, self._next_start(at), self._elastic_of(epoch))
 
     def __iter__(self) -> Iterator[T]:
         check_not_sharded_again(self)

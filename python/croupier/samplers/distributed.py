@@ -6,6 +6,7 @@ this class holds only its configuration and argument checks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy.typing as npt
@@ -16,7 +17,7 @@ from croupier._torch import DistributedSamplerBase
 from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
 from croupier._validate import U64_MAX, check_bool, check_int, dataset_length
 from croupier.samplers._base import IndexSampler
-from croupier.samplers._state import KEMPNERFORGE, StateFormat
+from croupier.samplers._state import KEMPNERFORGE, StateFormat, different
 
 __all__ = ["DistributedSampler"]
 
@@ -111,6 +112,10 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
         torch_version: str | None = None,
     ) -> None:
         n = dataset_length(dataset)
+        if not isinstance(order, str):
+            raise TypeError(
+                f"order must be a str, one of {list(_ORDERS)}, got {type(order).__name__}"
+            )
         if order not in _ORDERS:
             raise ValueError(f"order must be one of {list(_ORDERS)}, got {order!r}")
         if order == "torch":
@@ -154,6 +159,22 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
 
     def _epoch_length(self, num_replicas: int) -> int:
         return _core.layout(self._n, num_replicas, self.drop_last)[0]
+
+    def _check_config(self, native: Mapping[str, Any]) -> None:
+        # A state of croupier 0.1's default order says how to resume it (with every other
+        # difference, as the base's check lists them).
+        if native.get("order") != "fast" or self.order != "global":
+            return
+        hint = (
+            "order: state has 'fast', this sampler has 'global' (the default before the "
+            "global order; construct the sampler with order='fast' to resume it)"
+        )
+        others = [
+            f"{key}: state has {native[key]!r}, this sampler has {mine!r}"
+            for key, mine in self._state_config().items()
+            if key not in ("order", "version") and key in native and native[key] != mine
+        ]
+        raise different([hint, *others])
 
     # Elastic resume: the epoch's global order (drawn for the world size it started with) from
     # the consumed prefix on, dealt with torch's arithmetic (croupier_core::Elastic).

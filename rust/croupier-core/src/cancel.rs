@@ -165,7 +165,7 @@ mod tests {
     /// share and copies nothing.
     #[test]
     fn a_raised_flag_stops_every_stage_of_the_long_calls() {
-        use crate::deal::{Draw, Elastic};
+        use crate::deal::{Draw, Elastic, Order};
         let cancel = Cancel::new();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(2)
@@ -185,12 +185,16 @@ mod tests {
             let perm = crate::shuffle::parallel::permutation(n, 1, 2).unwrap();
             assert_eq!(perm.len(), 0);
             let rest = Elastic::new(n, 8, false, n / 2, 6).unwrap();
-            for shuffle in [true, false] {
+            for (shuffle, order) in [
+                (true, Order::Fast),
+                (true, Order::Global),
+                (false, Order::Fast),
+            ] {
                 let draw = Draw {
                     shuffle,
+                    order,
                     seed: 1,
                     epoch: 2,
-                    ..Draw::default()
                 };
                 let got = rest.range(0, draw, 0..rest.num_samples());
                 assert!(got.unwrap().len() < 1 << 17, "shuffle={shuffle}");

@@ -18,8 +18,9 @@ use statrs::distribution::{ChiSquared, ContinuousCDF, Normal};
 
 /// Keys (permutations) per size.
 const KEYS: u64 = 1000;
-/// The sizes of the battery.
-const SIZES: [u64; 5] = [5, 64, 1000, 65_536, 1_000_000];
+/// The sizes of the battery: the five, plus 1025 and 2**17 + 1, where the network has
+/// halves of unequal widths and walks the most (a domain of almost 2n).
+const SIZES: [u64; 7] = [5, 64, 1000, 1025, 65_536, 131_073, 1_000_000];
 /// Bins per axis of the position-by-value and adjacent-pair tables.
 const BINS: u64 = 16;
 /// The battery's family-wise level.

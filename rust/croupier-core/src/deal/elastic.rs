@@ -189,13 +189,16 @@ impl Elastic {
     /// # Examples
     ///
     /// ```
-    /// use croupier_core::{Draw, Elastic};
+    /// use croupier_core::{Draw, Elastic, Order};
     ///
     /// let el = Elastic::new(1000, 4, false, 500, 2).unwrap();
     /// let plain = Draw { shuffle: false, ..Draw::default() };
     /// assert_eq!(el.range_bytes(plain, 0..250), 250 * 4); // the output, u32
-    /// // Shuffled, an old rank's share is read too.
-    /// assert!(el.range_bytes(Draw::default(), 0..250) > 250 * 4);
+    /// // The global order reads its positions by random access: the output only.
+    /// assert_eq!(el.range_bytes(Draw::default(), 0..250), 250 * 4);
+    /// // The fast order reads an old rank's share too.
+    /// let fast = Draw { order: Order::Fast, ..Draw::default() };
+    /// assert!(el.range_bytes(fast, 0..250) > 250 * 4);
     /// ```
     pub fn range_bytes(&self, draw: Draw, range: Range<u64>) -> u64 {
         let elem = index_bytes(self.origin.n());

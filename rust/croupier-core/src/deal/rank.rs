@@ -74,8 +74,8 @@ fn torch_share<T: Index>(
 /// epoch that key the shuffle. Without `shuffle` the order is `0, 1, …, n-1` and the other
 /// fields are not read.
 ///
-/// The default is torch's `DistributedSampler`'s: shuffled (in croupier's fast order), seed 0,
-/// epoch 0.
+/// The default is `croupier.DistributedSampler`'s: shuffled in the world-size-invariant order
+/// ([`Order::Global`]), seed 0, epoch 0.
 ///
 /// # Examples
 ///
@@ -83,7 +83,7 @@ fn torch_share<T: Index>(
 /// use croupier_core::{Draw, Order};
 ///
 /// let draw = Draw { seed: 7, epoch: 3, ..Draw::default() };
-/// assert!(draw.shuffle && draw.order == Order::Fast);
+/// assert!(draw.shuffle && draw.order == Order::Global);
 /// assert_eq!((draw.seed, draw.epoch), (7, 3));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +102,7 @@ impl Default for Draw {
     fn default() -> Self {
         Draw {
             shuffle: true,
-            order: Order::Fast,
+            order: Order::Global,
             seed: 0,
             epoch: 0,
         }
