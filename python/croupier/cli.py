@@ -376,7 +376,7 @@ def _parser() -> tuple[_Parser, dict[str, _Parser]]:
         "croupier and the main alternative of each family (samplers, mixtures, buckets, "
         "reads, elastic, permutations) at N = 1e5, 1e6, 1e7: about 3 minutes of CPU. With "
         "--sweep-ranks, runs the world-size sweep instead: one rank's "
-        'DistributedSampler(order="fast") epoch for each W and N (time per index, first '
+        'DistributedSampler(order="global") epoch for each W and N (time per index, first '
         "index, memory added); writes ranks-sweep.json, ranks-sweep.md and ranks-sweep.png.",
     )
     bench.add_argument(

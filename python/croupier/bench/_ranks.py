@@ -1,5 +1,6 @@
 """The world-size sweep of ``croupier bench --sweep-ranks``: how one rank's epoch of
-``DistributedSampler(order="fast")`` costs as the number of ranks W grows at a fixed N.
+``DistributedSampler`` (its default order, ``"global"``) costs as the number of ranks W grows
+at a fixed N.
 
 For every (N, W) it measures, each run in its own process (the ``croupier`` system of
 :mod:`croupier.bench._child`, rank ``W // 2``, no resume), the time to the first index, the
@@ -215,7 +216,7 @@ def plot(results: dict[str, Any], path: Path) -> bool:
             ax.legend()
     m = results["machine"]
     fig.suptitle(
-        f'croupier {m["croupier"]} DistributedSampler(order="fast"), rank W // 2: '
+        f'croupier {m["croupier"]} DistributedSampler(order="global"), rank W // 2: '
         f"{m.get('cpu', '?')}, {m.get('cpus')} cores, {m.get('memory_gib')} GiB"
     )
     fig.tight_layout()
