@@ -239,23 +239,13 @@ impl Elastic {
                 }
             }
             Order::Fast => self.fast_range(rank, (seed, epoch), (start, stop)),
-            Order::Global => {
-                // The rest is the same permutation's positions [offset, end): arithmetic.
-                let mut out = zeros_par::<T>("a rank's indices", stop - start)?;
-                if !crate::cancel::cancelled() {
-                    let (w, r) = (self.rest.num_replicas(), self.end - self.offset);
-                    let first =
-                        (u128::from(start) * u128::from(w) + u128::from(rank)) % u128::from(r);
-                    RandomAccessPermutation::new(self.origin.n(), seed, epoch).fill_strided(
-                        &mut out,
-                        self.offset,
-                        r,
-                        first as u64,
-                        w,
-                    );
-                }
-                Ok(out)
-            }
+            // The rest is the same permutation's positions [offset, end): arithmetic.
+            Order::Global => RandomAccessPermutation::new(self.origin.n(), seed, epoch)
+                .rank_positions(
+                    (self.offset, self.end - self.offset),
+                    (rank, self.rest.num_replicas()),
+                    (start, stop),
+                ),
         }
     }
 

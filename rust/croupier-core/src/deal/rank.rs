@@ -11,7 +11,7 @@ use crate::deal::fast_share;
 use crate::deal::layout::{sequential_share, take_rank_share, Layout};
 use crate::draw::random_access::RandomAccessPermutation;
 use crate::error::Result;
-use crate::index::{index_bytes, keep_range, zeros_par, Index, Indices, U32_MAX_LEN};
+use crate::index::{index_bytes, keep_range, Index, Indices, U32_MAX_LEN};
 
 /// The first piece of a call in the world-size-invariant order.
 const GLOBAL_FIRST: u64 = 1 << 10;
@@ -31,24 +31,6 @@ pub enum Order {
     /// ([`RandomAccessPermutation`]), the same whatever the number of ranks, of which each
     /// rank computes only its own positions, by random access.
     Global,
-}
-
-/// This rank's positions `[start, stop)` in the world-size-invariant order: global positions
-/// `start * W + rank`, `+ W`, ... of the epoch's permutation, wrapping past `n` as torch pads.
-fn global_share<T: Index>(
-    layout: &Layout,
-    rank: u64,
-    (seed, epoch): (u64, u64),
-    (start, stop): (u64, u64),
-) -> Result<Vec<T>> {
-    let mut out = zeros_par::<T>("a rank's indices", stop - start)?;
-    if start == stop || cancelled() {
-        return Ok(out);
-    }
-    let (n, w) = (layout.n(), layout.num_replicas());
-    let first = ((u128::from(start) * u128::from(w) + u128::from(rank)) % u128::from(n)) as u64;
-    RandomAccessPermutation::new(n, seed, epoch).fill_strided(&mut out, 0, n, first, w);
-    Ok(out)
 }
 
 fn torch_share<T: Index>(
@@ -134,7 +116,11 @@ fn share_range<T: Index>(
     let (seed, epoch) = (draw.seed, draw.epoch);
     match draw.order {
         Order::Fast => fast_share::fast_share(layout, rank, seed, epoch, start, stop),
-        Order::Global => global_share(layout, rank, (seed, epoch), (start, stop)),
+        Order::Global => RandomAccessPermutation::new(layout.n(), seed, epoch).rank_positions(
+            (0, layout.n()),
+            (rank, layout.num_replicas()),
+            (start, stop),
+        ),
         Order::Torch(variant) => {
             let mut v = torch_share::<T>(layout, rank, variant, seed, epoch)?;
             keep_range(&mut v, start as usize, (stop - start) as usize);

@@ -233,6 +233,25 @@ impl RandomAccessPermutation {
         }
     }
 
+    /// Rank `rank`'s positions `[start, stop)` when the permutation's positions `[offset,
+    /// offset + len)` are dealt to `w` ranks with torch's striding and wrap-around padding:
+    /// rank position `j` reads position `offset + (j * w + rank) % len`. A fresh epoch is
+    /// `offset = 0, len = n`; the rest of an elastic epoch starts at the consumed offset. An
+    /// empty buffer when the call is cancelled (the caller discards it).
+    pub(crate) fn rank_positions<T: crate::Index>(
+        &self,
+        (offset, len): (u64, u64),
+        (rank, w): (u64, u64),
+        (start, stop): (u64, u64),
+    ) -> crate::Result<Vec<T>> {
+        let mut out = crate::index::zeros_par::<T>("a rank's indices", stop - start)?;
+        if start < stop && !cancelled() {
+            let first = (u128::from(start) * u128::from(w) + u128::from(rank)) % u128::from(len);
+            self.fill_strided(&mut out, offset, len, first as u64, w);
+        }
+        Ok(out)
+    }
+
     /// [`Self::fill_block`] compiled for AVX2 (the same integer arithmetic, so the same
     /// values: only faster).
     #[cfg(target_arch = "x86_64")]
