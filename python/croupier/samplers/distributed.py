@@ -17,7 +17,13 @@ from croupier._torch import DistributedSamplerBase
 from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
 from croupier._validate import U64_MAX, check_bool, check_int, dataset_length
 from croupier.samplers._base import IndexSampler
-from croupier.samplers._state import KEMPNERFORGE, StateFormat, different
+from croupier.samplers._state import (
+    KEMPNERFORGE,
+    StateError,
+    StateFormat,
+    check_state,
+    different,
+)
 
 __all__ = ["DistributedSampler"]
 
@@ -161,20 +167,23 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
         return _core.layout(self._n, num_replicas, self.drop_last)[0]
 
     def _check_config(self, native: Mapping[str, Any]) -> None:
-        # A state of croupier 0.1's default order says how to resume it (with every other
-        # difference, as the base's check lists them).
+        # A state of croupier 0.1's default order says how to resume it: the base's check,
+        # its order difference worded with the fix (the other differences as they are).
         if native.get("order") != "fast" or self.order != "global":
             return
-        hint = (
-            "order: state has 'fast', this sampler has 'global' (the default before the "
-            "global order; construct the sampler with order='fast' to resume it)"
-        )
-        others = [
-            f"{key}: state has {native[key]!r}, this sampler has {mine!r}"
-            for key, mine in self._state_config().items()
-            if key not in ("order", "version") and key in native and native[key] != mine
-        ]
-        raise different([hint, *others])
+        try:
+            check_state(native, ints=(), config=self._state_config())
+        except StateError as e:
+            if e.differences:
+                raise different(
+                    [
+                        f"{d} (the default before the global order; construct the sampler with "
+                        "order='fast' to resume it)"
+                        if d.startswith("order:")
+                        else d
+                        for d in e.differences
+                    ]
+                ) from None
 
     # Elastic resume: the epoch's global order (drawn for the world size it started with) from
     # the consumed prefix on, dealt with torch's arithmetic (croupier_core::Elastic).
