@@ -96,7 +96,7 @@ class Loaded(NamedTuple):
 
     epoch: int
     position: int
-    elastic: tuple[int, int, int, int] | None
+    elastic: _Elastic
     foreign: StateFormat | None
 
 
@@ -184,7 +184,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         self._cache: tuple[int, int, _Elastic, Seg] | None = None
         # After an elastic resume: (epoch, origin world size, global offset, items per rank for
         # the rest of that epoch); it applies to that epoch only.
-        self._elastic: tuple[int, int, int, int] | None = None
+        self._elastic: _Elastic = None
         self._sealed = True
 
     # -- what a sampler supplies ----------------------------------------------------------------
@@ -264,7 +264,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         items for the rest of that epoch."""
         return self._len_of(self._now[0])
 
-    def _elastic_of(self, epoch: int) -> tuple[int, int, int, int] | None:
+    def _elastic_of(self, epoch: int) -> _Elastic:
         """``(epoch, origin, offset, length)`` of an elastic resume of ``epoch``, if any."""
         el = self._elastic
         if el is None or el[0] != epoch:
@@ -590,7 +590,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
                 f"{'for the rest of the epoch' if offset else 'and epoch'} with "
                 f"num_replicas={saved_w}), got {position}"
             )
-        elastic: tuple[int, int, int, int] | None = None
+        elastic: _Elastic = None
         if saved_w == self.num_replicas:
             if (origin, offset) != (saved_w, 0):
                 elastic = (epoch, origin, offset, saved_len)
@@ -629,7 +629,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         epoch: int,
         position: int,
         *,
-        elastic: tuple[int, int, int, int] | None = None,
+        elastic: _Elastic = None,
         skip_outlives_epoch: bool = False,
     ) -> None:
         """Puts the next iteration at ``position`` of ``epoch`` (of its elastic rest when
