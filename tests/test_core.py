@@ -15,6 +15,13 @@ import croupier
 from croupier import _core
 
 
+def _deal(n: int, num_replicas: int, rank: int, **kw: object) -> _core.Deal:
+    """A ``_core.Deal`` with the sampler's defaults (shuffled, seed 0, padded, fast order)
+    unless given."""
+    config = {"shuffle": True, "seed": 0, "drop_last": False, "order": _core.Order.FAST, **kw}
+    return _core.Deal(n=n, num_replicas=num_replicas, rank=rank, **config)
+
+
 def test_permutation_is_a_permutation_and_uint32():
     p = _core.permutation(1000, 3, 1)
     assert p.dtype == np.uint32
@@ -25,24 +32,8 @@ def test_arrays_own_the_rust_buffer_without_a_copy():
     # numpy does not own the data: its base is the Rust-side container holding the Vec.
     for arr in (
         _core.permutation(100, 0, 0),
-        _core.Deal(
-            n=100,
-            num_replicas=3,
-            rank=1,
-            shuffle=True,
-            seed=0,
-            drop_last=False,
-            order=_core.Order.FAST,
-        ).indices(0),
-        _core.Deal(
-            n=2**32 + 5,
-            num_replicas=2**20,
-            rank=7,
-            shuffle=False,
-            seed=0,
-            drop_last=False,
-            order=_core.Order.TORCH_INSIDE_OUT,
-        ).indices(0),
+        _deal(100, 3, 1).indices(0),
+        _deal(2**32 + 5, 2**20, 7, shuffle=False, order=_core.Order.TORCH_INSIDE_OUT).indices(0),
     ):
         assert not arr.flags.owndata
         assert type(arr.base).__name__ == "PySliceContainer"
@@ -71,24 +62,8 @@ def test_peak_memory_shows_no_copy():
 
 
 def test_dtype_switches_above_2_pow_32():
-    at = _core.Deal(
-        n=2**32,
-        num_replicas=2**20,
-        rank=0,
-        shuffle=False,
-        seed=0,
-        drop_last=False,
-        order=_core.Order.FAST,
-    ).indices(0)
-    above = _core.Deal(
-        n=2**32 + 1,
-        num_replicas=2**20,
-        rank=0,
-        shuffle=False,
-        seed=0,
-        drop_last=False,
-        order=_core.Order.FAST,
-    ).indices(0)
+    at = _deal(2**32, 2**20, 0, shuffle=False).indices(0)
+    above = _deal(2**32 + 1, 2**20, 0, shuffle=False).indices(0)
     assert at.dtype == np.uint32 and int(at[-1]) == 2**32 - 2**20
     assert above.dtype == np.int64
 
