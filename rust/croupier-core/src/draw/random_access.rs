@@ -244,7 +244,17 @@ impl RandomAccessPermutation {
         (rank, w): (u64, u64),
         (start, stop): (u64, u64),
     ) -> crate::Result<Vec<T>> {
-        let mut out = crate::index::zeros_par::<T>("a rank's indices", stop - start)?;
+        let what = "a rank's indices";
+        let count = stop - start;
+        // A short range (a first window, a resume's first index) stays on this thread: the
+        // pool's wake-up would cost more than the range.
+        let mut out = if count <= TASK as u64 {
+            let mut v = crate::index::try_with_capacity_huge::<T>(what, count)?;
+            v.resize(count as usize, T::from_u64(0));
+            v
+        } else {
+            crate::index::zeros_par::<T>(what, count)?
+        };
         if start < stop && !cancelled() {
             let first = (u128::from(start) * u128::from(w) + u128::from(rank)) % u128::from(len);
             self.fill_strided(&mut out, offset, len, first as u64, w);
