@@ -1,4 +1,6 @@
-"""MixtureSampler: exact counts, passes, interleave, schedules, resume, state and bad input."""
+"""MixtureSampler in the fast order (kempnerforge's class, ``order="fast"``): exact counts on
+every rank, passes, interleave, schedules, resume, state and bad input. The global order,
+the default of ``croupier.MixtureSampler``, is tested in ``test_mixture_global.py``."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from croupier import MixtureSampler, StateError
+from croupier import StateError
+from croupier.compat.kempnerforge import MixtureSampler
 from test_robustness import _in_child
 
 
@@ -273,7 +276,7 @@ def test_same_indices_for_any_thread_count():
         """
         import hashlib, croupier
         s = croupier.MixtureSampler([0, 300_000, 700_000, 700_100], [1, 2, 1], 3, 2, seed=9,
-                                    num_samples=900_000)
+                                    num_samples=900_000, order="fast")
         print(hashlib.sha256(s.indices().tobytes()).hexdigest())
         """
     )

@@ -238,10 +238,16 @@ class Mixture:
         shuffle: bool,
         seed: int,
         length: int | None,
+        order: Order,
+        interleave: str,
     ) -> Mixture:
         """The datasets' ``sizes`` mixed over ``phases`` for rank ``rank`` of
-        ``num_replicas``, ``length`` positions per epoch (``None``: one pass of every
-        dataset's share). Every keyword is required; an unknown one is a ``TypeError``."""
+        ``num_replicas``. ``order``: ``Order.GLOBAL`` (one global sequence of ``length``
+        positions, ``None``: every dataset once, dealt with torch's striding; phases in global
+        positions) or ``Order.FAST`` (each rank its own sequence of ``length`` positions,
+        ``None``: one pass of every dataset's share). ``interleave``: ``"uniform"`` or
+        ``"balanced"`` (global order only). Every keyword is required; an unknown one is a
+        ``TypeError``."""
     def __getnewargs_ex__(
         self,
     ) -> tuple[tuple[list[int], list[tuple[int, int, list[float], float]]], dict[str, object]]:
@@ -250,6 +256,10 @@ class Mixture:
     @property
     def length(self) -> int:
         """Positions per rank and epoch."""
+    @property
+    def global_length(self) -> int | None:
+        """Positions of the epoch's global sequence in the global order; ``None`` in the
+        fast one."""
     @property
     def total(self) -> int:
         """Samples in all datasets together."""

@@ -6,8 +6,10 @@
   its order (torch's ``DistributedSampler`` order, which kempnerforge's sampler yields; pass
   ``order="fast"`` for croupier's O(N/W) order); its states load here and carry the keys
   kempnerforge reads (``epoch, seed, num_replicas, rank``), plus croupier's position.
-- :class:`MixtureSampler`, :class:`MemoryMappedDataset`, :class:`HuggingFaceDataset`: croupier's
-  classes, which already have kempnerforge's signatures.
+- :class:`MixtureSampler`: croupier's, with ``order="fast"`` by default: kempnerforge's epoch
+  length (the sum of the datasets' shares per rank) and exact per-dataset counts on every rank.
+- :class:`MemoryMappedDataset`, :class:`HuggingFaceDataset`: croupier's classes, which already
+  have kempnerforge's signatures.
 - :class:`StatefulDataLoader`: kempnerforge's loader defaults (``DataConfig()``: 4 workers,
   pinned memory, prefetch factor 2; persistent workers; ``drop_last=True``; a kempnerforge
   ``DistributedSampler`` when none is given), resuming exactly where kempnerforge's own loader
@@ -24,7 +26,7 @@ from croupier._dist import DistInfo
 from croupier.datasets import HuggingFaceDataset, MemoryMappedDataset
 from croupier.loader import StatefulDataLoader as _Loader
 from croupier.samplers.distributed import DistributedSampler as _Sampler
-from croupier.samplers.mixture import MixtureSampler
+from croupier.samplers.mixture import MixtureSampler as _Mixture
 
 __all__ = [
     "DataConfig",
@@ -74,6 +76,44 @@ class DistributedSampler(_Sampler):
             order=order,
             dist_info=dist_info,
             torch_version=torch_version,
+        )
+
+
+class MixtureSampler(_Mixture):
+    """kempnerforge's ``MixtureSampler`` (its signature and defaults), computed by croupier;
+    ``order="fast"`` unless told otherwise, which keeps kempnerforge's epoch length (the sum of
+    the datasets' shares per rank) and its exact per-dataset counts on every rank. See
+    :class:`croupier.MixtureSampler`."""
+
+    def __init__(
+        self,
+        cumulative_sizes: Any,
+        weights: Any,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+        temperature: float = 1.0,
+        *,
+        num_samples: int | None = None,
+        dist_info: DistInfo = None,
+        order: str = "fast",
+        interleave: str = "uniform",
+    ) -> None:
+        super().__init__(
+            cumulative_sizes,
+            weights,
+            num_replicas,
+            rank,
+            shuffle,
+            seed,
+            drop_last,
+            temperature,
+            num_samples=num_samples,
+            dist_info=dist_info,
+            order=order,
+            interleave=interleave,
         )
 
 

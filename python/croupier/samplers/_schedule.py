@@ -20,6 +20,30 @@ _Phase = tuple[int, int, tuple[float, ...], float]
 _Entry = tuple[int, tuple[float, ...], float]
 
 
+_ORDERS = ("global", "fast")
+_INTERLEAVES = ("uniform", "balanced")
+
+
+def _checked_order(order: object, interleave: object) -> tuple[str, str]:
+    """``order`` and ``interleave`` checked: names from their lists, the balanced interleave
+    in the global order only."""
+    for name, value, allowed in (
+        ("order", order, _ORDERS),
+        ("interleave", interleave, _INTERLEAVES),
+    ):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, one of {list(allowed)}, got {type(value).__name__}")
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+    assert isinstance(order, str) and isinstance(interleave, str)
+    if order == "fast" and interleave == "balanced":
+        raise ValueError(
+            "interleave='balanced' needs order='global' (each rank's own sequence in the fast "
+            "order is interleaved uniformly)"
+        )
+    return order, interleave
+
+
 def _rescaled(entries: tuple[_Entry, ...], old: int, new: int) -> tuple[_Entry, ...]:
     """Schedule entries for an epoch of ``old`` positions, moved to one of ``new`` positions
     (the default epoch length follows ``num_replicas``): a phase starting at ``s`` starts at

@@ -21,6 +21,7 @@ from croupier.samplers._base import IndexSampler, Loaded, _Cursor, _Pending
 from croupier.samplers._kempnerforge_errors import _kempnerforge_kind
 from croupier.samplers._schedule import (
     _check_layout,
+    _checked_order,
     _Entry,
     _length_words,
     _Phase,
@@ -29,9 +30,22 @@ from croupier.samplers._schedule import (
     _temperature,
     _weights,
 )
-from croupier.samplers._state import KEMPNERFORGE, StateError, check_state, different
+from croupier.samplers._state import (
+    KEMPNERFORGE,
+    StateError,
+    StateFormat,
+    check_state,
+    different,
+)
 
 __all__ = ["MixtureSampler"]
+
+_CORE_ORDERS = {"fast": _core.Order.FAST, "global": _core.Order.GLOBAL}
+# How a state names the default epoch length of each order.
+_DEFAULT_LENGTH = {"fast": "sum of pass shares", "global": "sum of sizes"}
+# Rank positions per window while iterating the global order: each call walks the phase's
+# tree from its root (about 2 ms at 1e9), so windows are long; 4-8 MiB of indices.
+_GLOBAL_WINDOW = 1 << 20
 
 
 class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
@@ -104,6 +118,8 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         "drop_last",
         "num_samples",
         "total_size",
+        "order",
+        "interleave",
     )
     _state_formats = (KEMPNERFORGE,)
 
@@ -120,7 +136,10 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         *,
         num_samples: int | None = None,
         dist_info: DistInfo = None,
+        order: str = "global",
+        interleave: str = "uniform",
     ) -> None:
+        order, interleave = _checked_order(order, interleave)
         try:
             sizes = _sizes(cumulative_sizes)
             weights_t = _weights(weights, len(sizes))
@@ -142,11 +161,15 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.seed = seed
+        self.order = order
+        self.interleave = interleave
         self._sizes = sizes
         self._fixed_length = length
         self.cumulative_sizes = tuple(np.cumsum([0, *sizes], dtype=object).tolist())
-        if length is None:
-            length = sum(_core.pass_shares(sizes, num_replicas, self.drop_last))
+        # What the schedule's starts count: this rank's positions (fast) or the epoch's
+        # global positions (global).
+        self._positions = self._positions_of(num_replicas)
+        length = self._epoch_length(num_replicas)
         self.num_samples = length
         self.total_size = length * num_replicas
         digest = hashlib.sha256(np.asarray(sizes, dtype="<u8").tobytes()).hexdigest()[:16]
@@ -180,7 +203,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         if mix is None:
             w = self.num_replicas if num_replicas is None else num_replicas
             r = self.rank if rank is None else rank
-            mix = self._core_mixture(w, r, self.num_samples, phases)
+            mix = self._core_mixture(w, r, self._positions, phases)
             if len(self._mixtures) > 8:
                 self._mixtures.clear()
             self._mixtures[phases] = mix
@@ -190,7 +213,8 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         self, num_replicas: int, rank: int, length: int, phases: tuple[_Phase, ...]
     ) -> _core.Mixture:
         """The core mixture of these datasets for ``rank`` of ``num_replicas`` over
-        ``phases`` (every core mixture is built here)."""
+        ``phases``, an epoch of ``length`` positions (of the rank, or global: see
+        :meth:`_positions_of`); every core mixture is built here."""
         return _core.Mixture(
             self._sizes,
             [(s, n, list(ws), t) for s, n, ws, t in phases],
@@ -200,22 +224,44 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             shuffle=self.shuffle,
             seed=self.seed,
             length=length,
+            order=_CORE_ORDERS[self.order],
+            interleave=self.interleave,
         )
+
+    def _positions_of(self, num_replicas: int) -> int:
+        """The positions of an epoch on ``num_replicas`` ranks that phases and schedules
+        count: in the global order the global sequence's (``sum(sizes)``, or ``num_samples``
+        per rank), in the fast order each rank's (one pass of every dataset's share, or
+        ``num_samples``)."""
+        fixed = self._fixed_length
+        if self.order == "global":
+            return sum(self._sizes) if fixed is None else fixed * num_replicas
+        if fixed is not None:
+            return fixed
+        return sum(_core.pass_shares(self._sizes, num_replicas, self.drop_last))
+
+    def _schedule_position(self, at: int) -> int:
+        """The schedule's position where every rank resumes at rank position ``at``: ``at``
+        itself in the fast order; ``at * num_replicas`` in the global one, the first global
+        position no rank has consumed (each consumed ``at``)."""
+        return at * self.num_replicas if self.order == "global" else at
 
     def _fresh(self, schedule: tuple[_Entry, ...]) -> tuple[_Phase, ...]:
         """The phases of an epoch that starts under ``schedule``."""
-        ends = [s for s, _, _ in schedule[1:]] + [self.num_samples]
+        ends = [s for s, _, _ in schedule[1:]] + [self._positions]
         return tuple((s, end - s, w, t) for (s, w, t), end in zip(schedule, ends, strict=True))
 
     def _spliced(self, at: int) -> tuple[_Phase, ...]:
-        """The current epoch's phases before ``at``, then the pending schedule from ``at``."""
+        """The current epoch's phases before rank position ``at``, then the pending schedule
+        from there (see :meth:`_schedule_position`)."""
+        at = self._schedule_position(at)
         if at == 0:
             return self._fresh(self._schedule)
         kept = tuple(p for p in self._phases if p[0] < at)
         entries = self._schedule
         current = max(i for i, e in enumerate(entries) if e[0] <= at)
         new = [(at, entries[current][1], entries[current][2])] + [e for e in entries if e[0] > at]
-        ends = [s for s, _, _ in new[1:]] + [self.num_samples]
+        ends = [s for s, _, _ in new[1:]] + [self._positions]
         return kept + tuple((s, end - s, w, t) for (s, w, t), end in zip(new, ends, strict=True))
 
     def _phases_for(self, start: int) -> tuple[_Phase, ...]:
@@ -227,7 +273,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         return self._phases
 
     def _checked_schedule(self, entries: object) -> tuple[_Entry, ...]:
-        schedule = self._parsed_schedule(entries, self.num_samples)
+        schedule = self._parsed_schedule(entries, self._positions)
         self._mixture(self._fresh(schedule))  # the core's checks (datasets a rank cannot draw)
         return schedule
 
@@ -401,17 +447,20 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
             "seed": self.seed,
+            "order": self.order,
+            "interleave": self.interleave,
         }
-        # The default length follows num_replicas (a resume on another world size is allowed
-        # at epoch boundaries); a fixed one must match.
+        # The default length follows num_replicas in the fast order (a resume on another
+        # world size is allowed at epoch boundaries); a fixed one must match.
         if self._fixed_length is None:
-            return {**config, "length": "sum of pass shares"}
+            return {**config, "length": _DEFAULT_LENGTH[self.order]}
         return {**config, "length": "num_samples", "num_samples": self._fixed_length}
 
     def _epoch_length(self, num_replicas: int) -> int:
-        if self._fixed_length is not None:
-            return self._fixed_length
-        return sum(_core.pass_shares(self._sizes, num_replicas, self.drop_last))
+        positions = self._positions_of(num_replicas)
+        if self.order == "global":
+            return int(_core.layout(positions, num_replicas, self.drop_last)[0])
+        return positions
 
     def _compute(self, epoch: int, start: int, stop: int | None) -> npt.NDArray[Any]:
         arr = self._current().indices(epoch, start, stop)
@@ -421,6 +470,11 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     def _first_stop(self, start: int) -> int:
         return int(self._current().first_stop(start))
 
+    def _window(self) -> int | None:
+        # The global order reads any range by random access: stream it in windows instead
+        # of holding the whole share.
+        return _GLOBAL_WINDOW if self.order == "global" else None
+
     # Elastic resume: the epoch's global order is position t of every old rank's sequence,
     # rank after rank, then position t + 1 (what W ranks consumed, p each, is its first p W
     # positions); the rest is dealt to this world's ranks with torch's arithmetic, each old
@@ -428,6 +482,10 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     _elastic_supported = True
 
     def _global_end(self, origin: int) -> int:
+        if self.order == "global":
+            # The global sequence, or what drop_last keeps of it on the first world.
+            positions = self._positions_of(origin)
+            return min(positions, int(_core.layout(positions, origin, self.drop_last)[1]))
         return origin * self._epoch_length(origin)
 
     def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
@@ -440,7 +498,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             raise RuntimeError("an elastic resume without its phases")
         key = (origin, phases)
         if self._origin_mix is None or self._origin_mix[0] != key:
-            mix = self._core_mixture(origin, 0, self._epoch_length(origin), phases)
+            mix = self._core_mixture(origin, 0, self._positions_of(origin), phases)
             self._origin_mix = (key, mix)
         return self._origin_mix[1]
 
@@ -555,7 +613,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     ) -> None:
         """Refuses phases the core refuses for the first world of an elastic rest ``el``."""
         try:
-            self._core_mixture(el[1], 0, self._epoch_length(el[1]), phases)
+            self._core_mixture(el[1], 0, self._positions_of(el[1]), phases)
         except ValueError as e:
             raise StateError(f"state['phases'] is not a valid schedule: {e}") from None
 
@@ -568,14 +626,17 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         probe = dict(state)
         extra: list[str] = []
         mode = state.get("length")
+        theirs_default = mode in _DEFAULT_LENGTH.values()
         if mode != config["length"] and (
-            mode == "sum of pass shares" or (mode == "num_samples" and "num_samples" in state)
+            theirs_default or (mode == "num_samples" and "num_samples" in state)
         ):
-            theirs = state["num_samples"] if mode == "num_samples" else None
-            extra.append(
-                f"num_samples: state has {_length_words(theirs)}, this sampler has "
-                f"{_length_words(self._fixed_length)}"
-            )
+            if theirs_default != (self._fixed_length is None):
+                theirs = state["num_samples"] if mode == "num_samples" else None
+                extra.append(
+                    f"num_samples: state has {_length_words(theirs)}, this sampler has "
+                    f"{_length_words(self._fixed_length)}"
+                )
+            # Each order names its default length: the order's difference says it.
             probe.pop("num_samples", None)
             probe.update({k: config[k] for k in ("length", "num_samples") if k in config})
         differ: tuple[str, ...] = ()
@@ -587,8 +648,25 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             differ = e.differences
         except TypeError:
             return  # the base's check says so
+        if state.get("order") == "fast" and self.order == "global":
+            # A state of the fast order (the only one before) says how to resume it.
+            differ = tuple(
+                f"{d} (the default before the global order; construct the sampler with "
+                "order='fast' to resume it)"
+                if d.startswith("order:")
+                else d
+                for d in differ
+            )
         if differ or extra:
             raise different([*differ, *extra])
+
+    def _as_native(self, state: object) -> tuple[Mapping[str, Any], StateFormat | None]:
+        # A state saved before the mixture had orders (0.1, earlier 0.2.0 builds) has none: the
+        # fast order with the uniform interleave, the only ones there were.
+        native, fmt = super()._as_native(state)
+        if fmt is None and "order" not in native:
+            native = {**native, "order": "fast", "interleave": "uniform"}
+        return native, fmt
 
     def _checked_extras(
         self, state: Mapping[str, Any], loaded: Loaded
@@ -599,13 +677,13 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
                     f"state is missing key {key!r}; is it a MixtureSampler state_dict()?"
                 )
         saved_w = as_int("state['num_replicas']", state["num_replicas"])  # checked by the base
-        length = self.num_samples
-        saved_len = length if saved_w == self.num_replicas else self._epoch_length(saved_w)
+        length = self._positions
+        saved_len = length if saved_w == self.num_replicas else self._positions_of(saved_w)
         # The phases are the epoch's in the world it started in: the state's own, or the
         # first world of an elastic rest (the base checked the entry).
         el = state.get("elastic")
         first_w = saved_w if el is None else as_int("origin", el["origin_num_replicas"])
-        first_len = self._epoch_length(first_w)
+        first_len = self._positions_of(first_w)
         elastic = loaded.elastic is not None
         schedule = self._parsed_schedule(state["schedule"], saved_len)
         pending = check_bool("state['schedule_pending']", state["schedule_pending"])

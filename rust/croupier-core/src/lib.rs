@@ -63,7 +63,7 @@ pub use deal::{first_stop, rank_range, rank_range_bytes, Deal, Draw, Elastic, La
 pub use draw::random_access::RandomAccessPermutation;
 pub use error::{Error, Result};
 pub use index::{index_bytes, Index, Indices, MAX_LEN, U32_MAX_LEN};
-pub use mix::{Mixture, MixtureConfig, PhaseSpec};
+pub use mix::{Interleaving, Mixture, MixtureConfig, PhaseSpec};
 pub use shuffle::{
     fill, permutation, permutation_bytes, torch_randperm, TorchRandperm, LARGE_N_THRESHOLD,
 };

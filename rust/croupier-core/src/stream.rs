@@ -68,6 +68,15 @@ pub(crate) enum Purpose {
     /// The round keys and small-domain table of an epoch's world-size-invariant order
     /// (`draw::random_access`).
     GlobalOrder = u64::from_le_bytes(*b"globperm"),
+    /// The base of the node keys of a mixture phase's world-size-invariant interleave
+    /// (`mix::global`).
+    GlobalMixInterleave = u64::from_le_bytes(*b"gmixtree"),
+    /// The permutation of one leaf of a mixture phase's world-size-invariant interleave
+    /// (`mix::global`).
+    GlobalMixLeaf = u64::from_le_bytes(*b"gmixleaf"),
+    /// The permutation of one pass of one dataset in a mixture's world-size-invariant order
+    /// (`mix::global`).
+    GlobalMixPass = u64::from_le_bytes(*b"gmixpass"),
 }
 
 /// A deterministic random stream; see the module documentation for its derivation.

@@ -5,7 +5,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::config::{config, Config};
+use crate::order::Order;
 use crate::runtime::{core, sized, to_numpy};
+use croupier_core::mix::Interleaving;
 
 /// One phase of a mixture as Python passes it: `(start, nominal_length, weights,
 /// temperature)`.
@@ -19,14 +21,29 @@ config! {
         drop_last: bool,
         shuffle: bool,
         seed: u64,
-        /// Positions per rank and epoch; `None` for one pass of every dataset's share.
+        /// Positions per epoch (per rank in the fast order, global in the global one);
+        /// `None` for one pass of every dataset (of its share, in the fast order).
         length: Option<u64>,
+        /// `Order.GLOBAL` or `Order.FAST`.
+        order: Order,
+        /// `"uniform"` or `"balanced"` (the global order's).
+        interleave: String,
     }
 }
 
-impl From<&MixtureConfig> for croupier_core::MixtureConfig {
-    fn from(c: &MixtureConfig) -> Self {
-        croupier_core::MixtureConfig {
+impl MixtureConfig {
+    fn core(&self) -> PyResult<croupier_core::MixtureConfig> {
+        let c = self;
+        let interleave = match c.interleave.as_str() {
+            "uniform" => Interleaving::Uniform,
+            "balanced" => Interleaving::Balanced,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "interleave must be 'uniform' or 'balanced', got {other:?}"
+                )))
+            }
+        };
+        Ok(croupier_core::MixtureConfig {
             deal: croupier_core::Deal {
                 num_replicas: c.num_replicas,
                 rank: c.rank,
@@ -35,11 +52,11 @@ impl From<&MixtureConfig> for croupier_core::MixtureConfig {
             shuffle: c.shuffle,
             seed: c.seed,
             length: c.length,
-        }
+            order: c.order.core(),
+            interleave,
+        })
     }
-}
 
-impl MixtureConfig {
     /// The keywords that build this config again (for pickling).
     fn to_kwargs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -49,6 +66,8 @@ impl MixtureConfig {
         d.set_item("shuffle", self.shuffle)?;
         d.set_item("seed", self.seed)?;
         d.set_item("length", self.length)?;
+        d.set_item("order", self.order)?;
+        d.set_item("interleave", &self.interleave)?;
         Ok(d)
     }
 }
@@ -97,11 +116,7 @@ impl Mixture {
                 },
             )
             .collect();
-        let mixture = core(croupier_core::Mixture::new(
-            &sizes,
-            &specs,
-            &croupier_core::MixtureConfig::from(&config),
-        ))?;
+        let mixture = core(croupier_core::Mixture::new(&sizes, &specs, &config.core()?))?;
         Ok(Mixture {
             mixture: std::sync::Arc::new(mixture),
             sizes,
@@ -119,6 +134,12 @@ impl Mixture {
     #[getter]
     fn length(&self) -> u64 {
         self.mixture.len()
+    }
+
+    /// Positions of the epoch's global sequence in the global order; `None` in the fast one.
+    #[getter]
+    fn global_length(&self) -> Option<u64> {
+        self.mixture.global_len()
     }
 
     /// Samples in all datasets together.

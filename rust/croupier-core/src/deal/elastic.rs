@@ -144,6 +144,17 @@ impl Elastic {
         self.rest.num_samples()
     }
 
+    /// Checks new rank `rank` and its positions `start..stop`.
+    pub(crate) fn check_range(&self, rank: u64, start: u64, stop: u64) -> Result<()> {
+        self.rest.check_rank(rank)?;
+        self.rest.check_range(start, stop)
+    }
+
+    /// The global positions the rest deals, `[offset, offset + len)`, as `(offset, len)`.
+    pub(crate) fn rest_span(&self) -> (u64, u64) {
+        (self.offset, self.end - self.offset)
+    }
+
     /// The global position new rank `rank` takes at its position `k`.
     fn global(&self, rank: u64, k: u64) -> u64 {
         let r = self.end - self.offset;

@@ -24,8 +24,26 @@
 use crate::draw::cell_rng::CellRng;
 use crate::draw::hypergeom::hypergeometric;
 use crate::draw::keyed::keyed_xoshiro;
+use crate::draw::random_access::RandomAccessPermutation;
 use crate::shuffle::parallel::fisher_yates_fast;
 use crate::stream::{fold, Purpose, Stream};
+
+/// Positions per leaf of a phase over `datasets` datasets: `2**16`, or `16 D` rounded up to a
+/// power of two, so that the tree costs at most about one draw per 8 positions.
+pub(crate) fn leaf_size(datasets: usize) -> u64 {
+    (16 * datasets as u64).next_power_of_two().max(1 << 16)
+}
+
+/// Positions per leaf of a phase of the global order over `datasets` datasets: `2**20`, or
+/// `16 D` rounded up to a power of two. Larger than [`leaf_size`]: every rank walks the whole
+/// phase's tree (its positions are strided over all of it), so fewer, larger leaves keep the
+/// tree's hypergeometric draws (about 2 µs each) to about one per 10,000 positions; a leaf
+/// is read by random access, so its size costs nothing else.
+pub(crate) fn global_leaf_size(datasets: usize) -> u64 {
+    // The unit tests' phases are far smaller than a leaf: there, 2**12 makes them many leaves.
+    let least = if cfg!(test) { 1 << 12 } else { 1 << 20 };
+    (16 * datasets as u64).next_power_of_two().max(least)
+}
 
 /// A dataset's count in a node: `(dataset, count)`, only nonzero counts, by dataset.
 pub(crate) type Counts = Vec<(u32, u64)>;
@@ -50,15 +68,40 @@ impl Interleave {
     /// (`Σ counts = m`), keyed by the rank and the phase's start.
     pub(crate) fn new(counts: &[u64], (seed, epoch): (u64, u64), rank: u64, start: u64) -> Self {
         let m: u64 = counts.iter().sum();
+        let key = fold(fold(fold(0, rank), start), m);
+        Self::keyed(
+            counts,
+            (seed, epoch),
+            (Purpose::MixInterleave, key),
+            leaf_size,
+        )
+    }
+
+    /// The interleave of a phase of the world-size-invariant order (`mix::global`), starting
+    /// at global position `start`: one for every rank, its leaves read by random access
+    /// ([`Interleave::leaf_perm`]).
+    pub(crate) fn global(counts: &[u64], (seed, epoch): (u64, u64), start: u64) -> Self {
+        let m: u64 = counts.iter().sum();
+        let key = fold(fold(0, start), m);
+        let purpose = Purpose::GlobalMixInterleave;
+        Self::keyed(counts, (seed, epoch), (purpose, key), global_leaf_size)
+    }
+
+    fn keyed(
+        counts: &[u64],
+        (seed, epoch): (u64, u64),
+        (purpose, key): (Purpose, u64),
+        leaf_size: fn(usize) -> u64,
+    ) -> Self {
+        let m: u64 = counts.iter().sum();
         let sparse: Counts = counts
             .iter()
             .enumerate()
             .filter(|(_, &c)| c > 0)
             .map(|(d, &c)| (d as u32, c))
             .collect();
-        let leaf = (16 * sparse.len() as u64).next_power_of_two().max(1 << 16);
-        let key = fold(fold(fold(0, rank), start), m);
-        let base = Stream::new(seed, epoch, Purpose::MixInterleave, key).next_u64();
+        let leaf = leaf_size(sparse.len());
+        let base = Stream::new(seed, epoch, purpose, key).next_u64();
         Interleave {
             m,
             leaf,
@@ -68,6 +111,19 @@ impl Interleave {
             key,
             base,
         }
+    }
+
+    /// The order of leaf `l` of a [`Interleave::global`] phase, read at any position: a keyed
+    /// permutation of the leaf's positions onto its multiset laid out in dataset order.
+    pub(crate) fn leaf_perm(&self, l: u64) -> RandomAccessPermutation {
+        let (lo, hi) = self.leaf_range(l);
+        let stream = Stream::new(
+            self.seed,
+            self.epoch,
+            Purpose::GlobalMixLeaf,
+            fold(self.key, l),
+        );
+        RandomAccessPermutation::from_stream(hi - lo, stream)
     }
 
     /// Positions per leaf.

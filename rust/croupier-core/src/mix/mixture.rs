@@ -29,12 +29,13 @@
 //! Nothing depends on the number of threads.
 
 use crate::cancel::cancelled;
-use crate::deal::{check_num_replicas, check_world, Deal, Elastic};
+use crate::deal::{check_num_replicas, check_world, Deal, Elastic, Layout, Order};
 use crate::error::{Error, Result};
 use crate::index::{
     index_bytes, try_with_capacity_huge, zeros_par, Index, Indices, MAX_LEN, U32_MAX_LEN,
 };
 use crate::mix::counts::{phase_counts, probabilities};
+use crate::mix::global::{Global, GlobalPhase, Interleaving};
 use crate::mix::interleave::{Counts, Interleave};
 use crate::mix::passes::Passes;
 use rayon::prelude::*;
@@ -58,11 +59,12 @@ pub struct PhaseSpec {
     pub temperature: f64,
 }
 
-/// How a [`Mixture`] is dealt: the rank and its world, shuffling, the seed, and the epoch's
-/// length.
+/// How a [`Mixture`] is dealt: the rank and its world, shuffling, the seed, the epoch's
+/// length, the order and the interleave.
 ///
-/// The default is `MixtureSampler`'s: one rank, `drop_last`, shuffled, seed 0, one pass of
-/// every dataset's share per epoch.
+/// The default is `MixtureSampler`'s: one rank, `drop_last`, shuffled, seed 0, the
+/// world-size-invariant order ([`Order::Global`]) with the uniform interleave, one pass of
+/// every dataset per epoch.
 ///
 /// # Examples
 ///
@@ -86,8 +88,17 @@ pub struct MixtureConfig {
     pub shuffle: bool,
     /// The seed of every shuffle.
     pub seed: u64,
-    /// Positions per rank and epoch; `None` for one pass of every dataset's share (their sum).
+    /// Positions per epoch: per rank in [`Order::Fast`] (`None`: one pass of every dataset's
+    /// share, their sum), of the global sequence in [`Order::Global`] (`None`: one pass of
+    /// every dataset, the sizes' sum).
     pub length: Option<u64>,
+    /// [`Order::Global`]: one global sequence per epoch, the same for every number of ranks,
+    /// dealt with torch's striding (`mix::global`); [`Order::Fast`]: each rank its own
+    /// sequence of exact counts, dealt per dataset pass. Torch's order has no mixture.
+    pub order: Order,
+    /// How each phase's datasets are interleaved; [`Interleaving::Balanced`] needs
+    /// [`Order::Global`].
+    pub interleave: Interleaving,
 }
 
 impl Default for MixtureConfig {
@@ -100,6 +111,8 @@ impl Default for MixtureConfig {
             shuffle: true,
             seed: 0,
             length: None,
+            order: Order::Global,
+            interleave: Interleaving::Uniform,
         }
     }
 }
@@ -123,6 +136,8 @@ pub struct Mixture {
     seed: u64,
     length: u64,
     phases: Vec<Phase>,
+    /// In [`Order::Global`]: the global sequence and its layout over the ranks.
+    global: Option<(Global, Layout)>,
 }
 
 /// Per-rank positions of one pass of each dataset: `⌊n/W⌋` with `drop_last`, `⌈n/W⌉` without.
@@ -171,6 +186,8 @@ impl Mixture {
             shuffle,
             seed,
             length,
+            order,
+            interleave,
         } = *config;
         let Deal {
             num_replicas,
@@ -186,6 +203,23 @@ impl Mixture {
         }
         let shares = pass_shares(sizes, num_replicas, drop_last)?;
         check_world(num_replicas, rank)?;
+        match (order, interleave) {
+            (Order::Global, _) | (Order::Fast, Interleaving::Uniform) => {}
+            (Order::Fast, Interleaving::Balanced) => {
+                return Err(Error::out_of_range(
+                    "interleave",
+                    "'uniform' in order='fast' (the balanced interleave is the global order's)",
+                    "'balanced'",
+                ))
+            }
+            (Order::Torch(_), _) => {
+                return Err(Error::out_of_range(
+                    "order",
+                    "'global' or 'fast' for a mixture",
+                    "torch's order",
+                ))
+            }
+        }
         let mut offsets = Vec::with_capacity(sizes.len());
         let mut total: u64 = 0;
         for &n in sizes {
@@ -196,6 +230,34 @@ impl Mixture {
                 .ok_or_else(|| {
                     Error::out_of_range("cumulative_sizes", "at most 2**63 - 1 in total", "more")
                 })?;
+        }
+        if order == Order::Global {
+            let t = length.unwrap_or(total);
+            let layout = Layout::new(t, num_replicas, drop_last)?;
+            // Every dataset is drawn whole, so only an empty one cannot be.
+            let checked = Self::phases(phases, sizes, sizes, t)?;
+            let global = Global {
+                sizes: sizes.to_vec(),
+                offsets: offsets.clone(),
+                phases: checked
+                    .iter()
+                    .map(|p| GlobalPhase::new(p.start, p.end, p.counts.clone(), interleave))
+                    .collect(),
+                shuffle,
+                seed,
+            };
+            return Ok(Mixture {
+                offsets,
+                total,
+                passes: Vec::new(),
+                num_replicas,
+                rank,
+                shuffle,
+                seed,
+                length: layout.num_samples(),
+                phases: checked,
+                global: Some((global, layout)),
+            });
         }
         let length = match length {
             Some(l) => l,
@@ -223,6 +285,7 @@ impl Mixture {
             seed,
             length,
             phases,
+            global: None,
         })
     }
 
@@ -303,14 +366,18 @@ impl Mixture {
     ///
     /// ```
     /// use croupier_core::mix::pass_shares;
-    /// use croupier_core::{Deal, Mixture, MixtureConfig, PhaseSpec};
+    /// use croupier_core::{Deal, Mixture, MixtureConfig, Order, PhaseSpec};
     ///
     /// let deal = Deal { num_replicas: 3, rank: 1, drop_last: true };
-    /// let config = MixtureConfig { deal, ..MixtureConfig::default() };
+    /// let fast = MixtureConfig { deal, order: Order::Fast, ..MixtureConfig::default() };
     /// let phase = PhaseSpec { start: 0, length: 49, weights: vec![2.0, 1.0], temperature: 1.0 };
-    /// let m = Mixture::new(&[100, 50], &[phase], &config).unwrap();
-    /// // Without a length, an epoch is one pass of every dataset's share.
+    /// let m = Mixture::new(&[100, 50], &[phase.clone()], &fast).unwrap();
+    /// // Without a length, a fast epoch is one pass of every dataset's share on this rank.
     /// assert_eq!(m.len(), pass_shares(&[100, 50], 3, true).unwrap().iter().sum::<u64>());
+    /// // A global epoch is one pass of every dataset, dealt to the ranks: 150 // 3 each.
+    /// let phase = PhaseSpec { length: 150, ..phase };
+    /// let global = MixtureConfig { order: Order::Global, ..fast };
+    /// assert_eq!(Mixture::new(&[100, 50], &[phase], &global).unwrap().len(), 50);
     /// ```
     pub fn len(&self) -> u64 {
         self.length
@@ -403,8 +470,33 @@ impl Mixture {
     /// ```
     pub fn effective_counts(&self, epoch: u64, phase: usize) -> Vec<u64> {
         let mut c = vec![0; self.datasets()];
-        self.add_effective(epoch, &self.phases[phase], &mut c);
+        match &self.global {
+            Some((g, _)) => g.add_effective(epoch, phase, &mut c),
+            None => self.add_effective(epoch, &self.phases[phase], &mut c),
+        }
         c
+    }
+
+    /// Positions of the epoch's global sequence in [`Order::Global`] (before torch's padding
+    /// or cutting to a multiple of the ranks); `None` in [`Order::Fast`], where each rank has
+    /// its own sequence.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Deal, Mixture, MixtureConfig, Order, PhaseSpec};
+    ///
+    /// let deal = Deal { num_replicas: 4, rank: 1, drop_last: false };
+    /// let config = MixtureConfig { deal, ..MixtureConfig::default() };
+    /// let phase = PhaseSpec { start: 0, length: 150, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let m = Mixture::new(&[100, 50], &[phase.clone()], &config).unwrap();
+    /// assert_eq!(m.global_len(), Some(150)); // one pass of every dataset, for all ranks
+    /// assert_eq!(m.len(), 38); // this rank's positions: ceil(150 / 4), padded as torch pads
+    /// let fast = MixtureConfig { order: Order::Fast, ..config };
+    /// assert_eq!(Mixture::new(&[100, 50], &[phase], &fast).unwrap().global_len(), None);
+    /// ```
+    pub fn global_len(&self) -> Option<u64> {
+        self.global.as_ref().map(|(_, layout)| layout.n())
     }
 
     fn add_effective(&self, epoch: u64, ph: &Phase, into: &mut [u64]) {
@@ -444,6 +536,9 @@ impl Mixture {
     /// ```
     pub fn range_bytes(&self, start: u64, stop: u64) -> u64 {
         let n = stop.saturating_sub(start);
+        if let Some((g, _)) = &self.global {
+            return g.fill_bytes(n, self.total);
+        }
         let leaf = (16 * self.datasets() as u64)
             .next_power_of_two()
             .max(1 << 16);
@@ -470,7 +565,7 @@ impl Mixture {
     /// use croupier_core::{Deal, Mixture, MixtureConfig, PhaseSpec};
     ///
     /// let deal = Deal { num_replicas: 2, rank: 0, drop_last: true };
-    /// let phase = PhaseSpec { start: 0, length: 75, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let phase = PhaseSpec { start: 0, length: 150, weights: vec![2.0, 1.0], temperature: 1.0 };
     /// let config = MixtureConfig { deal, ..MixtureConfig::default() };
     /// let m = Mixture::new(&[100, 50], &[phase], &config).unwrap();
     /// let el = m.elastic(30, 3, false).unwrap();
@@ -479,6 +574,9 @@ impl Mixture {
     /// ```
     pub fn elastic_range_bytes(&self, elastic: &Elastic, start: u64, stop: u64) -> u64 {
         let n = stop.saturating_sub(start);
+        if let Some((g, _)) = &self.global {
+            return g.fill_bytes(n, self.total);
+        }
         let old = n.saturating_mul(elastic.num_replicas()) / self.num_replicas.max(1);
         self.range_bytes(0, old.min(self.len()))
             .saturating_add(n.saturating_mul(8))
@@ -511,7 +609,7 @@ impl Mixture {
     ///
     /// # let u32s = |i: Indices| match i { Indices::U32(v) => v, _ => unreachable!() };
     /// let deal = Deal { num_replicas: 2, rank: 0, drop_last: true };
-    /// let phase = PhaseSpec { start: 0, length: 75, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let phase = PhaseSpec { start: 0, length: 150, weights: vec![2.0, 1.0], temperature: 1.0 };
     /// let config = MixtureConfig { deal, ..MixtureConfig::default() };
     /// let r0 = Mixture::new(&[100, 50], &[phase], &config).unwrap();
     /// let r1 = r0.for_rank(1).unwrap();
@@ -539,6 +637,7 @@ impl Mixture {
             seed: self.seed,
             length: self.length,
             phases: self.phases.clone(),
+            global: self.global.clone(),
         })
     }
 
@@ -552,7 +651,7 @@ impl Mixture {
     /// use croupier_core::{Deal, Mixture, MixtureConfig, PhaseSpec};
     ///
     /// let deal = Deal { num_replicas: 2, rank: 0, drop_last: true };
-    /// let phase = PhaseSpec { start: 0, length: 75, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let phase = PhaseSpec { start: 0, length: 150, weights: vec![2.0, 1.0], temperature: 1.0 };
     /// let config = MixtureConfig { deal, ..MixtureConfig::default() };
     /// let m = Mixture::new(&[100, 50], &[phase], &config).unwrap();
     /// // The 2 ranks consumed 15 positions each: 30 of their 150 global positions.
@@ -562,6 +661,16 @@ impl Mixture {
     /// assert!(m.elastic(151, 3, false).is_err()); // past the epoch's end
     /// ```
     pub fn elastic(&self, offset: u64, num_replicas: u64, drop_last: bool) -> Result<Elastic> {
+        if let Some((_, layout)) = &self.global {
+            // The global sequence's positions from the offset on: arithmetic.
+            return Elastic::new(
+                layout.n(),
+                self.num_replicas,
+                drop_last,
+                offset,
+                num_replicas,
+            );
+        }
         Elastic::over_sequences(
             self.num_replicas,
             self.length,
@@ -582,7 +691,7 @@ impl Mixture {
     ///
     /// # let u32s = |i: Indices| match i { Indices::U32(v) => v, _ => unreachable!() };
     /// let deal = Deal { num_replicas: 2, rank: 0, drop_last: true };
-    /// let phase = PhaseSpec { start: 0, length: 75, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let phase = PhaseSpec { start: 0, length: 150, weights: vec![2.0, 1.0], temperature: 1.0 };
     /// let config = MixtureConfig { deal, ..MixtureConfig::default() };
     /// let r0 = Mixture::new(&[100, 50], &[phase], &config).unwrap();
     /// // 2 ranks consumed 15 positions each, then 3 ranks take the rest.
@@ -603,6 +712,16 @@ impl Mixture {
         start: u64,
         stop: u64,
     ) -> Result<Indices> {
+        if let Some((g, _)) = &self.global {
+            elastic.check_range(rank, start, stop)?;
+            let w = elastic.num_replicas();
+            let rest = elastic.rest_span();
+            return Ok(if self.total <= U32_MAX_LEN {
+                Indices::U32(g.fill(epoch, rest, (rank, w), (start, stop))?)
+            } else {
+                Indices::U64(g.fill(epoch, rest, (rank, w), (start, stop))?)
+            });
+        }
         Ok(if self.total <= U32_MAX_LEN {
             Indices::U32(self.gather_olds(elastic, rank, epoch, (start, stop))?)
         } else {
@@ -670,6 +789,10 @@ impl Mixture {
     }
 
     fn range_as<T: Index>(&self, epoch: u64, start: u64, stop: u64) -> Result<Vec<T>> {
+        if let Some((g, layout)) = &self.global {
+            let w = layout.num_replicas();
+            return g.fill(epoch, (0, layout.n()), (self.rank, w), (start, stop));
+        }
         let mut out = zeros_par::<T>("a mixture's indices", stop - start)?;
         if start == stop {
             return Ok(out);
@@ -982,6 +1105,7 @@ mod tests {
             },
             seed: 9,
             length: Some(l),
+            order: Order::Fast,
             ..MixtureConfig::default()
         };
         Mixture::new(sizes, &one_phase(weights, l), &config).unwrap()
@@ -1044,6 +1168,7 @@ mod tests {
                 drop_last: false,
             },
             seed: 3,
+            order: Order::Fast,
             ..MixtureConfig::default()
         };
         let m = Mixture::new(
@@ -1090,7 +1215,10 @@ mod tests {
     #[test]
     fn bad_schedules_are_refused() {
         let sizes = [10u64, 20];
-        let one_rank = MixtureConfig::default();
+        let one_rank = MixtureConfig {
+            order: Order::Fast,
+            ..MixtureConfig::default()
+        };
         let new = |phases: &[PhaseSpec]| Mixture::new(&sizes, phases, &one_rank);
         let p = |start, length, weights: &[f64]| PhaseSpec {
             start,

@@ -5,11 +5,16 @@
 //! - `passes`: one dataset's stream on one rank, pass after pass.
 //! - `interleave`: which dataset each position of a phase draws from.
 //! - [`mixture`]: a rank's epoch, phase by phase, computed over contiguous buffers.
+//! - `global`: the world-size-invariant order, one global sequence read by random access.
+//! - `balanced`: the balanced interleave, every prefix within one sample of its share.
 
+pub(crate) mod balanced;
 pub mod counts;
+pub(crate) mod global;
 pub(crate) mod interleave;
 pub mod mixture;
 pub(crate) mod passes;
 
 pub use counts::{largest_remainder, phase_counts, probabilities};
+pub use global::Interleaving;
 pub use mixture::{pass_shares, Mixture, MixtureConfig, PhaseSpec, MIX_FIRST_STOP};

@@ -1,0 +1,841 @@
+//! A mixture's world-size-invariant order (`order="global"`): one global sequence per epoch,
+//! the same whatever the number of ranks, dealt with torch's striding; each rank computes
+//! only its own positions, by random access.
+//!
+//! # The sequence
+//!
+//! The epoch has `T` global positions, cut into phases at global starts; phase `φ` holds
+//! dataset `d` exactly `c_{d,φ}` times over its nominal length (`mix::counts`). Which dataset
+//! each position draws comes from the phase's interleave:
+//!
+//! - **uniform** (shuffled): the hypergeometric tree of `mix::interleave` gives every leaf
+//!   of `B` positions its exact counts ([`Interleave::global`], keyed by the epoch and the
+//!   phase, not by a rank); inside a leaf, position `i` holds slot `π(i)` of the leaf's
+//!   multiset laid out in dataset order, `π` a keyed [`RandomAccessPermutation`] of the leaf
+//!   ([`Interleave::leaf_perm`]). Slot `s` of dataset `d`'s run is its occurrence
+//!   `before_d + s - start_d`, where `before_d` counts `d` in the earlier leaves and phases.
+//!   So occurrences follow time from leaf to leaf and are in a random order inside a leaf.
+//! - **balanced**: the quota sequence of [`crate::mix::balanced`] (every prefix within one
+//!   sample of its share), occurrences in time order.
+//! - without shuffling (uniform): the phase's datasets one after another, in dataset order.
+//!
+//! Occurrence `j` of dataset `d` in the epoch reads `d`'s stream: pass `j / n_d`, position
+//! `j % n_d` of it, each pass a keyed [`RandomAccessPermutation`] of the dataset
+//! (`(seed, epoch, d, pass)`; without shuffling the identity), plus the dataset's offset.
+//! Every pass is a whole permutation, and the passes follow one another (exactly, in the
+//! balanced interleave; leaf by leaf, in the uniform one, where a pass boundary inside a leaf
+//! mixes the two passes' samples within that leaf's positions).
+//!
+//! # A rank's positions
+//!
+//! Rank `r` of `W` takes global positions `offset + (r + k W) % len` (torch's striding and
+//! padding over `[offset, offset + len)`: a fresh epoch is `(0, T)`, an elastic rest starts
+//! at the consumed offset). They are cut into units of whole leaves holding about
+//! [`UNIT`] of them, computed in parallel: one walk of the phase's tree for the unit's leaves,
+//! then per leaf the permutation at the rank's strided positions (16 at a time, as
+//! [`RandomAccessPermutation::fill_strided`] does), a table lookup of the slot's dataset, and
+//! the pass's permutation at the occurrence. Nothing depends on the number of threads.
+
+use std::collections::HashMap;
+
+use rayon::prelude::*;
+
+use crate::cancel::cancelled;
+use crate::draw::random_access::{at_many, RandomAccessPermutation};
+use crate::error::Result;
+use crate::index::{index_bytes, try_with_capacity_huge, zeros_par, Index};
+use crate::mix::balanced::Balanced;
+use crate::mix::interleave::{global_leaf_size, leaf_size, Counts, Interleave};
+use crate::stream::{fold, Purpose, Stream};
+
+/// A rank's positions per parallel unit (at least one leaf).
+const UNIT: u64 = 1 << 16;
+
+/// How the datasets of a mixture phase are interleaved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Interleaving {
+    /// A uniformly random sequence with the phase's exact counts (datasets one after another
+    /// without shuffling).
+    #[default]
+    Uniform,
+    /// Every prefix of the phase holds each dataset within one sample of its share
+    /// (`crate::mix::balanced`); deterministic.
+    Balanced,
+}
+
+/// One phase of the global sequence: global positions `[start, end)`, its nominal counts.
+#[derive(Debug, Clone)]
+pub(crate) struct GlobalPhase {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) counts: Vec<u64>,
+    balanced: Option<Balanced>,
+}
+
+impl GlobalPhase {
+    pub(crate) fn new(start: u64, end: u64, counts: Vec<u64>, interleave: Interleaving) -> Self {
+        let balanced = (interleave == Interleaving::Balanced).then(|| {
+            let nonzero = counts.iter().filter(|&&c| c > 0).count();
+            Balanced::new(&counts, leaf_size(nonzero))
+        });
+        GlobalPhase {
+            start,
+            end,
+            counts,
+            balanced,
+        }
+    }
+
+    fn leaf(&self) -> u64 {
+        match &self.balanced {
+            Some(b) => b.leaf(),
+            None => global_leaf_size(self.counts.iter().filter(|&&c| c > 0).count()),
+        }
+    }
+}
+
+/// The global sequence of a mixture's epochs.
+#[derive(Debug, Clone)]
+pub(crate) struct Global {
+    pub(crate) sizes: Vec<u64>,
+    pub(crate) offsets: Vec<u64>,
+    pub(crate) phases: Vec<GlobalPhase>,
+    pub(crate) shuffle: bool,
+    pub(crate) seed: u64,
+}
+
+/// A rank's positions `g0, g0 + step, …` (`count` of them) inside leaves `[l0, l1)` of one
+/// phase, written at `at` in the output.
+#[derive(Debug, Clone, Copy)]
+struct Unit {
+    phase: usize,
+    leaves: (u64, u64),
+    g0: u64,
+    count: u64,
+}
+
+/// Where a unit starts: every dataset's stream position at its first leaf, and (uniform,
+/// shuffled) the counts of its leaves.
+struct UnitInput {
+    before: Vec<u64>,
+    leaves: Vec<Counts>,
+}
+
+/// The permutations of the passes a unit reads, built when first met, and the scratch of
+/// the batched reads.
+struct Passes<'a> {
+    global: &'a Global,
+    epoch: u64,
+    /// Every permutation built, with its dataset's offset.
+    arena: Vec<RandomAccessPermutation>,
+    arena_offset: Vec<u64>,
+    /// Per dataset: the most recent pass and its permutation's place in the arena.
+    last: Vec<Option<(u64, u32)>>,
+    /// The other passes met (a small dataset read over many passes inside one leaf).
+    others: HashMap<(u32, u64), u32>,
+    which: Vec<u32>,
+    pos: Vec<u64>,
+    vals: Vec<u64>,
+}
+
+impl<'a> Passes<'a> {
+    fn new(global: &'a Global, epoch: u64) -> Self {
+        Passes {
+            global,
+            epoch,
+            arena: Vec::new(),
+            arena_offset: Vec::new(),
+            last: vec![None; global.sizes.len()],
+            others: HashMap::new(),
+            which: Vec::new(),
+            pos: Vec::new(),
+            vals: Vec::new(),
+        }
+    }
+
+    /// The arena place of the permutation of dataset `d`'s pass `pass`.
+    #[inline]
+    fn permutation(&mut self, d: u32, pass: u64) -> u32 {
+        match self.last[d as usize] {
+            Some((p, at)) if p == pass => at,
+            last => {
+                if let Some((p, at)) = last {
+                    self.others.insert((d, p), at);
+                }
+                let at = self.others.remove(&(d, pass)).unwrap_or_else(|| {
+                    let g = self.global;
+                    let n = g.sizes[d as usize];
+                    self.arena
+                        .push(pass_permutation(g.seed, self.epoch, d as usize, pass, n));
+                    self.arena_offset.push(g.offsets[d as usize]);
+                    (self.arena.len() - 1) as u32
+                });
+                self.last[d as usize] = Some((pass, at));
+                at
+            }
+        }
+    }
+
+    /// Occurrence `j` of dataset `d`, for each `(d, j)` of `dj`, as global indices into `out`.
+    fn write<T: Index>(&mut self, dj: &[(u32, u64)], out: &mut [T]) {
+        let g = self.global;
+        if !g.shuffle {
+            for (o, &(d, j)) in out.iter_mut().zip(dj) {
+                let d = d as usize;
+                *o = T::from_u64(g.offsets[d] + j % g.sizes[d]);
+            }
+            return;
+        }
+        let (mut which, mut pos, mut vals) = (
+            std::mem::take(&mut self.which),
+            std::mem::take(&mut self.pos),
+            std::mem::take(&mut self.vals),
+        );
+        which.clear();
+        pos.clear();
+        for &(d, j) in dj {
+            let n = g.sizes[d as usize];
+            let (pass, within) = (j / n, j % n);
+            which.push(self.permutation(d, pass));
+            pos.push(within);
+        }
+        vals.clear();
+        vals.resize(dj.len(), 0);
+        at_many(&self.arena, &which, &pos, &mut vals);
+        for ((o, &v), &a) in out.iter_mut().zip(&vals).zip(&which) {
+            *o = T::from_u64(self.arena_offset[a as usize] + v);
+        }
+        (self.which, self.pos, self.vals) = (which, pos, vals);
+    }
+}
+
+/// The permutation of pass `pass` of dataset `d` (of `n` samples) in `epoch`.
+fn pass_permutation(seed: u64, epoch: u64, d: usize, pass: u64, n: u64) -> RandomAccessPermutation {
+    let key = fold(fold(0, d as u64), pass);
+    RandomAccessPermutation::from_stream(n, Stream::new(seed, epoch, Purpose::GlobalMixPass, key))
+}
+
+/// The dataset of each slot of a leaf whose multiset is laid out in dataset order.
+struct SlotTable<'a> {
+    counts: &'a Counts,
+    /// `starts[e]`: the first slot of entry `e` of `counts`.
+    starts: Vec<u64>,
+    /// The entry holding slot `i << shift`.
+    coarse: Vec<u32>,
+    shift: u32,
+}
+
+impl<'a> SlotTable<'a> {
+    fn new(counts: &'a Counts, len: u64) -> Self {
+        let mut starts = Vec::with_capacity(counts.len() + 1);
+        let mut run = 0u64;
+        for &(_, c) in counts {
+            starts.push(run);
+            run += c;
+        }
+        starts.push(run);
+        // About four coarse cells per entry, so a lookup scans one or two entries.
+        let bits = 64 - len.saturating_sub(1).leading_zeros();
+        let cells = (4 * counts.len() as u64)
+            .next_power_of_two()
+            .clamp(1, 1 << bits);
+        let shift = bits - cells.trailing_zeros();
+        let mut coarse = Vec::with_capacity(cells as usize);
+        let mut e = 0usize;
+        for i in 0..cells {
+            let slot = i << shift;
+            while e + 1 < counts.len() && starts[e + 1] <= slot {
+                e += 1;
+            }
+            coarse.push(e as u32);
+        }
+        SlotTable {
+            counts,
+            starts,
+            coarse,
+            shift,
+        }
+    }
+
+    /// The dataset of slot `s` and the first slot of that dataset's run.
+    #[inline]
+    fn find(&self, s: u64) -> (usize, u64) {
+        let mut e = self.coarse[(s >> self.shift) as usize] as usize;
+        while self.starts[e + 1] <= s {
+            e += 1;
+        }
+        (self.counts[e].0 as usize, self.starts[e])
+    }
+}
+
+/// The slots of a leaf that a phase cut short uses (those of its first `q` positions), so that
+/// a slot's occurrence counts only used slots: the dataset's stream then continues in the
+/// next phase right after what this one used, nothing skipped or read twice.
+struct Used {
+    words: Vec<u64>,
+    /// Used slots before each word.
+    before: Vec<u64>,
+}
+
+impl Used {
+    fn new(perm: &RandomAccessPermutation, q: u64) -> Self {
+        let mut words = vec![0u64; perm.len().div_ceil(64) as usize];
+        for i in 0..q {
+            let s = perm.at(i);
+            words[(s / 64) as usize] |= 1 << (s % 64);
+        }
+        let before = words
+            .iter()
+            .scan(0u64, |a, w| {
+                *a += u64::from(w.count_ones());
+                Some(*a - u64::from(w.count_ones()))
+            })
+            .collect();
+        Used { words, before }
+    }
+
+    /// Used slots before slot `s`.
+    #[inline]
+    fn rank(&self, s: u64) -> u64 {
+        let (w, b) = ((s / 64) as usize, s % 64);
+        self.before[w] + u64::from((self.words[w] & ((1u64 << b) - 1)).count_ones())
+    }
+}
+
+impl Global {
+    fn interleave(&self, epoch: u64, ph: &GlobalPhase) -> Interleave {
+        Interleave::global(&ph.counts, (self.seed, epoch), ph.start)
+    }
+
+    /// How many of phase `ph`'s first `q` positions each dataset takes, added to `into`.
+    fn prefix(&self, epoch: u64, ph: &GlobalPhase, q: u64, into: &mut [u64]) {
+        if let Some(b) = &ph.balanced {
+            b.prefix(q, into);
+            return;
+        }
+        if !self.shuffle {
+            let mut left = q;
+            for (a, &c) in into.iter_mut().zip(&ph.counts) {
+                let take = c.min(left);
+                *a += take;
+                left -= take;
+            }
+            return;
+        }
+        if q >= ph.counts.iter().sum::<u64>() {
+            into.iter_mut().zip(&ph.counts).for_each(|(a, c)| *a += c);
+            return;
+        }
+        let il = self.interleave(epoch, ph);
+        let l = q / il.leaf();
+        let (lo, _) = il.leaf_range(l);
+        let leaf = il.leaf_counts((l, l + 1), into).pop().expect("one leaf");
+        let (_, hi) = il.leaf_range(l);
+        let table = SlotTable::new(&leaf, hi - lo);
+        let perm = il.leaf_perm(l);
+        for i in 0..q - lo {
+            into[table.find(perm.at(i)).0] += 1;
+        }
+    }
+
+    /// How many positions of phase `i` each dataset takes in `epoch`, added to `into`: its
+    /// nominal counts, or those of its prefix when a later phase cuts it short.
+    pub(crate) fn add_effective(&self, epoch: u64, i: usize, into: &mut [u64]) {
+        let ph = &self.phases[i];
+        let nominal: u64 = ph.counts.iter().sum();
+        if ph.end - ph.start == nominal {
+            into.iter_mut().zip(&ph.counts).for_each(|(a, c)| *a += c);
+        } else {
+            self.prefix(epoch, ph, ph.end - ph.start, into);
+        }
+    }
+
+    /// The rank's positions `[start, stop)` of the positions `[offset, offset + len)` dealt to
+    /// `w` ranks with torch's striding and wrap-around padding (see the module docs). An empty
+    /// buffer when the call is cancelled (the caller discards it).
+    pub(crate) fn fill<T: Index>(
+        &self,
+        epoch: u64,
+        (offset, len): (u64, u64),
+        (rank, w): (u64, u64),
+        (start, stop): (u64, u64),
+    ) -> Result<Vec<T>> {
+        let what = "a rank's mixture indices";
+        let count = stop - start;
+        let mut out = if count <= UNIT {
+            let mut v = try_with_capacity_huge::<T>(what, count)?;
+            v.resize(count as usize, T::from_u64(0));
+            v
+        } else {
+            zeros_par::<T>(what, count)?
+        };
+        if count == 0 {
+            return Ok(out);
+        }
+        let units = self.units((offset, len), (rank, w), (start, stop));
+        let last_phase = units.iter().map(|u| u.phase).max().unwrap_or(0);
+        // Where every dataset's stream stands at the start of each phase the range meets.
+        let mut stream_at = Vec::with_capacity(last_phase + 1);
+        let mut at = vec![0u64; self.sizes.len()];
+        for i in 0..=last_phase {
+            stream_at.push(at.clone());
+            if i < last_phase {
+                self.add_effective(epoch, i, &mut at);
+            }
+        }
+        let inputs = self.unit_inputs(epoch, &units, &stream_at);
+        let mut pieces: Vec<&mut [T]> = Vec::with_capacity(units.len());
+        let mut rest: &mut [T] = &mut out;
+        for u in &units {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(u.count as usize);
+            pieces.push(piece);
+            rest = tail;
+        }
+        let work = |((u, input), piece): ((&Unit, &UnitInput), &mut [T])| {
+            if !cancelled() {
+                self.fill_unit(epoch, u, w, input, piece);
+            }
+        };
+        if units.len() == 1 {
+            units.iter().zip(&inputs).zip(pieces).for_each(work);
+        } else {
+            units.par_iter().zip(&inputs).zip(pieces).for_each(work);
+        }
+        if cancelled() {
+            return Ok(Vec::new());
+        }
+        Ok(out)
+    }
+
+    /// What each unit starts from: the datasets' stream positions at its first leaf and, in
+    /// the uniform shuffled interleave, the counts of its leaves, from one walk of each
+    /// phase's tree over the leaves the units meet (the walk costs a draw per dataset and
+    /// node: one per call, not one per unit).
+    fn unit_inputs(&self, epoch: u64, units: &[Unit], stream_at: &[Vec<u64>]) -> Vec<UnitInput> {
+        let mut inputs = Vec::with_capacity(units.len());
+        let mut i = 0;
+        while i < units.len() {
+            let phase = units[i].phase;
+            let ph = &self.phases[phase];
+            // A run of units in one phase, their leaves increasing (the wrapped position of
+            // the padding, at the end, starts a run of its own).
+            let mut j = i + 1;
+            while j < units.len()
+                && units[j].phase == phase
+                && units[j].leaves.0 >= units[j - 1].leaves.0
+            {
+                j += 1;
+            }
+            let run = &units[i..j];
+            if !self.shuffle || ph.balanced.is_some() {
+                inputs.extend(run.iter().map(|_| UnitInput {
+                    before: stream_at[phase].clone(),
+                    leaves: Vec::new(),
+                }));
+            } else {
+                let lmin = run[0].leaves.0;
+                let lmax = run.iter().map(|u| u.leaves.1).max().unwrap_or(lmin);
+                let mut before = stream_at[phase].clone();
+                let leaves = self
+                    .interleave(epoch, ph)
+                    .leaf_counts((lmin, lmax), &mut before);
+                // Units share a leaf when one holds many of the rank's positions.
+                let mut at = lmin;
+                for u in run {
+                    while at < u.leaves.0 {
+                        let counts = &leaves[(at - lmin) as usize];
+                        counts.iter().for_each(|&(d, c)| before[d as usize] += c);
+                        at += 1;
+                    }
+                    let (a, b) = ((u.leaves.0 - lmin) as usize, (u.leaves.1 - lmin) as usize);
+                    inputs.push(UnitInput {
+                        before: before.clone(),
+                        leaves: leaves[a..b].to_vec(),
+                    });
+                }
+            }
+            i = j;
+        }
+        inputs
+    }
+
+    /// The rank's positions cut into units (see the module docs), in output order.
+    fn units(
+        &self,
+        (offset, len): (u64, u64),
+        (rank, w): (u64, u64),
+        (start, stop): (u64, u64),
+    ) -> Vec<Unit> {
+        let mut units = Vec::new();
+        // Positions before the first wrap: offset + rank + k w for k below `unwrapped`.
+        let unwrapped = if rank < len {
+            (len - rank).div_ceil(w)
+        } else {
+            0
+        };
+        let (mut k, k_end) = (start, stop.min(unwrapped));
+        let pos = |k: u64| offset + rank + k * w;
+        // The first k whose position is at least `g` (for g past the first position).
+        let first_at = |g: u64| (g - offset - rank).div_ceil(w);
+        while k < k_end {
+            let g = pos(k);
+            let i = self.phases.partition_point(|p| p.start <= g) - 1;
+            let ph = &self.phases[i];
+            let b = ph.leaf();
+            let leaves = (ph.end - ph.start).div_ceil(b);
+            let l0 = (g - ph.start) / b;
+            let per_unit = (UNIT.saturating_mul(w) / b).max(1);
+            let l1 = (l0 + per_unit).min(leaves);
+            let span_end = (ph.start + l1 * b).min(ph.end);
+            // At most UNIT positions: a leaf holding more of them (few ranks) is cut into
+            // several units, which then share it.
+            let next = first_at(span_end).min(k_end).min(k + UNIT);
+            let last = pos(next - 1);
+            units.push(Unit {
+                phase: i,
+                leaves: (l0, (last - ph.start) / b + 1),
+                g0: g,
+                count: next - k,
+            });
+            k = next;
+        }
+        // The padded tail wraps to the head: at most one position per rank (its last).
+        for k in start.max(unwrapped)..stop {
+            let g = offset
+                + ((u128::from(rank) + u128::from(k) * u128::from(w)) % u128::from(len)) as u64;
+            let i = self.phases.partition_point(|p| p.start <= g) - 1;
+            let ph = &self.phases[i];
+            let l0 = (g - ph.start) / ph.leaf();
+            units.push(Unit {
+                phase: i,
+                leaves: (l0, l0 + 1),
+                g0: g,
+                count: 1,
+            });
+        }
+        units
+    }
+
+    /// One unit's values into `out`.
+    fn fill_unit<T: Index>(&self, epoch: u64, u: &Unit, w: u64, input: &UnitInput, out: &mut [T]) {
+        let stream_at = &input.before;
+        let ph = &self.phases[u.phase];
+        let mut passes = Passes::new(self, epoch);
+        if let Some(b) = &ph.balanced {
+            let leaf = b.leaf();
+            let mut done = 0usize;
+            let mut dj = Vec::new();
+            let mut p = u.g0 - ph.start;
+            for l in u.leaves.0..u.leaves.1 {
+                let hi = (l + 1) * leaf;
+                if done == out.len() || p >= hi {
+                    continue;
+                }
+                let (ds, occ) = b.leaf_sequence(l);
+                dj.clear();
+                while done + dj.len() < out.len() && p < hi {
+                    let i = (p - l * leaf) as usize;
+                    let d = ds[i];
+                    dj.push((d, stream_at[d as usize] + occ[i]));
+                    p += w;
+                }
+                passes.write(&dj, &mut out[done..done + dj.len()]);
+                done += dj.len();
+            }
+            return;
+        }
+        if !self.shuffle {
+            // The phase's datasets one after another.
+            let mut starts = Vec::with_capacity(ph.counts.len() + 1);
+            let mut run = 0u64;
+            for &c in &ph.counts {
+                starts.push(run);
+                run += c;
+            }
+            starts.push(run);
+            let dj: Vec<(u32, u64)> = (0..out.len() as u64)
+                .map(|i| {
+                    let p = u.g0 - ph.start + i * w;
+                    let d = starts.partition_point(|&s| s <= p) - 1;
+                    (d as u32, stream_at[d] + p - starts[d])
+                })
+                .collect();
+            passes.write(&dj, out);
+            return;
+        }
+        let il = self.interleave(epoch, ph);
+        let mut before = stream_at.to_vec();
+        let leaves = &input.leaves;
+        let mut slots: Vec<u64> = Vec::new();
+        let mut dj: Vec<(u32, u64)> = Vec::new();
+        let (mut done, mut p) = (0usize, u.g0 - ph.start);
+        let used_len = ph.end - ph.start;
+        for (counts, l) in leaves.iter().zip(u.leaves.0..) {
+            let (lo, hi) = il.leaf_range(l);
+            if done < out.len() && p < hi {
+                let here = ((hi - p).div_ceil(w) as usize).min(out.len() - done);
+                slots.clear();
+                slots.resize(here, 0);
+                let perm = il.leaf_perm(l);
+                perm.fill_strided(&mut slots, 0, hi - lo, p - lo, w);
+                let table = SlotTable::new(counts, hi - lo);
+                dj.clear();
+                if used_len < hi {
+                    // The leaf a later phase cuts: occurrences among the used slots only.
+                    let used = Used::new(&perm, used_len - lo);
+                    dj.extend(slots.iter().map(|&s| {
+                        let (d, first) = table.find(s);
+                        (d as u32, before[d] + used.rank(s) - used.rank(first))
+                    }));
+                } else {
+                    dj.extend(slots.iter().map(|&s| {
+                        let (d, first) = table.find(s);
+                        (d as u32, before[d] + s - first)
+                    }));
+                }
+                passes.write(&dj, &mut out[done..done + here]);
+                done += here;
+                p += here as u64 * w;
+            }
+            counts.iter().for_each(|&(d, c)| before[d as usize] += c);
+        }
+    }
+
+    /// Bytes a [`Global::fill`] of `count` positions holds at its peak: the output, and per
+    /// thread a leaf's slots or balanced sequence, plus the balanced phases' boundary counts.
+    pub(crate) fn fill_bytes(&self, count: u64, total: u64) -> u64 {
+        let threads = rayon::current_num_threads() as u64;
+        let leaf = global_leaf_size(self.sizes.len());
+        let boundaries: u64 = self
+            .phases
+            .iter()
+            .filter(|p| p.balanced.is_some())
+            .map(|p| (p.end - p.start).div_ceil(leaf) * 8 * self.sizes.len() as u64)
+            .sum();
+        count.saturating_mul(index_bytes(total)) + threads * leaf * 12 + boundaries
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::deal::{Deal, Order};
+    use crate::mix::{Interleaving, Mixture, MixtureConfig, PhaseSpec};
+
+    const SIZES: [u64; 5] = [90_000, 7, 40_000, 1, 12_345];
+
+    fn phases() -> Vec<PhaseSpec> {
+        // Two phases over the 142,353 positions, the first cut short by the second.
+        vec![
+            PhaseSpec {
+                start: 0,
+                length: 120_000,
+                weights: vec![1.0, 1.0, 2.0, 0.5, 0.0],
+                temperature: 1.0,
+            },
+            PhaseSpec {
+                start: 70_001,
+                length: 72_352,
+                weights: vec![3.0, 0.0, 1.0, 0.0, 1.0],
+                temperature: 2.0,
+            },
+        ]
+    }
+
+    fn mixture(w: u64, r: u64, drop_last: bool, shuffle: bool, il: Interleaving) -> Mixture {
+        let config = MixtureConfig {
+            deal: Deal {
+                num_replicas: w,
+                rank: r,
+                drop_last,
+            },
+            shuffle,
+            seed: 11,
+            interleave: il,
+            ..MixtureConfig::default()
+        };
+        Mixture::new(&SIZES, &phases(), &config).unwrap()
+    }
+
+    /// The ranks' sequences interleaved position by position: `g[k W + r] = share_r[k]`.
+    fn interleaved(w: u64, drop_last: bool, shuffle: bool, il: Interleaving) -> Vec<u64> {
+        let shares: Vec<Vec<u64>> = (0..w)
+            .map(|r| {
+                let m = mixture(w, r, drop_last, shuffle, il);
+                m.range(3, 0, m.len()).unwrap().to_u64_vec()
+            })
+            .collect();
+        let per = shares[0].len();
+        (0..per)
+            .flat_map(|k| shares.iter().map(move |s| s[k]))
+            .collect()
+    }
+
+    const KINDS: [(bool, Interleaving); 3] = [
+        (true, Interleaving::Uniform),
+        (true, Interleaving::Balanced),
+        (false, Interleaving::Uniform),
+    ];
+
+    #[test]
+    fn the_global_sequence_is_the_same_for_every_world_size() {
+        for (shuffle, il) in KINDS {
+            let one = interleaved(1, false, shuffle, il);
+            let t = SIZES.iter().sum::<u64>() as usize;
+            assert_eq!(one.len(), t);
+            // 1000 ranks each replaying every balanced leaf is slow unoptimised; Python's
+            // property tests take the balanced interleave to 1000 ranks.
+            let worlds: &[u64] = match il {
+                Interleaving::Balanced => &[2, 3, 7, 16],
+                Interleaving::Uniform => &[2, 3, 7, 16, 1000],
+            };
+            for &w in worlds {
+                for drop_last in [false, true] {
+                    let g = interleaved(w, drop_last, shuffle, il);
+                    let kept = if drop_last {
+                        t / w as usize * w as usize
+                    } else {
+                        t
+                    };
+                    assert_eq!(g[..kept], one[..kept], "W={w} {il:?} shuffle={shuffle}");
+                    // torch's padding repeats the head.
+                    assert_eq!(g[kept..], one[..g.len() - kept], "W={w} padding");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn counts_are_exact_per_phase_and_passes_are_whole() {
+        let offsets: Vec<u64> = SIZES
+            .iter()
+            .scan(0, |a, &n| {
+                *a += n;
+                Some(*a - n)
+            })
+            .collect();
+        let dataset = |v: u64| offsets.partition_point(|&o| o <= v) - 1;
+        for (shuffle, il) in KINDS {
+            let m = mixture(1, 0, false, shuffle, il);
+            let seq = interleaved(1, false, shuffle, il);
+            let mut from = 0usize;
+            let mut per_ds: Vec<Vec<u64>> = vec![Vec::new(); SIZES.len()];
+            for (i, end) in [(0usize, 70_001usize), (1, seq.len())] {
+                let mut got = vec![0u64; SIZES.len()];
+                for &v in &seq[from..end] {
+                    got[dataset(v)] += 1;
+                    per_ds[dataset(v)].push(v);
+                }
+                assert_eq!(got, m.effective_counts(3, i), "phase {i} {il:?}");
+                from = end;
+            }
+            for (d, vs) in per_ds.iter().enumerate() {
+                // Every sample drawn as often as the passes say: whole passes, then one part.
+                let n = SIZES[d];
+                let mut times = vec![0u64; n as usize];
+                vs.iter()
+                    .for_each(|&v| times[(v - offsets[d]) as usize] += 1);
+                let c = vs.len() as u64;
+                assert!(
+                    times.iter().all(|&x| x == c / n || x == c / n + 1),
+                    "dataset {d} {il:?} {shuffle} {c} {:?}",
+                    times.iter().max()
+                );
+                assert_eq!(times.iter().filter(|&&x| x > c / n).count() as u64, c % n);
+                if il == Interleaving::Balanced {
+                    // Occurrences in time order: each pass, in turn, a permutation.
+                    for pass in vs.chunks(n as usize).filter(|p| p.len() as u64 == n) {
+                        let mut p = pass.to_vec();
+                        p.sort_unstable();
+                        assert_eq!(p, (offsets[d]..offsets[d] + n).collect::<Vec<_>>());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn balanced_prefixes_stay_within_one_sample() {
+        let m = mixture(1, 0, false, true, Interleaving::Balanced);
+        let seq = interleaved(1, false, true, Interleaving::Balanced);
+        let offsets = [0u64, 90_000, 90_007, 130_007, 130_008];
+        let dataset = |v: u64| offsets.partition_point(|&o| o <= v) - 1;
+        // Phase 1: nominal 72,352 positions, exactly what is left.
+        let counts = m.phase_counts(1).unwrap().to_vec();
+        let len: u64 = counts.iter().sum();
+        let mut c = [0u64; 5];
+        for (t, &v) in seq[70_001..].iter().enumerate() {
+            c[dataset(v)] += 1;
+            let t = t as u64 + 1;
+            for d in 0..5 {
+                let share = counts[d] as f64 * t as f64 / len as f64;
+                assert!((c[d] as f64 - share).abs() < 1.0, "dataset {d} at {t}");
+            }
+        }
+    }
+
+    #[test]
+    fn parts_agree_with_the_whole_and_elastic_rests_continue_it() {
+        for (shuffle, il) in KINDS {
+            let whole = interleaved(1, false, shuffle, il);
+            let m = mixture(3, 2, false, shuffle, il);
+            let all = m.range(3, 0, m.len()).unwrap().to_u64_vec();
+            for (a, b) in [
+                (0u64, 1u64),
+                (21_845, 21_847),
+                (23_000, 47_451),
+                (47_450, 47_451),
+            ] {
+                let part = m.range(3, a, b).unwrap().to_u64_vec();
+                assert_eq!(part, all[a as usize..b as usize]);
+            }
+            // 3 ranks consumed 10,000 positions each; 4 ranks (then 1) take the rest.
+            let offset = 30_000u64;
+            for (w, drop_last) in [(4u64, false), (1, false), (4, true)] {
+                let el = m.elastic(offset, w, drop_last).unwrap();
+                let ns = el.num_samples();
+                let mut got = vec![0u64; (ns * w) as usize];
+                for r in 0..w {
+                    let rest = m.elastic_range(&el, r, 3, 0, ns).unwrap().to_u64_vec();
+                    for (k, v) in rest.into_iter().enumerate() {
+                        got[k * w as usize + r as usize] = v;
+                    }
+                }
+                let end = whole.len();
+                let kept = (end - offset as usize).min(got.len());
+                assert_eq!(got[..kept], whole[offset as usize..offset as usize + kept]);
+                assert_eq!(got[kept..], whole[offset as usize..][..got.len() - kept]);
+            }
+        }
+    }
+
+    #[test]
+    fn the_fast_order_refuses_the_balanced_interleave_and_small_datasets_draw() {
+        let config = MixtureConfig {
+            deal: Deal {
+                num_replicas: 8,
+                rank: 0,
+                drop_last: true,
+            },
+            ..MixtureConfig::default()
+        };
+        let phase = PhaseSpec {
+            start: 0,
+            length: 103,
+            weights: vec![1.0, 1.0],
+            temperature: 1.0,
+        };
+        // A dataset smaller than the world: the fast order deals it nothing, the global draws it.
+        assert!(Mixture::new(&[100, 3], std::slice::from_ref(&phase), &config).is_ok());
+        let fast = MixtureConfig {
+            order: Order::Fast,
+            ..config
+        };
+        assert!(Mixture::new(&[100, 3], std::slice::from_ref(&phase), &fast).is_err());
+        let balanced = MixtureConfig {
+            interleave: Interleaving::Balanced,
+            ..fast
+        };
+        let err = Mixture::new(&[100, 30], &[phase], &balanced).unwrap_err();
+        assert!(err.to_string().contains("interleave"), "{err}");
+    }
+}
