@@ -267,8 +267,14 @@ def test_every_accepted_world_size_is_served(w, drop_last):
                 drop_last=drop_last, order=order,
             )  # fmt: skip
             assert len(list(b)) == len(b)
-        m = MixtureSampler([0, 4, 10], [1.0, 2.0], num_replicas=w, rank=r, drop_last=False)
-        assert len(m.indices()) == len(m) == 2
+        # The fast order pads each dataset's pass (one of each per rank), the global order
+        # the global sequence (one index per rank).
+        for order, want in (("fast", 2), ("global", 1)):
+            m = MixtureSampler(
+                [0, 4, 10], [1.0, 2.0], num_replicas=w, rank=r, drop_last=False, order=order
+            )
+            got = m.indices().tolist()
+            assert len(got) == len(m) == want and all(0 <= x < 10 for x in got)
         k = BucketBatchSampler(
             np.arange(1, n + 1), batch_size=2, num_replicas=w, rank=r, drop_last=drop_last
         )

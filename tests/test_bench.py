@@ -151,7 +151,7 @@ def test_many_datasets_mixture_row():
     results = run(BenchConfig(ns=(20_000,), ranks=4, rank=1, systems=("croupier-mixture-10k",)))
     (row,) = results["rows"]
     assert row["status"] == "ok" and row["checks_ok"]
-    assert row["runs"][0]["count"] == sum(s // 4 for s in sizes)  # kempnerforge's length
+    assert row["runs"][0]["count"] == cum[-1] // 4  # the global sequence, dealt to 4 ranks
 
 
 def test_repeats_go_round_robin_over_systems():

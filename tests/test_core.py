@@ -280,15 +280,32 @@ def test_typed_configs_take_every_keyword_and_refuse_unknown_or_missing_ones():
 def test_a_mixture_pickles_with_its_keywords():
     import pickle
 
-    mix = _core.Mixture(
-        [30, 70], [(0, 40, [1.0, 2.0], 1.0)], num_replicas=2, rank=1, drop_last=False,
-        shuffle=True, seed=5, length=40,
-    )  # fmt: skip
-    again = pickle.loads(pickle.dumps(mix))
-    assert again.indices(3).tolist() == mix.indices(3).tolist()
-    assert repr(again) == repr(mix)
+    for order, interleave in (
+        (_core.Order.FAST, "uniform"),
+        (_core.Order.GLOBAL, "uniform"),
+        (_core.Order.GLOBAL, "balanced"),
+    ):
+        mix = _core.Mixture(
+            [30, 70], [(0, 40, [1.0, 2.0], 1.0)], num_replicas=2, rank=1, drop_last=False,
+            shuffle=True, seed=5, length=40, order=order, interleave=interleave,
+        )  # fmt: skip
+        again = pickle.loads(pickle.dumps(mix))
+        assert again.indices(3).tolist() == mix.indices(3).tolist()
+        assert repr(again) == repr(mix)
+        assert again.global_length == (None if order == _core.Order.FAST else 40)
     with pytest.raises(TypeError, match=r"Mixture\(\) missing required keyword arguments: seed"):
         _core.Mixture(
             [30, 70], [(0, 40, [1.0, 2.0], 1.0)], num_replicas=2, rank=1, drop_last=False,
-            shuffle=True, length=40,
+            shuffle=True, length=40, order=_core.Order.FAST, interleave="uniform",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="interleave must be 'uniform' or 'balanced'"):
+        _core.Mixture(
+            [30, 70], [(0, 40, [1.0, 2.0], 1.0)], num_replicas=2, rank=1, drop_last=False,
+            shuffle=True, seed=5, length=40, order=_core.Order.GLOBAL, interleave="random",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="order"):
+        _core.Mixture(
+            [30, 70], [(0, 40, [1.0, 2.0], 1.0)], num_replicas=2, rank=1, drop_last=False,
+            shuffle=True, seed=5, length=40, order=_core.Order.TORCH_FORWARD,
+            interleave="uniform",
         )  # fmt: skip

@@ -662,16 +662,19 @@ def _loaded(make, w, state, r=0):
     return s
 
 
-def test_a_mixture_state_from_a_huge_world_resumes_cheaply():
+@pytest.mark.parametrize("order", ["fast", "global"])
+def test_a_mixture_state_from_a_huge_world_resumes_cheaply(order):
     # A first index after a resume builds only the old ranks its few positions meet, never
-    # one per old rank (a corrupted or enormous origin used to allocate without bound).
+    # one per old rank (a corrupted or enormous origin used to allocate without bound). In
+    # the fast order the epoch is 10**12 old ranks' sequences; in the global one it is the
+    # 130 positions of the global sequence whatever the world.
     code = textwrap.dedent(
-        """
+        f"""
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
         from croupier import MixtureSampler
         mk = lambda w, r: MixtureSampler([0, 40, 100, 130], [1, 2, 1], w, r, seed=3,
-                                         drop_last=False)
+                                         drop_last=False, order={order!r})
         old = mk(4, 0)
         it = iter(old)
         [next(it) for _ in range(5)]
@@ -687,7 +690,9 @@ def test_a_mixture_state_from_a_huge_world_resumes_cheaply():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     length, in_range = out.stdout.split()
-    assert int(length) == -(-(3 * 10**12 - 20) // 3) and in_range == "True"
+    # Fast: 10**12 old ranks of 3 positions each (one of each dataset, padded).
+    end = 3 * 10**12 if order == "fast" else 130
+    assert int(length) == -(-(end - 20) // 3) and in_range == "True"
 
 
 def test_a_null_elastic_entry_is_refused():
@@ -731,9 +736,12 @@ def test_mixture_elastic_load_needs_only_the_first_worlds_schedule(
     other[both[-1]] = 1.0
 
     def make(w, r):
+        # The fast order: a dataset with fewer samples than W' and drop_last is one it
+        # cannot draw (the global order draws every dataset).
         s = MixtureSampler(
-            cumulative, other, num_replicas=w, rank=r, shuffle=shuffle, drop_last=drop_last
-        )
+            cumulative, other, num_replicas=w, rank=r, shuffle=shuffle, drop_last=drop_last,
+            order="fast",
+        )  # fmt: skip
         if w == w0:
             s.set_schedule([(0, weights)])
         return s

@@ -124,6 +124,7 @@ mixture_configs = st.fixed_dictionaries(
         "seed": st.integers(0, 2**64 - 1),
         "num_samples": st.one_of(st.none(), st.integers(0, 600)),
         "split": st.floats(0, 1),  # where the schedule's second phase starts
+        "order": st.sampled_from(["global", "fast"]),
     }
 )
 
@@ -139,7 +140,15 @@ def mixture(cfg: dict, rank: int, w: int) -> MixtureSampler:
         seed=cfg["seed"],
         drop_last=cfg["drop_last"],
         num_samples=cfg["num_samples"],
+        order=cfg["order"],
     )
+
+
+def schedule_positions(cfg: dict, w: int) -> int:
+    """The positions a schedule counts: the global sequence's (global order) or a rank's."""
+    if cfg["order"] == "global":
+        return sum(cfg["sizes"]) if cfg["num_samples"] is None else cfg["num_samples"] * w
+    return len(mixture(cfg, 0, w))
 
 
 def mixture_schedule(cfg: dict, second: int) -> list:
@@ -150,7 +159,7 @@ def mixture_schedule(cfg: dict, second: int) -> list:
 
 def mixture_boundary_on_other_world_sizes(cfg: dict, epoch: int, w2: int, finished: bool) -> None:
     s = mixture(cfg, 0, cfg["w"])
-    length = len(s)
+    length = schedule_positions(cfg, cfg["w"])
     second = 1 + int(cfg["split"] * (length - 2)) if length >= 2 else 0
     s.set_schedule(mixture_schedule(cfg, second))
     s.set_epoch(epoch)
@@ -163,10 +172,11 @@ def mixture_boundary_on_other_world_sizes(cfg: dict, epoch: int, w2: int, finish
         moved.set_epoch(epoch)
         ref = mixture(cfg, rank, w2)
         # the documented move: a start s of an epoch of length L starts at s * L' // L
-        ref.set_schedule(mixture_schedule(cfg, second * len(ref) // length if length else 0))
+        moved_len = schedule_positions(cfg, w2)
+        ref.set_schedule(mixture_schedule(cfg, second * moved_len // length if length else 0))
         ref.set_epoch(epoch)
         assert moved.schedule == ref.schedule
-        done = finished and length > 0
+        done = finished and len(s) > 0
         assert list(moved) == ([] if done else list(ref))
         moved.set_epoch(epoch + 1)
         ref.set_epoch(epoch + 1)

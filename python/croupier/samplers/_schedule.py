@@ -32,7 +32,9 @@ def _checked_order(order: object, interleave: object) -> tuple[str, str]:
         ("interleave", interleave, _INTERLEAVES),
     ):
         if not isinstance(value, str):
-            raise TypeError(f"{name} must be a str, one of {list(allowed)}, got {type(value).__name__}")
+            raise TypeError(
+                f"{name} must be a str, one of {list(allowed)}, got {type(value).__name__}"
+            )
         if value not in allowed:
             raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
     assert isinstance(order, str) and isinstance(interleave, str)
