@@ -61,10 +61,17 @@ impl Clone for Balanced {
 }
 
 /// Earliest-deadline-first over the datasets' next occurrences, from given counts.
-struct Edf<'a> {
-    totals: &'a [u64],
-    m: u64,
+struct Edf {
     counts: Vec<u64>,
+    /// Per dataset, `c m = q C + r` for its count `c` and total `C` (`0 <= r < C`), kept
+    /// by addition: the next occurrence's release is `q + 1` and its deadline `⌈(c + 1) m /
+    /// C⌉`, with no division per step.
+    q: Vec<u64>,
+    r: Vec<u64>,
+    /// Per dataset, `m = step_q C + step_r`.
+    step_q: Vec<u64>,
+    step_r: Vec<u64>,
+    totals: Vec<u64>,
     /// Released occurrences: `(deadline, dataset)`.
     ready: BinaryHeap<Reverse<(u64, u32)>>,
     /// Occurrences not yet released: `(release, dataset)`.
@@ -73,33 +80,60 @@ struct Edf<'a> {
     t: u64,
 }
 
-impl<'a> Edf<'a> {
-    fn new(totals: &'a [u64], m: u64, counts: Vec<u64>, t: u64) -> Self {
+impl Edf {
+    fn new(totals: &[u64], m: u64, counts: Vec<u64>, t: u64) -> Self {
+        let d = totals.len();
+        let (mut q, mut r) = (vec![0; d], vec![0; d]);
+        let (mut step_q, mut step_r) = (vec![0; d], vec![0; d]);
+        for i in 0..d {
+            let total = totals[i];
+            if total == 0 {
+                continue;
+            }
+            let cm = u128::from(counts[i]) * u128::from(m);
+            q[i] = (cm / u128::from(total)) as u64;
+            r[i] = (cm % u128::from(total)) as u64;
+            (step_q[i], step_r[i]) = (m / total, m % total);
+        }
         let mut edf = Edf {
-            totals,
-            m,
             counts,
-            ready: BinaryHeap::new(),
-            waiting: BinaryHeap::new(),
+            q,
+            r,
+            step_q,
+            step_r,
+            totals: totals.to_vec(),
+            ready: BinaryHeap::with_capacity(d),
+            waiting: BinaryHeap::with_capacity(d),
             t,
         };
-        for d in 0..totals.len() {
-            edf.queue(d as u32);
+        for i in 0..d {
+            edf.queue(i as u32);
         }
         edf
     }
 
+    /// The deadline of dataset `d`'s next occurrence: `⌈(c + 1) m / C⌉`.
+    #[inline]
+    fn deadline(&self, d: usize) -> u64 {
+        deadline_of(
+            self.q[d],
+            self.r[d],
+            self.step_q[d],
+            self.step_r[d],
+            self.totals[d],
+        )
+    }
+
     /// Queues dataset `d`'s next occurrence, if it has one.
+    #[inline]
     fn queue(&mut self, d: u32) {
-        let (c, total) = (self.counts[d as usize], self.totals[d as usize]);
-        if c >= total {
+        let i = d as usize;
+        if self.counts[i] >= self.totals[i] {
             return;
         }
-        let (m, total) = (u128::from(self.m), u128::from(total));
-        let j = u128::from(c) + 1;
-        let release = ((j - 1) * m / total) as u64 + 1;
-        let deadline = (j * m).div_ceil(total) as u64;
+        let release = self.q[i] + 1;
         if release <= self.t + 1 {
+            let deadline = self.deadline(i);
             self.ready.push(Reverse((deadline, d)));
         } else {
             self.waiting.push(Reverse((release, d)));
@@ -107,6 +141,7 @@ impl<'a> Edf<'a> {
     }
 
     /// The dataset of the next position.
+    #[inline]
     fn step(&mut self) -> u32 {
         let t = self.t + 1;
         while let Some(&Reverse((release, d))) = self.waiting.peek() {
@@ -114,19 +149,48 @@ impl<'a> Edf<'a> {
                 break;
             }
             self.waiting.pop();
-            let c = u128::from(self.counts[d as usize]) + 1;
-            let deadline = (c * u128::from(self.m)).div_ceil(u128::from(self.totals[d as usize]));
-            self.ready.push(Reverse((deadline as u64, d)));
+            let deadline = self.deadline(d as usize);
+            self.ready.push(Reverse((deadline, d)));
         }
-        let Reverse((deadline, d)) = self
+        let mut top = self
             .ready
-            .pop()
+            .peek_mut()
             .expect("the quota windows always leave an occurrence released");
+        let Reverse((deadline, d)) = *top;
         debug_assert!(deadline >= t, "a deadline was missed");
-        self.counts[d as usize] += 1;
+        let i = d as usize;
+        self.counts[i] += 1;
+        self.q[i] += self.step_q[i];
+        self.r[i] += self.step_r[i];
+        if self.r[i] >= self.totals[i] {
+            self.q[i] += 1;
+            self.r[i] -= self.totals[i];
+        }
         self.t = t;
+        // The dataset's next occurrence replaces it at the top when already released (one
+        // sift instead of a pop and a push): the common case.
+        if self.counts[i] < self.totals[i] && self.q[i] <= t {
+            let (q, r) = (self.q[i], self.r[i]);
+            *top = Reverse((
+                deadline_of(q, r, self.step_q[i], self.step_r[i], self.totals[i]),
+                d,
+            ));
+            return d;
+        }
+        std::collections::binary_heap::PeekMut::pop(top);
         self.queue(d);
         d
+    }
+}
+
+/// `⌈(c + 1) m / C⌉` from `c m = q C + r` and `m = step_q C + step_r`.
+#[inline]
+fn deadline_of(q: u64, r: u64, step_q: u64, step_r: u64, total: u64) -> u64 {
+    let (q, r) = (q + step_q, r + step_r);
+    if r >= total {
+        q + 1 + u64::from(r > total)
+    } else {
+        q + u64::from(r > 0)
     }
 }
 
