@@ -1,5 +1,6 @@
-"""Micro-benchmarks of MixtureSampler beside kempnerforge's algorithm (as its documentation
-describes it, reimplemented in ``croupier.bench._baselines``), 100 datasets, 8 ranks. See
+"""Micro-benchmarks of MixtureSampler (its default, the global order) beside kempnerforge's
+algorithm (as its documentation describes it, reimplemented in ``croupier.bench._baselines``),
+and of the global order beside the fast one; 100 datasets, 8 ranks. See
 ``test_bench_distributed.py`` for how groups and ratios work."""
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def test_kempnerforge_style_mixture_epoch(benchmark, size):
 @pytest.mark.benchmark(group="mixture resume at mid-epoch, 100 datasets, W=8")
 def test_croupier_mixture_resume(benchmark, size):
     cum, weights = mixture_args(size["n"])
-    state = MixtureSampler(cum, weights, W, RANK, seed=0).state_dict()
-    state["position"] = state["position"] // 2
+    fresh = MixtureSampler(cum, weights, W, RANK, seed=0)
+    state = {**fresh.state_dict(), "position": len(fresh) // 2}
 
     def run():
         s = MixtureSampler(cum, weights, W, RANK, seed=0)
@@ -64,3 +65,15 @@ def test_kempnerforge_style_mixture_resume(benchmark, size):
         return next(iter(s))
 
     benchmark(run)
+
+
+@pytest.mark.benchmark(group="mixture global order vs fast order: rank epoch, W=8")
+def test_croupier_mixture_global_epoch(benchmark, size):
+    cum, weights = mixture_args(size["n"])
+    benchmark(lambda: MixtureSampler(cum, weights, W, RANK, seed=0, order="global").indices())
+
+
+@pytest.mark.benchmark(group="mixture global order vs fast order: rank epoch, W=8")
+def test_fast_order_mixture_epoch(benchmark, size):
+    cum, weights = mixture_args(size["n"])
+    benchmark(lambda: MixtureSampler(cum, weights, W, RANK, seed=0, order="fast").indices())

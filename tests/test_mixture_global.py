@@ -112,6 +112,7 @@ def test_counts_are_exact_over_the_global_sequence(interleave, shuffle):
     s = MixtureSampler(cum, weights, 1, 0, shuffle=shuffle, seed=4, interleave=interleave)
     seq = s.indices()
     assert len(seq) == total
+    assert s.counts() == _largest_remainder(weights, total)
     assert np.bincount(_which(cum, seq), minlength=4).tolist() == _largest_remainder(weights, total)
     # A second phase from global position 3000 holds its own exact counts.
     s.set_schedule([(0, weights), (3000, [1, 0, 2, 0])])

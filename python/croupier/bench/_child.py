@@ -59,6 +59,16 @@ def _sampler(system: str, n: int, ranks: int, rank: int, seed: int) -> Any:
 
         cum, weights = mixture_args(n)
         return MixtureSampler(cum, weights, num_replicas=ranks, rank=rank, seed=seed)
+    if system in ("croupier-mixture-fast-order", "croupier-mixture-balanced"):
+        from croupier import MixtureSampler
+        from croupier.bench._baselines import mixture_args
+
+        cum, weights = mixture_args(n)
+        fast = system.endswith("fast-order")
+        return MixtureSampler(
+            cum, weights, num_replicas=ranks, rank=rank, seed=seed,
+            order="fast" if fast else "global", interleave="uniform" if fast else "balanced",
+        )  # fmt: skip
     if system == "croupier-mixture-10k":
         from croupier import MixtureSampler
         from croupier.bench._baselines import many_mixture_args

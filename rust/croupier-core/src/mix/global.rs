@@ -36,8 +36,6 @@
 //! [`RandomAccessPermutation::fill_strided`] does), a table lookup of the slot's dataset, and
 //! the pass's permutation at the occurrence. Nothing depends on the number of threads.
 
-use std::collections::HashMap;
-
 use rayon::prelude::*;
 
 use crate::cancel::cancelled;
@@ -129,24 +127,32 @@ struct Passes<'a> {
     /// Every permutation built, with its dataset's offset.
     arena: Vec<RandomAccessPermutation>,
     arena_offset: Vec<u64>,
-    /// Per dataset: the most recent pass and its permutation's place in the arena.
-    last: Vec<Option<(u64, u32)>>,
-    /// The other passes met (a small dataset read over many passes inside one leaf).
-    others: HashMap<(u32, u64), u32>,
+    /// Per dataset: the unit's first pass, and the arena place of each pass from it on
+    /// (`u32::MAX`: not built yet). A leaf reads its datasets' passes in any order (an
+    /// oversampled dataset alternates between two), so every pass met stays at hand.
+    first_pass: Vec<u64>,
+    by_pass: Vec<Vec<u32>>,
     which: Vec<u32>,
     pos: Vec<u64>,
     vals: Vec<u64>,
 }
 
 impl<'a> Passes<'a> {
-    fn new(global: &'a Global, epoch: u64) -> Self {
+    /// The passes of a unit whose datasets' streams start at `before` (no occurrence it
+    /// reads is earlier).
+    fn new(global: &'a Global, epoch: u64, before: &[u64]) -> Self {
+        let first_pass = before
+            .iter()
+            .zip(&global.sizes)
+            .map(|(&b, &n)| if n == 0 { 0 } else { b / n })
+            .collect();
         Passes {
             global,
             epoch,
             arena: Vec::new(),
             arena_offset: Vec::new(),
-            last: vec![None; global.sizes.len()],
-            others: HashMap::new(),
+            first_pass,
+            by_pass: vec![Vec::new(); global.sizes.len()],
             which: Vec::new(),
             pos: Vec::new(),
             vals: Vec::new(),
@@ -156,24 +162,24 @@ impl<'a> Passes<'a> {
     /// The arena place of the permutation of dataset `d`'s pass `pass`.
     #[inline]
     fn permutation(&mut self, d: u32, pass: u64) -> u32 {
-        match self.last[d as usize] {
-            Some((p, at)) if p == pass => at,
-            last => {
-                if let Some((p, at)) = last {
-                    self.others.insert((d, p), at);
-                }
-                let at = self.others.remove(&(d, pass)).unwrap_or_else(|| {
-                    let g = self.global;
-                    let n = g.sizes[d as usize];
-                    self.arena
-                        .push(pass_permutation(g.seed, self.epoch, d as usize, pass, n));
-                    self.arena_offset.push(g.offsets[d as usize]);
-                    (self.arena.len() - 1) as u32
-                });
-                self.last[d as usize] = Some((pass, at));
-                at
+        let i = d as usize;
+        let k = (pass - self.first_pass[i]) as usize;
+        if let Some(&at) = self.by_pass[i].get(k) {
+            if at != u32::MAX {
+                return at;
             }
         }
+        let g = self.global;
+        self.arena
+            .push(pass_permutation(g.seed, self.epoch, i, pass, g.sizes[i]));
+        self.arena_offset.push(g.offsets[i]);
+        let at = (self.arena.len() - 1) as u32;
+        let slots = &mut self.by_pass[i];
+        if slots.len() <= k {
+            slots.resize(k + 1, u32::MAX);
+        }
+        slots[k] = at;
+        at
     }
 
     /// Occurrence `j` of dataset `d`, for each `(d, j)` of `dj`, as global indices into `out`.
@@ -520,7 +526,7 @@ impl Global {
     fn fill_unit<T: Index>(&self, epoch: u64, u: &Unit, w: u64, input: &UnitInput, out: &mut [T]) {
         let stream_at = &input.before;
         let ph = &self.phases[u.phase];
-        let mut passes = Passes::new(self, epoch);
+        let mut passes = Passes::new(self, epoch, &input.before);
         if let Some(b) = &ph.balanced {
             let leaf = b.leaf();
             let mut done = 0usize;
