@@ -144,7 +144,7 @@ impl<'a> Passes<'a> {
         let first_pass = before
             .iter()
             .zip(&global.sizes)
-            .map(|(&b, &n)| if n == 0 { 0 } else { b / n })
+            .map(|(&b, &n)| b.checked_div(n).unwrap_or(0))
             .collect();
         Passes {
             global,
