@@ -170,6 +170,42 @@ impl RandomAccessPermutation {
         }
     }
 
+    /// One decryption of `x < 2**k`: the rounds of [`Self::encrypt`] undone, last first.
+    fn decrypt(&self, x: u64) -> u64 {
+        let mut hi = (x >> self.lo_bits) as u32;
+        let mut lo = x as u32 & self.lo_mask;
+        for (i, &k) in self.keys.iter().enumerate().rev() {
+            if i % 2 == 0 {
+                hi = hi.wrapping_sub(round(lo, k)) & self.hi_mask;
+            } else {
+                lo = lo.wrapping_sub(round(hi, k)) & self.lo_mask;
+            }
+        }
+        (u64::from(hi) << self.lo_bits) | u64::from(lo)
+    }
+
+    /// The positions holding the values `values` (each below `n`): the inverse permutation,
+    /// by decrypting with cycle walking (the inverse of encrypting with it), or through the
+    /// table's inverse for a small domain.
+    pub(crate) fn positions_of(&self, values: impl Iterator<Item = u64>) -> Vec<u64> {
+        if !self.table.is_empty() {
+            let mut inverse = vec![0u64; self.table.len()];
+            for (i, &v) in self.table.iter().enumerate() {
+                inverse[v as usize] = i as u64;
+            }
+            return values.map(|v| inverse[v as usize]).collect();
+        }
+        values
+            .map(|v| {
+                let mut x = self.decrypt(v);
+                while x >= self.n {
+                    x = self.decrypt(x);
+                }
+                x
+            })
+            .collect()
+    }
+
     /// The value at position `i < n`.
     #[inline(always)]
     pub fn at(&self, i: u64) -> u64 {
@@ -445,6 +481,16 @@ mod tests {
     fn is_permutation(p: &RandomAccessPermutation) -> bool {
         let mut seen = vec![false; p.len() as usize];
         (0..p.len()).all(|i| !std::mem::replace(&mut seen[p.at(i) as usize], true))
+    }
+
+    #[test]
+    fn positions_of_inverts_at() {
+        for n in [1u64, 7, 1024, 1025, 65_536, 1_000_003] {
+            let p = RandomAccessPermutation::new(n, 4, n);
+            let probe: Vec<u64> = (0..n).step_by((n / 500).max(1) as usize).collect();
+            let values: Vec<u64> = probe.iter().map(|&i| p.at(i)).collect();
+            assert_eq!(p.positions_of(values.into_iter()), probe, "n = {n}");
+        }
     }
 
     #[test]

@@ -263,48 +263,20 @@ impl<'a> SlotTable<'a> {
         }
     }
 
-    /// The dataset of slot `s` and the first slot of that dataset's run.
+    /// The entry (of the leaf's counts) holding slot `s`.
     #[inline]
-    fn find(&self, s: u64) -> (usize, u64) {
+    fn find(&self, s: u64) -> usize {
         let mut e = self.coarse[(s >> self.shift) as usize] as usize;
         while self.starts[e + 1] <= s {
             e += 1;
         }
-        (self.counts[e].0 as usize, self.starts[e])
-    }
-}
-
-/// The slots of a leaf that a phase cut short uses (those of its first `q` positions), so that
-/// a slot's occurrence counts only used slots: the dataset's stream then continues in the
-/// next phase right after what this one used, nothing skipped or read twice.
-struct Used {
-    words: Vec<u64>,
-    /// Used slots before each word.
-    before: Vec<u64>,
-}
-
-impl Used {
-    fn new(perm: &RandomAccessPermutation, q: u64) -> Self {
-        let mut words = vec![0u64; perm.len().div_ceil(64) as usize];
-        for i in 0..q {
-            let s = perm.at(i);
-            words[(s / 64) as usize] |= 1 << (s % 64);
-        }
-        let before = words
-            .iter()
-            .scan(0u64, |a, w| {
-                *a += u64::from(w.count_ones());
-                Some(*a - u64::from(w.count_ones()))
-            })
-            .collect();
-        Used { words, before }
+        e
     }
 
-    /// Used slots before slot `s`.
+    /// The dataset of slot `s`.
     #[inline]
-    fn rank(&self, s: u64) -> u64 {
-        let (w, b) = ((s / 64) as usize, s % 64);
-        self.before[w] + u64::from((self.words[w] & ((1u64 << b) - 1)).count_ones())
+    fn dataset(&self, s: u64) -> usize {
+        self.counts[self.find(s)].0 as usize
     }
 }
 
@@ -340,7 +312,7 @@ impl Global {
         let table = SlotTable::new(&leaf, hi - lo);
         let perm = il.leaf_perm(l);
         for i in 0..q - lo {
-            into[table.find(perm.at(i)).0] += 1;
+            into[table.dataset(perm.at(i))] += 1;
         }
     }
 
@@ -585,20 +557,42 @@ impl Global {
                 let perm = il.leaf_perm(l);
                 perm.fill_strided(&mut slots, 0, hi - lo, p - lo, w);
                 let table = SlotTable::new(counts, hi - lo);
+                // Occurrences in time order for the datasets whose occurrences here cross a
+                // pass boundary (or all of them, in a leaf a later phase cuts, whose used
+                // positions are a prefix): their slots' positions, sorted. For the others slot
+                // order is as good (one pass, so no repeat) and costs nothing.
+                let cut = used_len < hi;
+                let timed: Vec<Option<Vec<u64>>> = counts
+                    .iter()
+                    .enumerate()
+                    .map(|(e, &(d, c))| {
+                        let (b, n) = (before[d as usize], self.sizes[d as usize]);
+                        (cut || b / n != (b + c - 1) / n).then(|| {
+                            let first = table.starts[e];
+                            let mut at = perm.positions_of(first..first + c);
+                            if cut {
+                                at.retain(|&i| i < used_len - lo);
+                            }
+                            at.sort_unstable();
+                            at
+                        })
+                    })
+                    .collect();
                 dj.clear();
-                if used_len < hi {
-                    // The leaf a later phase cuts: occurrences among the used slots only.
-                    let used = Used::new(&perm, used_len - lo);
-                    dj.extend(slots.iter().map(|&s| {
-                        let (d, first) = table.find(s);
-                        (d as u32, before[d] + used.rank(s) - used.rank(first))
-                    }));
-                } else {
-                    dj.extend(slots.iter().map(|&s| {
-                        let (d, first) = table.find(s);
-                        (d as u32, before[d] + s - first)
-                    }));
-                }
+                dj.extend(
+                    slots
+                        .iter()
+                        .zip((p - lo..).step_by(w as usize))
+                        .map(|(&s, i)| {
+                            let e = table.find(s);
+                            let d = counts[e].0;
+                            let within = match &timed[e] {
+                                Some(at) => at.partition_point(|&x| x < i) as u64,
+                                None => s - table.starts[e],
+                            };
+                            (d, before[d as usize] + within)
+                        }),
+                );
                 passes.write(&dj, &mut out[done..done + here]);
                 done += here;
                 p += here as u64 * w;
@@ -747,7 +741,7 @@ mod tests {
                     times.iter().max()
                 );
                 assert_eq!(times.iter().filter(|&&x| x > c / n).count() as u64, c % n);
-                if il == Interleaving::Balanced {
+                if shuffle {
                     // Occurrences in time order: each pass, in turn, a permutation.
                     for pass in vs.chunks(n as usize).filter(|p| p.len() as u64 == n) {
                         let mut p = pass.to_vec();
