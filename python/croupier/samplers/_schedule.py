@@ -138,8 +138,10 @@ def _temperature(temperature: object) -> float:
     return t
 
 
-def _length_words(num_samples: object) -> str:
+def _length_words(num_samples: object, order: str) -> str:
     if num_samples is None:
+        if order == "global":
+            return "None (the default length: every dataset once, sum(sizes) in all)"
         return "None (the default length: the sum of the datasets' shares per rank)"
     return repr(num_samples)
 
