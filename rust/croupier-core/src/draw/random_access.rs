@@ -185,25 +185,74 @@ impl RandomAccessPermutation {
     }
 
     /// The positions holding the values `values` (each below `n`): the inverse permutation,
-    /// by decrypting with cycle walking (the inverse of encrypting with it), or through the
-    /// table's inverse for a small domain.
-    pub(crate) fn positions_of(&self, values: impl Iterator<Item = u64>) -> Vec<u64> {
+    /// by decrypting with cycle walking (the inverse of encrypting with it), [`LANES`] values
+    /// side by side; or through the table's inverse for a small domain.
+    pub(crate) fn positions_of(&self, values: &[u64]) -> Vec<u64> {
         if !self.table.is_empty() {
             let mut inverse = vec![0u64; self.table.len()];
             for (i, &v) in self.table.iter().enumerate() {
                 inverse[v as usize] = i as u64;
             }
-            return values.map(|v| inverse[v as usize]).collect();
+            return values.iter().map(|&v| inverse[v as usize]).collect();
         }
-        values
-            .map(|v| {
-                let mut x = self.decrypt(v);
-                while x >= self.n {
-                    x = self.decrypt(x);
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.positions_avx2(values) };
+        }
+        self.positions(values)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn positions_avx2(&self, values: &[u64]) -> Vec<u64> {
+        self.positions(values)
+    }
+
+    #[inline(always)]
+    fn positions(&self, values: &[u64]) -> Vec<u64> {
+        let mut out = Vec::with_capacity(values.len());
+        let mut groups = values.chunks_exact(LANES);
+        for group in &mut groups {
+            let mut x: [u64; LANES] = group.try_into().expect("LANES values");
+            self.decrypt_lanes(&mut x);
+            out.extend(x.iter().map(|&v| {
+                let mut v = v;
+                while v >= self.n {
+                    v = self.decrypt(v);
                 }
-                x
-            })
-            .collect()
+                v
+            }));
+        }
+        out.extend(groups.remainder().iter().map(|&v| {
+            let mut x = self.decrypt(v);
+            while x >= self.n {
+                x = self.decrypt(x);
+            }
+            x
+        }));
+        out
+    }
+
+    /// [`Self::decrypt`] of each value of `x`, round by round, side by side.
+    #[inline(always)]
+    fn decrypt_lanes<const L: usize>(&self, x: &mut [u64; L]) {
+        let mut hi = x.map(|v| (v >> self.lo_bits) as u32);
+        let mut lo = x.map(|v| v as u32 & self.lo_mask);
+        for (i, &k) in self.keys.iter().enumerate().rev() {
+            if i % 2 == 0 {
+                for l in 0..L {
+                    hi[l] = hi[l].wrapping_sub(round(lo[l], k)) & self.hi_mask;
+                }
+            } else {
+                for l in 0..L {
+                    lo[l] = lo[l].wrapping_sub(round(hi[l], k)) & self.lo_mask;
+                }
+            }
+        }
+        for l in 0..L {
+            x[l] = (u64::from(hi[l]) << self.lo_bits) | u64::from(lo[l]);
+        }
     }
 
     /// The value at position `i < n`.
@@ -489,7 +538,7 @@ mod tests {
             let p = RandomAccessPermutation::new(n, 4, n);
             let probe: Vec<u64> = (0..n).step_by((n / 500).max(1) as usize).collect();
             let values: Vec<u64> = probe.iter().map(|&i| p.at(i)).collect();
-            assert_eq!(p.positions_of(values.into_iter()), probe, "n = {n}");
+            assert_eq!(p.positions_of(&values), probe, "n = {n}");
         }
     }
 

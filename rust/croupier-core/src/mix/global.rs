@@ -36,6 +36,8 @@
 //! [`RandomAccessPermutation::fill_strided`] does), a table lookup of the slot's dataset, and
 //! the pass's permutation at the occurrence. Nothing depends on the number of threads.
 
+use std::sync::Arc;
+
 use rayon::prelude::*;
 
 use crate::cancel::cancelled;
@@ -117,6 +119,19 @@ struct Unit {
 struct UnitInput {
     before: Vec<u64>,
     leaves: Vec<Counts>,
+    /// Per leaf of `leaves`: the time order of the occurrences that need it.
+    timed: Vec<Arc<Timed>>,
+}
+
+/// Where a leaf's occurrences of a dataset are put in time order (see [`Global::timed`]).
+enum Timed {
+    /// No dataset needs it: slot order everywhere.
+    Nothing,
+    /// Per entry of the leaf's counts, the sorted positions of its slots (`None`: slot order).
+    Sorted(Vec<Option<Vec<u64>>>),
+    /// Per position of the leaf, its occurrence's rank in time among its entry's (for the
+    /// entries in `marked`; slot order for the others).
+    Ranks { ranks: Vec<u32>, marked: Vec<bool> },
 }
 
 /// The permutations of the passes a unit reads, built when first met, and the scratch of
@@ -409,32 +424,126 @@ impl Global {
                 inputs.extend(run.iter().map(|_| UnitInput {
                     before: stream_at[phase].clone(),
                     leaves: Vec::new(),
+                    timed: Vec::new(),
                 }));
             } else {
                 let lmin = run[0].leaves.0;
                 let lmax = run.iter().map(|u| u.leaves.1).max().unwrap_or(lmin);
                 let mut before = stream_at[phase].clone();
-                let leaves = self
-                    .interleave(epoch, ph)
-                    .leaf_counts((lmin, lmax), &mut before);
-                // Units share a leaf when one holds many of the rank's positions.
-                let mut at = lmin;
+                let il = self.interleave(epoch, ph);
+                let leaves = il.leaf_counts((lmin, lmax), &mut before);
+                // Every leaf's starting streams, then each leaf's time order, in parallel,
+                // once per call (units share a leaf when one holds many of the rank's
+                // positions).
+                let mut starts = Vec::with_capacity(leaves.len());
+                for counts in &leaves {
+                    starts.push(before.clone());
+                    counts.iter().for_each(|&(d, c)| before[d as usize] += c);
+                }
+                let timed: Vec<Arc<Timed>> = (lmin..lmax)
+                    .into_par_iter()
+                    .map(|l| {
+                        let k = (l - lmin) as usize;
+                        Arc::new(self.timed(&il, ph, l, &leaves[k], &starts[k]))
+                    })
+                    .collect();
                 for u in run {
-                    while at < u.leaves.0 {
-                        let counts = &leaves[(at - lmin) as usize];
-                        counts.iter().for_each(|&(d, c)| before[d as usize] += c);
-                        at += 1;
-                    }
                     let (a, b) = ((u.leaves.0 - lmin) as usize, (u.leaves.1 - lmin) as usize);
                     inputs.push(UnitInput {
-                        before: before.clone(),
+                        before: starts[a].clone(),
                         leaves: leaves[a..b].to_vec(),
+                        timed: timed[a..b].to_vec(),
                     });
                 }
             }
             i = j;
         }
         inputs
+    }
+
+    /// Leaf `l`'s time order where it is needed: for the datasets whose occurrences in the
+    /// leaf cross a pass boundary (or all of them, in a leaf a later phase cuts, whose used
+    /// positions must be a prefix). For the others slot order is as good (one pass, so no
+    /// repeat) and costs nothing. When the marked datasets hold more than a sixteenth of the
+    /// leaf, one pass over its positions ranks every occurrence; otherwise their slots'
+    /// positions come from the permutation's inverse, sorted.
+    fn timed(
+        &self,
+        il: &Interleave,
+        ph: &GlobalPhase,
+        l: u64,
+        counts: &Counts,
+        before: &[u64],
+    ) -> Timed {
+        let (lo, hi) = il.leaf_range(l);
+        let cut = ph.end - ph.start < hi;
+        let marked: Vec<bool> = counts
+            .iter()
+            .map(|&(d, c)| {
+                let (b, n) = (before[d as usize], self.sizes[d as usize]);
+                cut || b / n != (b + c - 1) / n
+            })
+            .collect();
+        let table = SlotTable::new(counts, hi - lo);
+        let slots_marked: u64 = (0..marked.len())
+            .filter(|&e| marked[e])
+            .map(|e| table.starts[e + 1] - table.starts[e])
+            .sum();
+        if slots_marked == 0 {
+            return Timed::Nothing;
+        }
+        let perm = il.leaf_perm(l);
+        let used = (ph.end - ph.start).min(hi) - lo;
+        if slots_marked * 16 > hi - lo {
+            let mut slots = vec![0u64; used as usize];
+            if used > 0 {
+                perm.fill_strided(&mut slots, 0, hi - lo, 0, 1);
+            }
+            // Each position's entry, then each chunk's counts per entry, then the ranks from
+            // the counts before each chunk: three passes, the first and last in parallel.
+            const CHUNK: usize = 1 << 15;
+            let entries: Vec<u32> = slots.par_iter().map(|&s| table.find(s) as u32).collect();
+            let mut seen: Vec<Vec<u32>> = entries
+                .par_chunks(CHUNK)
+                .map(|chunk| {
+                    let mut h = vec![0u32; counts.len()];
+                    chunk.iter().for_each(|&e| h[e as usize] += 1);
+                    h
+                })
+                .collect();
+            let mut run = vec![0u32; counts.len()];
+            for h in &mut seen {
+                for (r, x) in run.iter_mut().zip(h.iter_mut()) {
+                    (*r, *x) = (*r + *x, *r);
+                }
+            }
+            let mut ranks = vec![0u32; entries.len()];
+            ranks
+                .par_chunks_mut(CHUNK)
+                .zip(entries.par_chunks(CHUNK))
+                .zip(seen)
+                .for_each(|((out, chunk), mut at)| {
+                    for (o, &e) in out.iter_mut().zip(chunk) {
+                        *o = at[e as usize];
+                        at[e as usize] += 1;
+                    }
+                });
+            return Timed::Ranks { ranks, marked };
+        }
+        let lists = marked
+            .iter()
+            .enumerate()
+            .map(|(e, &m)| {
+                m.then(|| {
+                    let run: Vec<u64> = (table.starts[e]..table.starts[e + 1]).collect();
+                    let mut at = perm.positions_of(&run);
+                    at.retain(|&i| i < used);
+                    at.sort_unstable();
+                    at
+                })
+            })
+            .collect();
+        Timed::Sorted(lists)
     }
 
     /// The rank's positions cut into units (see the module docs), in output order.
@@ -547,8 +656,7 @@ impl Global {
         let mut slots: Vec<u64> = Vec::new();
         let mut dj: Vec<(u32, u64)> = Vec::new();
         let (mut done, mut p) = (0usize, u.g0 - ph.start);
-        let used_len = ph.end - ph.start;
-        for (counts, l) in leaves.iter().zip(u.leaves.0..) {
+        for (k, (counts, l)) in leaves.iter().zip(u.leaves.0..).enumerate() {
             let (lo, hi) = il.leaf_range(l);
             if done < out.len() && p < hi {
                 let here = ((hi - p).div_ceil(w) as usize).min(out.len() - done);
@@ -561,23 +669,7 @@ impl Global {
                 // pass boundary (or all of them, in a leaf a later phase cuts, whose used
                 // positions are a prefix): their slots' positions, sorted. For the others slot
                 // order is as good (one pass, so no repeat) and costs nothing.
-                let cut = used_len < hi;
-                let timed: Vec<Option<Vec<u64>>> = counts
-                    .iter()
-                    .enumerate()
-                    .map(|(e, &(d, c))| {
-                        let (b, n) = (before[d as usize], self.sizes[d as usize]);
-                        (cut || b / n != (b + c - 1) / n).then(|| {
-                            let first = table.starts[e];
-                            let mut at = perm.positions_of(first..first + c);
-                            if cut {
-                                at.retain(|&i| i < used_len - lo);
-                            }
-                            at.sort_unstable();
-                            at
-                        })
-                    })
-                    .collect();
+                let timed = &*input.timed[k];
                 dj.clear();
                 dj.extend(
                     slots
@@ -586,9 +678,15 @@ impl Global {
                         .map(|(&s, i)| {
                             let e = table.find(s);
                             let d = counts[e].0;
-                            let within = match &timed[e] {
-                                Some(at) => at.partition_point(|&x| x < i) as u64,
-                                None => s - table.starts[e],
+                            let within = match timed {
+                                Timed::Ranks { ranks, marked } if marked[e] => {
+                                    u64::from(ranks[i as usize])
+                                }
+                                Timed::Sorted(lists) => match &lists[e] {
+                                    Some(at) => at.partition_point(|&x| x < i) as u64,
+                                    None => s - table.starts[e],
+                                },
+                                _ => s - table.starts[e],
                             };
                             (d, before[d as usize] + within)
                         }),
