@@ -1,9 +1,10 @@
-"""MixtureSampler in the fast order (kempnerforge's class, ``order="fast"``): exact counts on
+"""MixtureSampler in the fast order (``order="fast"``, kempnerforge's shapes): exact counts on
 every rank, passes, interleave, schedules, resume, state and bad input. The global order,
 the default of ``croupier.MixtureSampler``, is tested in ``test_mixture_global.py``."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -20,9 +21,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import croupier
 from croupier import StateError
-from croupier.compat.kempnerforge import MixtureSampler
 from test_robustness import _in_child
+
+# The fast order, kempnerforge's shapes (the default of croupier.compat.kempnerforge's class,
+# which needs torch): every sampler of this file.
+MixtureSampler = functools.partial(croupier.MixtureSampler, order="fast")
 
 
 def _cum(sizes):
