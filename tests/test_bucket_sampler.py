@@ -1,7 +1,10 @@
-"""BucketBatchSampler: coverage, budgets, buckets, equal batch counts, resume, state, bad input."""
+"""BucketBatchSampler in the fast order (``order="fast"``, the order before the global one):
+coverage, budgets, buckets, equal batch counts, resume, state, bad input. The global order's
+own tests are in ``test_bucket_global.py``."""
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 from collections import Counter
@@ -11,7 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from croupier import BucketBatchSampler, StateError
+import croupier
+from croupier import StateError
+
+# Every sampler here is in the fast order: fixed batch sizes per bucket, quantile buckets.
+BucketBatchSampler = functools.partial(croupier.BucketBatchSampler, order="fast")
 
 
 def _lognormal(n, seed=0, cap=4000):

@@ -257,6 +257,7 @@ def test_typed_configs_take_every_keyword_and_refuse_unknown_or_missing_ones():
     config = {
         "boundaries": None, "num_buckets": 2, "batch_size": 2, "max_tokens": None,
         "multiple": 1, "quadratic": None, "oversized_alone": True, "full_batches": False,
+        "global_plan": False,
     }  # fmt: skip
     plan = _core.Buckets(lengths, **config)
     deal = {

@@ -15,6 +15,7 @@ __all__ = [
     "MIX_FIRST_STOP",
     "TORCH_LARGE_N",
     "U32_MAX_LEN",
+    "BucketEpoch",
     "Buckets",
     "ChunkPlan",
     "Deal",
@@ -116,12 +117,15 @@ class Buckets:
         quadratic: int | None,
         oversized_alone: bool,
         full_batches: bool,
+        global_plan: bool,
     ) -> Buckets:
         """Groups ``lengths`` into buckets (``boundaries``, or ``num_buckets`` quantile
         buckets) with their batch sizes: at most ``batch_size`` samples, at most ``max_tokens``
         padded tokens, rounded down to a ``multiple``; a sample over ``max_tokens`` alone
-        (``oversized_alone``); only full batches of ``batch_size`` (``full_batches``). Every
-        keyword is required; an unknown one is a ``TypeError``."""
+        (``oversized_alone``); only full batches of ``batch_size`` (``full_batches``). With
+        ``global_plan``, ``num_buckets`` padding-optimal buckets and the members' lengths kept
+        to fill batches to the budget (:meth:`epoch`). Every keyword is required; an unknown
+        one is a ``TypeError``."""
     @property
     def boundaries(self) -> list[int]:
         """The bucket boundaries in use."""
@@ -156,6 +160,39 @@ class Buckets:
     def elastic_batches(self, origin: int, offset: int, num_replicas: int, drop_last: bool) -> int:
         """Batches per rank for the rest of an epoch first dealt over ``origin`` ranks,
         continued on ``num_replicas`` ranks from global batch position ``offset``."""
+    def epoch(
+        self, epoch: int, *, seed: int, shuffle: bool, shuffle_batches: bool, sync: int
+    ) -> BucketEpoch:
+        """The global batch plan of ``epoch`` (the same for every world size): every bucket's
+        order cut into batches, in runs of ``sync`` batches of one bucket."""
+
+@final
+class BucketEpoch:
+    """One epoch's global batch plan (immutable), from which any rank's batches are read."""
+
+    @property
+    def batches(self) -> int:
+        """Batches in the epoch over all ranks, before padding or cutting."""
+    def bucket_batches(self) -> list[int]:
+        """Per bucket, its batches this epoch (the oversized bucket last)."""
+    def rank_batches(self, num_replicas: int, drop_last: bool) -> int:
+        """Batches each rank yields with ``num_replicas`` ranks."""
+    def elastic_batches(self, origin: int, offset: int, num_replicas: int, drop_last: bool) -> int:
+        """Batches per rank for the rest of the epoch first dealt over ``origin`` ranks,
+        continued on ``num_replicas`` ranks from global batch position ``offset``."""
+    def range(
+        self,
+        start: int,
+        stop: int,
+        *,
+        num_replicas: int,
+        rank: int,
+        drop_last: bool,
+        elastic: tuple[int, int] | None,
+    ) -> tuple[_Indices, npt.NDArray[np.uint64]]:
+        """Rank ``rank``'s batches ``[start, stop)``: ``(indices, offsets)``; with
+        ``elastic=(origin, offset)``, of the rest of the epoch first dealt over ``origin``
+        ranks, continued on ``num_replicas`` ranks from global batch position ``offset``."""
 
 @final
 class SequentialBuckets:

@@ -7,7 +7,7 @@ module checks arguments and keeps the configuration for checkpoints.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,13 +18,19 @@ from croupier._dist import DistInfo, resolve_ranks
 from croupier._frameworks import refuse_a_sampler
 from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int
 from croupier.samplers._base import Batches, BatchSampler
+from croupier.samplers._state import StateFormat, different
 
 __all__ = ["BucketBatchSampler"]
 
 _BUCKET_ORDERS = ("shuffled", "sequential")
 _OVERSIZED = ("alone", "error")
+_ORDERS = ("global", "fast")
 DEFAULT_BUCKETS = 64
-"""Quantile buckets when ``buckets`` is not given."""
+"""Buckets when ``buckets`` is not given."""
+DEFAULT_SYNC = 64
+"""Consecutive batches of one bucket in the global order when ``sync`` is not given."""
+# Epoch plans kept per sampler (the current epoch, and one more for a loader that looks ahead).
+_EPOCH_PLANS = 2
 
 
 def _lengths(lengths: object) -> npt.NDArray[Any]:
@@ -65,61 +71,80 @@ class BucketBatchSampler(BatchSampler):
 
     **Buckets.** Samples are grouped by length: ``buckets`` is a sequence of boundaries
     (strictly increasing; bucket ``j`` holds lengths in ``[b_j, b_{j+1})``, the first from 0,
-    the last open) or a number of quantile buckets (default 64: boundaries at the
-    ``j/64`` quantiles of ``lengths``, repeated values merged). Every batch comes from one bucket.
+    the last open) or a number of buckets (default 64). In the global order (the default) a
+    number of buckets gets the boundaries that minimise padding (the padded cost
+    ``sum_j n_j * cost(L_j)`` over the lengths, ``L_j`` bucket ``j``'s longest, solved
+    exactly); in the fast order, the ``j/64`` quantiles of ``lengths``. Repeated values
+    merge buckets. Every batch comes from one bucket.
 
     **Batches.** With ``batch_size`` only, a bucket is cut into batches of ``batch_size``:
     its last batch may be shorter, and with ``drop_last=True`` that short batch is left out,
     so every batch holds exactly ``batch_size`` samples (rounded down by
     ``batch_size_multiple``), as with torch's ``BatchSampler(drop_last=True)``: static shapes
-    for compiled models. Each bucket then leaves out fewer than ``batch_size`` samples an
-    epoch, different ones each epoch when shuffled (always the same without shuffling).
-    With ``max_tokens``, bucket ``j``'s batches hold ``max_tokens // L_j`` samples, ``L_j`` its
-    longest length (and at most ``batch_size`` if that is given too), so every batch keeps
-    ``len(batch) * max(lengths in batch) <= max_tokens`` whatever the shuffle;
-    ``batch_size_multiple`` rounds those sizes down to a multiple (e.g. 8 for tensor cores)
-    whenever at least one multiple fits. A sample longer than ``max_tokens`` is served alone
-    (``oversized="alone"``, the default: a batch of one, over the budget) or refused at
-    construction (``oversized="error"``).
+    for compiled models. With ``max_tokens``, in the global order, each batch is filled to the
+    budget: it takes the bucket's next sample (in the epoch's shuffled order) while
+    ``len(batch) * cost(longest in batch) <= max_tokens`` and ``len(batch) <= batch_size``
+    (lhotse's rule, without its overshoot by one sample), rounded down to a multiple of
+    ``batch_size_multiple`` when one fits; the number of batches then varies a little from
+    epoch to epoch (``len(self)`` is the current epoch's). In the fast order, bucket ``j``'s
+    batches hold ``max_tokens // cost(L_j)`` samples, a fixed size. A sample of length ``L``
+    costs ``L`` padded tokens, or ``L + L**2 / quadratic`` with ``quadratic`` (attention's
+    quadratic cost: batches of long samples get fewer of them). A sample costing more than
+    ``max_tokens`` is served alone (``oversized="alone"``, the default: a batch of one, over
+    the budget) or refused at construction (``oversized="error"``).
 
-    **Order.** Each epoch shuffles every bucket's samples (seeded by ``seed``, the epoch and
-    the bucket), cuts them into batches, and shuffles the order of all batches across buckets
-    (``bucket_order="sequential"``: the buckets from shortest to longest instead). With
-    ``shuffle=False`` nothing is shuffled: buckets in order, samples in index order.
+    **Order** (``order="global"``, the default). Each epoch shuffles every bucket's samples
+    (seeded by ``seed``, the epoch and the bucket), cuts them into batches, and orders all
+    batches in one global sequence, the same for every number of ranks: in runs of ``sync``
+    (default 64, a power of two) consecutive batches of one bucket, the runs in a shuffled
+    order. Global step ``k`` trains on positions ``[kW, (k+1)W)`` of the sequence, one batch
+    per rank, so with ``W`` dividing ``sync`` the ranks of a step draw from one bucket and
+    finish it together (a step only mixes buckets in the short runs at the end of the epoch:
+    fewer than ``W`` batches per bucket). ``sync=1`` shuffles batches one by one.
+    ``bucket_order="sequential"``: the buckets from shortest to longest instead of shuffled
+    runs. With ``shuffle=False`` nothing is shuffled: buckets in order, samples in index
+    order. ``order="fast"`` is croupier's earlier order: fixed batch sizes per bucket, the
+    batch order drawn for the number of ranks (so it changes with it), quantile buckets.
 
     **Ranks.** Rank ``r`` takes batches ``r, r + W, r + 2W, ...`` of the epoch's batch order,
     like ``DistributedSampler`` takes samples: with ``drop_last=False`` the first batches are
     repeated until every rank has ``ceil(B / W)`` (``B`` batches in the epoch), with
     ``drop_last=True`` the last ``B % W`` batches are dropped. So every rank yields
-    ``len(self)`` batches and DDP collectives never wait on a rank that ran out.
+    ``len(self)`` batches and DDP collectives never wait on a rank that ran out. A state saved
+    mid-epoch on ``W`` ranks continues on ``W'`` ranks with the rest of the same sequence.
 
     Batches are computed in Rust and handed over as two numpy arrays (indices and offsets,
-    :meth:`batches`); the first batch of an iteration, or of a resume at any batch, is read
-    on its own in milliseconds, the rest of the epoch at once. Positions, ``len`` and state
-    count batches; :meth:`state_dict`/:meth:`load_state_dict` resume at exactly the next
-    batch.
+    :meth:`batches`). In the global order an epoch's plan (every bucket's order, cut into
+    batches) is computed once, when the epoch's first batch or ``len`` is asked for, in
+    parallel; in the fast order the first batch of an iteration, or of a resume at any batch,
+    is read on its own. Positions, ``len`` and state count batches;
+    :meth:`state_dict`/:meth:`load_state_dict` resume at exactly the next batch.
 
     Args:
         lengths: per-sample sizes (tokens, frames, pixels), a 1-D integer array or sequence,
             read once into Rust.
         batch_size: most samples per batch (``>= 1``).
-        max_tokens: most padded tokens per batch, ``len(batch) * max(lengths in batch)``.
+        max_tokens: most padded tokens per batch, ``len(batch) * cost(longest in batch)``.
             At least one of ``batch_size`` and ``max_tokens`` is needed.
-        buckets: boundaries, or the number of quantile buckets (default 64).
+        buckets: boundaries, or the number of buckets (default 64).
         batch_size_multiple: batch sizes rounded down to a multiple of this (default 1).
         quadratic: with ``max_tokens``, a sample of length ``L`` costs ``L + L**2 / quadratic``
-            tokens (lhotse's ``quadratic_duration``): attention's quadratic cost, so batches of
-            long samples get fewer of them. ``None`` (default): ``L`` tokens.
-        oversized: ``"alone"`` or ``"error"`` for samples longer than ``max_tokens``.
+            tokens (lhotse's ``quadratic_duration``). ``None`` (default): ``L`` tokens.
+        oversized: ``"alone"`` or ``"error"`` for samples costing more than ``max_tokens``.
         bucket_order: ``"shuffled"`` (batches of all buckets mixed) or ``"sequential"``.
+        order: ``"global"`` (one batch sequence for every number of ranks, batches filled to
+            the budget) or ``"fast"`` (the earlier order, see above).
+        sync: in the global order, consecutive batches of one bucket (a power of two in
+            ``[1, 2**20]``; default 64): steps of ``W`` ranks stay within one bucket when
+            ``W`` divides it.
         num_replicas, rank, dist_info: the ranks, as for :class:`~croupier.DistributedSampler`.
         shuffle: shuffle samples within buckets and the batch order.
         seed: non-negative integer below ``2**64``, the same on all ranks.
         drop_last: equalise batch counts across ranks by dropping the last ``B % W`` batches
             instead of repeating the first ones; with ``batch_size`` and no ``max_tokens``,
             also yield only full batches (each bucket's short last batch is left out). With
-            ``max_tokens`` batch sizes differ by bucket anyway, and a bucket's last batch may
-            be short whatever ``drop_last`` says.
+            ``max_tokens`` batch sizes differ anyway, and a bucket's last batch may be short
+            whatever ``drop_last`` says.
     """
 
     _config_names = (
@@ -131,6 +156,8 @@ class BucketBatchSampler(BatchSampler):
         "quadratic",
         "oversized",
         "bucket_order",
+        "order",
+        "sync",
         "shuffle",
         "seed",
         "drop_last",
@@ -147,6 +174,8 @@ class BucketBatchSampler(BatchSampler):
         quadratic: int | None = None,
         oversized: str = "alone",
         bucket_order: str = "shuffled",
+        order: str = "global",
+        sync: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
         shuffle: bool = True,
@@ -170,6 +199,10 @@ class BucketBatchSampler(BatchSampler):
             raise ValueError(
                 f"bucket_order must be one of {list(_BUCKET_ORDERS)}, got {bucket_order!r}"
             )
+        if order not in _ORDERS:
+            raise ValueError(f"order must be one of {list(_ORDERS)}, got {order!r}")
+        self.sync = _checked_sync(sync, order)
+        self.order = order
         self.oversized = oversized
         self.bucket_order = bucket_order
         boundaries, count = self._buckets(buckets)
@@ -183,7 +216,9 @@ class BucketBatchSampler(BatchSampler):
         self._full_batches = self.drop_last and self.max_tokens is None
         self._plan = self._build()
         self._digest = self._plan.digest
-        length = self._plan.rank_batches(num_replicas, self.drop_last)
+        self._epochs: dict[int, _core.BucketEpoch] = {}
+        # The global order's length is each epoch's (its plan's); the fast order's is fixed.
+        length = 0 if order == "global" else self._plan.rank_batches(num_replicas, self.drop_last)
         super().__init__(num_replicas, rank, length)
 
     @staticmethod
@@ -200,7 +235,7 @@ class BucketBatchSampler(BatchSampler):
                     )
             return bounds, len(bounds) + 1
         raise TypeError(
-            "buckets must be a number of quantile buckets or a sequence of boundaries, got "
+            "buckets must be a number of buckets or a sequence of boundaries, got "
             f"{type(buckets).__name__}"
         )
 
@@ -216,17 +251,41 @@ class BucketBatchSampler(BatchSampler):
             quadratic=self.quadratic,
             oversized_alone=self.oversized == "alone",
             full_batches=self._full_batches,
+            global_plan=self.order == "global",
         )
+
+    def _epoch_plan(self, epoch: int) -> _core.BucketEpoch:
+        """Epoch ``epoch``'s global batch plan (computed once, kept for two epochs)."""
+        plans = self._epochs
+        plan = plans.get(epoch)
+        if plan is None:
+            plan = self._plan.epoch(
+                epoch,
+                seed=self.seed,
+                shuffle=self.shuffle,
+                shuffle_batches=self.bucket_order == "shuffled",
+                sync=self.sync or 1,
+            )
+            while len(plans) >= _EPOCH_PLANS:
+                plans.pop(next(iter(plans)))
+            plans[epoch] = plan
+        return plan
 
     @property
     def boundaries(self) -> list[int]:
-        """The bucket boundaries in use (given, or the quantiles found)."""
+        """The bucket boundaries in use (given, or the ones found)."""
         return list(self._plan.boundaries)
 
     def bucket_sizes(self) -> list[tuple[int, int, int, int]]:
         """Per bucket: ``(samples, batch size, batches, longest length)``; the last entry holds
-        the samples longer than ``max_tokens`` (served alone)."""
-        return list(self._plan.buckets())
+        the samples costing more than ``max_tokens`` (served alone). With ``max_tokens`` in the
+        global order, the batch size is the fewest samples a batch cut by the budget holds
+        (what the fast order would use) and the batches are the current epoch's."""
+        sizes = list(self._plan.buckets())
+        if self.order == "fast":
+            return sizes
+        counts = self._epoch_plan(self.epoch).bucket_batches()
+        return [(n, s, b, longest) for (n, s, _, longest), b in zip(sizes, counts, strict=True)]
 
     # -- the sampler base ----------------------------------------------------------------------
 
@@ -241,20 +300,44 @@ class BucketBatchSampler(BatchSampler):
             "quadratic": self.quadratic,
             "oversized": self.oversized,
             "bucket_order": self.bucket_order,
+            "order": self.order,
+            "sync": self.sync,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
             "seed": self.seed,
         }
 
     def _epoch_length(self, num_replicas: int) -> int:
-        return int(self._plan.rank_batches(num_replicas, self.drop_last))
+        return self._epoch_length_in(num_replicas, self.epoch)
+
+    def _epoch_length_in(self, num_replicas: int, epoch: int) -> int:
+        if self.order == "fast":
+            return int(self._plan.rank_batches(num_replicas, self.drop_last))
+        return int(self._epoch_plan(epoch).rank_batches(num_replicas, self.drop_last))
+
+    def _length_in(self, epoch: int) -> int:
+        if self.order == "fast":
+            return self._length
+        return self._epoch_length_in(self.num_replicas, epoch)
 
     def _compute(self, epoch: int, start: int, stop: int | None) -> Batches:
-        return self._range(None, epoch, start, self._length if stop is None else stop)
+        if stop is None:
+            stop = self._length_in(epoch)
+        return self._range(None, epoch, start, stop)
 
     def _range(self, elastic: tuple[int, int] | None, epoch: int, start: int, stop: int) -> Batches:
         """Batches ``[start, stop)`` of ``epoch`` (of its elastic rest when ``elastic`` is
         ``(origin, offset)``)."""
+        if self.order == "global":
+            flat, offsets = self._epoch_plan(epoch).range(
+                start,
+                stop,
+                num_replicas=self.num_replicas,
+                rank=self.rank,
+                drop_last=self.drop_last,
+                elastic=elastic,
+            )
+            return _frozen(flat, offsets)
         flat, offsets = self._plan.range(
             epoch,
             start,
@@ -270,35 +353,89 @@ class BucketBatchSampler(BatchSampler):
         return _frozen(flat, offsets)
 
     def _first_stop(self, start: int) -> int:
-        return min(start + 1, self._length)
+        return start + 1
 
-    # Elastic resume: the epoch's batch order as the world it started in dealt it, from the
-    # batches its ranks consumed on, dealt to this world's ranks with torch's arithmetic.
+    # Elastic resume: the epoch's batch sequence (the global order's, or the fast order's as
+    # the world it started in dealt it), from the batches its ranks consumed on, dealt to
+    # this world's ranks with torch's arithmetic.
     _elastic_supported = True
 
-    def _global_end(self, origin: int) -> int:
-        batches = int(self._plan.batches)
+    def _batches_in(self, epoch: int) -> int:
+        """Batches of ``epoch`` over all ranks, before padding or cutting."""
+        if self.order == "fast":
+            return int(self._plan.batches)
+        return int(self._epoch_plan(epoch).batches)
+
+    def _global_end(self, origin: int, epoch: int) -> int:
+        batches = self._batches_in(epoch)
         return min(batches, _core.layout(batches, origin, self.drop_last)[1])
 
-    def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
-        return int(self._plan.elastic_batches(origin, offset, num_replicas, self.drop_last))
+    def _elastic_length(self, origin: int, offset: int, num_replicas: int, epoch: int) -> int:
+        if self.order == "fast":
+            return int(self._plan.elastic_batches(origin, offset, num_replicas, self.drop_last))
+        plan = self._epoch_plan(epoch)
+        return int(plan.elastic_batches(origin, offset, num_replicas, self.drop_last))
 
     def _compute_elastic(
         self, origin: int, offset: int, epoch: int, start: int, stop: int | None
     ) -> Batches:
         if stop is None:
-            stop = self._elastic_length(origin, offset, self.num_replicas)
+            stop = self._elastic_length(origin, offset, self.num_replicas, epoch)
         return self._range((origin, offset), epoch, start, stop)
 
     def _elastic_first_stop(self, start: int, length: int) -> int:
         return min(start + 1, length)
 
+    # -- states of the other order ------------------------------------------------------------
+
+    def _as_native(self, state: object) -> tuple[Mapping[str, Any], StateFormat | None]:
+        # A state saved before the global order existed has no order: the fast one, the only
+        # one there was.
+        native, fmt = super()._as_native(state)
+        if fmt is None and "order" not in native:
+            native = {**native, "order": "fast", "sync": None}
+        return native, fmt
+
+    def _check_config(self, native: Mapping[str, Any]) -> None:
+        """Refuses a state of the other order with how to resume it."""
+        theirs = native.get("order")
+        if theirs in _ORDERS and theirs != self.order:
+            hint = (
+                "the fast order, the only one before the global order"
+                if theirs == "fast"
+                else "the global order"
+            )
+            raise different(
+                [
+                    f"order: state has {theirs!r} ({hint}; construct the sampler with "
+                    f"order={theirs!r} to resume it), this sampler has {self.order!r}"
+                ]
+            )
+
     def __getstate__(self) -> dict[str, Any]:
         # The plan is rebuilt from the lengths in the new process rather than shipped.
         state = super().__getstate__()
         state.pop("_plan", None)
+        state["_epochs"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         object.__setattr__(self, "_plan", self._build())
+
+
+def _checked_sync(sync: object, order: str) -> int | None:
+    """``sync`` checked: a power of two for the global order (``None``: the default), none for
+    the fast order."""
+    if order == "fast":
+        if sync is not None:
+            raise ValueError(
+                "sync applies to the global order (order='global'); the fast order has no runs"
+            )
+        return None
+    if sync is None:
+        return DEFAULT_SYNC
+    value = check_int("sync", sync, 1, 1 << 20)
+    if value & (value - 1):
+        raise ValueError(f"sync must be a power of two in [1, 2**20], got {value}")
+    return value

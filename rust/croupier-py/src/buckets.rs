@@ -26,6 +26,9 @@ config! {
         oversized_alone: bool,
         /// Only full batches of `batch_size` (`drop_last` without `max_tokens`).
         full_batches: bool,
+        /// The global order's plan: quantile buckets replaced by padding-optimal ones, and
+        /// batches filled to `max_tokens` with their running longest sample.
+        global_plan: bool,
     }
 }
 
@@ -77,6 +80,7 @@ impl BucketsConfig {
             quadratic: self.quadratic,
             oversized_alone: self.oversized_alone,
             full_batches: self.full_batches,
+            fill_to_budget: self.global_plan,
         }
     }
 }
@@ -98,6 +102,12 @@ impl Buckets {
     ) -> Result<Self, Error> {
         let boundaries = match boundaries {
             Some(b) => b,
+            None if limits.fill_to_budget => croupier_core::bucket::padding_boundaries(
+                lengths,
+                num_buckets.max(1),
+                limits.quadratic.filter(|_| limits.max_tokens.is_some()),
+                |l| limits.fits(l),
+            ),
             None => croupier_core::bucket::quantile_boundaries(lengths, num_buckets.max(1)),
         };
         let plan = croupier_core::bucket::BucketPlan::new(lengths, &boundaries, limits)?;
@@ -194,6 +204,35 @@ impl Buckets {
         Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
     }
 
+    /// The global batch plan of `epoch` (`BucketBatchSampler(order="global")`): every bucket's
+    /// order computed and cut into batches, the runs placed.
+    #[pyo3(signature = (epoch, *, seed, shuffle, shuffle_batches, sync))]
+    fn epoch(
+        &self,
+        py: Python<'_>,
+        epoch: u64,
+        seed: u64,
+        shuffle: bool,
+        shuffle_batches: bool,
+        sync: u64,
+    ) -> PyResult<BucketEpoch> {
+        let draw = croupier_core::bucket::EpochDraw {
+            seed,
+            epoch,
+            shuffle,
+            shuffle_batches,
+            sync,
+        };
+        let plan = std::sync::Arc::clone(&self.plan);
+        let batches = detached(py, move || {
+            croupier_core::bucket::EpochBatches::new(&plan, draw)
+        })?;
+        Ok(BucketEpoch {
+            plan: std::sync::Arc::clone(&self.plan),
+            batches: std::sync::Arc::new(batches),
+        })
+    }
+
     /// Batches per rank for the rest of an epoch first dealt over `origin` ranks, continued
     /// on `num_replicas` ranks from global batch position `offset` (an elastic resume).
     fn elastic_batches(
@@ -219,6 +258,109 @@ impl Buckets {
     ) -> PyResult<croupier_core::Elastic> {
         core(croupier_core::Elastic::new(
             self.plan.batches(),
+            origin,
+            drop_last,
+            offset,
+            num_replicas,
+        ))
+    }
+}
+
+config! {
+    /// Which rank's batches of an epoch plan (`BucketEpoch.range(start, stop, **deal)`).
+    struct EpochDeal {
+        num_replicas: u64,
+        rank: u64,
+        drop_last: bool,
+        /// `(origin, offset)`: the rest of the epoch first dealt over `origin` ranks, continued
+        /// on `num_replicas` ranks from global batch position `offset` (an elastic resume).
+        elastic: Option<(u64, u64)>,
+    }
+}
+
+/// One epoch's global batch plan (`croupier_core::bucket::EpochBatches`), the same for every
+/// world size, from which any rank's batches are read.
+#[pyclass(module = "croupier._core", frozen)]
+pub(crate) struct BucketEpoch {
+    plan: std::sync::Arc<croupier_core::bucket::BucketPlan>,
+    batches: std::sync::Arc<croupier_core::bucket::EpochBatches>,
+}
+
+#[pymethods]
+impl BucketEpoch {
+    /// Batches in the epoch over all ranks, before padding or cutting.
+    #[getter]
+    fn batches(&self) -> u64 {
+        self.batches.batches()
+    }
+
+    /// Per bucket, its batches this epoch (the oversized bucket last).
+    fn bucket_batches(&self) -> Vec<u64> {
+        self.batches.bucket_batches()
+    }
+
+    /// Batches each rank yields with `num_replicas` ranks.
+    fn rank_batches(&self, num_replicas: u64, drop_last: bool) -> PyResult<u64> {
+        core(self.batches.rank_batches(num_replicas, drop_last))
+    }
+
+    /// Batches per rank for the rest of the epoch first dealt over `origin` ranks, continued
+    /// on `num_replicas` ranks from global batch position `offset`.
+    fn elastic_batches(
+        &self,
+        origin: u64,
+        offset: u64,
+        num_replicas: u64,
+        drop_last: bool,
+    ) -> PyResult<u64> {
+        Ok(self
+            .elastic(origin, offset, num_replicas, drop_last)?
+            .num_samples())
+    }
+
+    /// The batches `[start, stop)` that `deal` (an [`EpochDeal`]) names: `(indices, offsets)`,
+    /// batch `i` being `indices[offsets[i]:offsets[i + 1]]`.
+    #[pyo3(signature = (start, stop, **deal))]
+    fn range<'py>(
+        &self,
+        py: Python<'py>,
+        start: u64,
+        stop: u64,
+        deal: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let d = EpochDeal::from_kwargs(deal, "BucketEpoch.range")?;
+        let el = d
+            .elastic
+            .map(|(origin, offset)| self.elastic(origin, offset, d.num_replicas, d.drop_last))
+            .transpose()?;
+        let deal = croupier_core::Deal {
+            num_replicas: d.num_replicas,
+            rank: d.rank,
+            drop_last: d.drop_last,
+        };
+        let bytes = self.plan.range_bytes(start, stop);
+        let (plan, batches) = (
+            std::sync::Arc::clone(&self.plan),
+            std::sync::Arc::clone(&self.batches),
+        );
+        let (flat, offsets) = sized(py, bytes, "this rank's batches", move || match el {
+            None => batches.range(&plan, deal, start..stop),
+            Some(el) => batches.elastic_range(&plan, &el, deal.rank, start..stop),
+        })?;
+        Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
+    }
+}
+
+impl BucketEpoch {
+    fn elastic(
+        &self,
+        origin: u64,
+        offset: u64,
+        num_replicas: u64,
+        drop_last: bool,
+    ) -> PyResult<croupier_core::Elastic> {
+        core(croupier_core::Elastic::new(
+            self.batches.batches(),
             origin,
             drop_last,
             offset,

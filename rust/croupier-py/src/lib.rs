@@ -30,7 +30,7 @@ use croupier_core::Layout;
 use pyo3::exceptions::{PyImportError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::buckets::Buckets;
+use crate::buckets::{BucketEpoch, Buckets};
 use crate::chunk::ChunkPlan;
 use crate::deal::Deal;
 use crate::mixture::Mixture;
@@ -162,6 +162,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Deal>()?;
     m.add_class::<Mixture>()?;
     m.add_class::<Buckets>()?;
+    m.add_class::<BucketEpoch>()?;
     m.add_class::<SequentialBuckets>()?;
     m.add_class::<ChunkPlan>()?;
     m.add_function(wrap_pyfunction!(pass_shares, m)?)?;

@@ -1,14 +1,22 @@
 //! Bucket batching: samples grouped by length, batches within a bucket under a size or
 //! padded-token budget, and the batches dealt to the ranks in equal numbers.
 //!
-//! - [`quantiles`]: default bucket boundaries from length quantiles.
-//! - [`plan`]: the buckets, batch sizes and a rank's batches of an epoch.
+//! - [`quantiles`]: bucket boundaries from length quantiles (the fast order's default).
+//! - [`boundaries`]: bucket boundaries that minimise padding (the global order's default).
+//! - [`plan`]: the buckets, batch sizes and a rank's batches of an epoch in the fast order.
+//! - [`fill`]: batches filled to the budget with their running longest sample.
+//! - [`epoch`]: one epoch's batch plan for every world size (the global order).
 //! - [`sequential`]: NeMo Automodel's bucket-by-bucket order.
 
+pub mod boundaries;
+pub mod epoch;
+pub mod fill;
 pub mod plan;
 pub mod quantiles;
 pub mod sequential;
 
+pub use boundaries::padding_boundaries;
+pub use epoch::{EpochBatches, EpochDraw};
 pub use plan::{BatchDraw, BucketPlan, Limits};
 pub use quantiles::quantile_boundaries;
 pub use sequential::{SeqOrder, SequentialBuckets, SequentialConfig};

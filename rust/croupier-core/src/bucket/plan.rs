@@ -64,6 +64,10 @@ pub struct Limits {
     /// is dropped (its samples wait for another epoch's shuffle), so every batch of a bucket
     /// holds exactly its size (static shapes with a fixed `batch_size`).
     pub full_batches: bool,
+    /// With `max_tokens`: keep the members' lengths so that an epoch's batches can be filled
+    /// to the budget with their running longest sample ([`crate::bucket::EpochBatches`]);
+    /// the fixed per-bucket sizes above apply otherwise.
+    pub fill_to_budget: bool,
 }
 
 impl Default for Limits {
@@ -75,11 +79,26 @@ impl Default for Limits {
             quadratic: None,
             oversized_alone: true,
             full_batches: false,
+            fill_to_budget: false,
         }
     }
 }
 
 impl Limits {
+    /// Whether a sample of length `len` fits a batch on its own (else it is oversized).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::Limits;
+    ///
+    /// let limits = Limits { max_tokens: Some(100), quadratic: Some(100), ..Limits::default() };
+    /// assert!(limits.fits(50) && !limits.fits(70)); // 70 + 70**2 / 100 = 119 tokens
+    /// ```
+    pub fn fits(&self, len: u64) -> bool {
+        self.fitting(len) != Some(0)
+    }
+
     /// How many samples of length `len` fit `max_tokens` (`None`: no token budget).
     fn fitting(&self, len: u64) -> Option<u64> {
         let t = u128::from(self.max_tokens?);
@@ -159,6 +178,10 @@ pub struct BucketPlan {
     batch_starts: Vec<u64>,
     /// Longest sample of each bucket.
     longest: Vec<u64>,
+    /// With [`Limits::fill_to_budget`] and `max_tokens`: each member's length, aligned with
+    /// `members`, and each bucket's total cost (see [`super::fill::Budget`]).
+    member_lengths: Option<(Indices, Vec<u128>)>,
+    limits: Limits,
     digest: u64,
 }
 
@@ -297,6 +320,11 @@ impl BucketPlan {
             Indices::U64(scatter::<u64>(&ids, at)?)
         };
         drop(ids);
+        let member_lengths = if limits.fill_to_budget && limits.max_tokens.is_some() {
+            Some(member_lengths(lengths, &members, &starts, &limits)?)
+        } else {
+            None
+        };
         let sizes: Vec<u64> = (0..=regular)
             .map(|j| {
                 if j == regular {
@@ -341,6 +369,8 @@ impl BucketPlan {
             sizes,
             batch_starts,
             longest,
+            member_lengths,
+            limits,
         })
     }
 
@@ -618,50 +648,196 @@ impl BucketPlan {
     }
 
     fn fill<T: Index>(&self, ids: &[u64], keys: (u64, u64, bool)) -> Result<(Vec<T>, Vec<u64>)> {
-        let located: Vec<(usize, u64)> = ids.iter().map(|&b| self.locate(b)).collect();
-        let mut offsets = Vec::with_capacity(ids.len() + 1);
+        let located: Vec<(usize, u64, u64)> = ids
+            .iter()
+            .map(|&b| {
+                let (j, i) = self.locate(b);
+                let a = i * self.sizes[j];
+                (j, a, a + self.batch_len(j, i))
+            })
+            .collect();
+        self.fill_located(&located, keys)
+    }
+
+    /// The batches `located` (each a bucket and positions `[a, b)` of its order in the epoch
+    /// `keys` names): their indices one after another, and where each starts.
+    pub(crate) fn fill_located<T: Index>(
+        &self,
+        located: &[(usize, u64, u64)],
+        keys: (u64, u64, bool),
+    ) -> Result<(Vec<T>, Vec<u64>)> {
+        let mut offsets = Vec::with_capacity(located.len() + 1);
         let mut total = 0u64;
         offsets.push(0);
-        for &(j, i) in &located {
-            total += self.batch_len(j, i);
+        for &(_, a, b) in located {
+            total += b - a;
             offsets.push(total);
         }
         let mut flat = try_with_capacity::<T>("a rank's batches", total)?;
-        if ids.len() as u64 <= RANDOM_ACCESS_BATCHES || !keys.2 {
-            for &(j, i) in &located {
-                let a = i * self.sizes[j];
-                let b = a + self.batch_len(j, i);
-                let mut p = a;
-                while p < b {
-                    let q = (p + READ).min(b);
-                    self.bucket_range(j, keys, (p, q), &mut flat)?;
-                    p = q;
-                }
-            }
-            return Ok((flat, offsets));
-        }
-        // Bucket by bucket: each bucket's whole order once, then its batches copied out.
         flat.resize(total as usize, T::from_u64(0));
         let mut by_bucket: Vec<Vec<usize>> = vec![Vec::new(); self.sizes.len()];
-        for (pos, &(j, _)) in located.iter().enumerate() {
+        for (pos, &(j, _, _)) in located.iter().enumerate() {
             by_bucket[j].push(pos);
         }
+        let mut part: Vec<T> = Vec::new();
         for (j, positions) in by_bucket.iter().enumerate() {
             if positions.is_empty() {
                 continue;
             }
             let n = self.starts[j + 1] - self.starts[j];
-            let mut order: Vec<T> = Vec::new();
-            self.bucket_range(j, keys, (0, n), &mut order)?;
+            // A bucket with more than a few wanted batches is computed whole, once; a few
+            // batches are read by random access.
+            if keys.2 && positions.len() as u64 > RANDOM_ACCESS_BATCHES {
+                part.clear();
+                self.bucket_range(j, keys, (0, n), &mut part)?;
+                for &pos in positions {
+                    let (_, a, b) = located[pos];
+                    let dst = &mut flat[offsets[pos] as usize..offsets[pos + 1] as usize];
+                    dst.copy_from_slice(&part[a as usize..b as usize]);
+                }
+                continue;
+            }
             for &pos in positions {
-                let (_, i) = located[pos];
-                let a = (i * self.sizes[j]) as usize;
-                let dst = &mut flat[offsets[pos] as usize..offsets[pos + 1] as usize];
-                dst.copy_from_slice(&order[a..a + dst.len()]);
+                let (_, a, b) = located[pos];
+                part.clear();
+                let mut p = a;
+                while p < b {
+                    let q = (p + READ).min(b);
+                    self.bucket_range(j, keys, (p, q), &mut part)?;
+                    p = q;
+                }
+                flat[offsets[pos] as usize..offsets[pos + 1] as usize].copy_from_slice(&part);
             }
         }
         Ok((flat, offsets))
     }
+
+    /// Buckets, the oversized one last.
+    pub(crate) fn bucket_count(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// Members of bucket `j`.
+    pub(crate) fn members_of(&self, j: usize) -> u64 {
+        self.starts[j + 1] - self.starts[j]
+    }
+
+    /// The limits the plan was built with.
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Bucket `j`'s batch size by the fixed rule (1 for the oversized bucket).
+    pub(crate) fn fixed_size(&self, j: usize) -> u64 {
+        self.sizes[j]
+    }
+
+    /// Whether bucket `j`'s batches are filled to the budget (rather than of a fixed size).
+    pub(crate) fn filled_to_budget(&self, j: usize) -> bool {
+        self.member_lengths.is_some() && j + 1 < self.sizes.len()
+    }
+
+    /// Bucket `j`'s total cost (see [`super::fill::Budget::unit`]), when filled to the budget.
+    pub(crate) fn bucket_cost(&self, j: usize) -> u128 {
+        self.member_lengths.as_ref().map_or(0, |(_, c)| c[j])
+    }
+
+    /// Bucket `j`'s positions of its order in the epoch `keys` names (the members' offsets
+    /// in the bucket), whole.
+    pub(crate) fn bucket_positions(&self, j: usize, keys: (u64, u64, bool)) -> Result<Indices> {
+        let n = self.members_of(j);
+        if !keys.2 {
+            return Ok(if n <= U32_MAX_LEN {
+                Indices::U32((0..n as u32).collect())
+            } else {
+                Indices::U64((0..n).collect())
+            });
+        }
+        let layout = Layout::new(n, 1, false)?;
+        let key = Stream::new(keys.0, keys.1, Purpose::BucketShuffle, j as u64).next_u64();
+        rank_range(&layout, 0, Draw::keyed(key), 0..n)
+    }
+
+    /// The lengths of bucket `j`'s members at `positions` (with [`Limits::fill_to_budget`]).
+    pub(crate) fn gather_lengths(&self, j: usize, positions: &Indices) -> Vec<u64> {
+        let base = self.starts[j] as usize;
+        fn gather<P: Copy + Into<u64>, L: Copy + Into<u64>>(
+            at: &[P],
+            lens: &[L],
+            base: usize,
+        ) -> Vec<u64> {
+            at.iter()
+                .map(|&p| lens[base + p.into() as usize].into())
+                .collect()
+        }
+        match (positions, self.member_lengths.as_ref().map(|(l, _)| l)) {
+            (Indices::U32(p), Some(Indices::U32(l))) => gather(p, l, base),
+            (Indices::U32(p), Some(Indices::U64(l))) => gather(p, l, base),
+            (Indices::U64(p), Some(Indices::U32(l))) => gather(p, l, base),
+            (Indices::U64(p), Some(Indices::U64(l))) => gather(p, l, base),
+            (_, None) => vec![0; positions.len()],
+        }
+    }
+
+    /// The samples (indices into `lengths`) of bucket `j`'s members at `positions`.
+    pub(crate) fn gather_members(&self, j: usize, positions: &Indices) -> Indices {
+        let base = self.starts[j] as usize;
+        fn gather<P: Copy + Into<u64>, M: Copy>(at: &[P], members: &[M], base: usize) -> Vec<M> {
+            at.iter()
+                .map(|&p| members[base + p.into() as usize])
+                .collect()
+        }
+        match (positions, &self.members) {
+            (Indices::U32(p), Indices::U32(m)) => Indices::U32(gather(p, m, base)),
+            (Indices::U64(p), Indices::U32(m)) => Indices::U32(gather(p, m, base)),
+            (Indices::U32(p), Indices::U64(m)) => Indices::U64(gather(p, m, base)),
+            (Indices::U64(p), Indices::U64(m)) => Indices::U64(gather(p, m, base)),
+        }
+    }
+}
+
+/// Each member's length aligned with `members` (`u32` when they fit), and each bucket's total
+/// cost under `limits`.
+fn member_lengths<L: Copy + Into<u64> + Send + Sync>(
+    lengths: &[L],
+    members: &Indices,
+    starts: &[u64],
+    limits: &Limits,
+) -> Result<(Indices, Vec<u128>)> {
+    let budget = super::fill::Budget::new(limits);
+    let member = |k: usize| -> usize {
+        match members {
+            Indices::U32(v) => v[k] as usize,
+            Indices::U64(v) => v[k] as usize,
+        }
+    };
+    let n = starts[starts.len() - 1];
+    let max = lengths.par_iter().map(|&l| l.into()).max().unwrap_or(0);
+    let lens = if max <= u64::from(u32::MAX) {
+        let mut v = try_with_capacity::<u32>("the members' lengths", n)?;
+        (0..n as usize)
+            .into_par_iter()
+            .map(|k| lengths[member(k)].into() as u32)
+            .collect_into_vec(&mut v);
+        Indices::U32(v)
+    } else {
+        let mut v = try_with_capacity::<u64>("the members' lengths", n)?;
+        (0..n as usize)
+            .into_par_iter()
+            .map(|k| lengths[member(k)].into())
+            .collect_into_vec(&mut v);
+        Indices::U64(v)
+    };
+    let costs = (0..starts.len() - 1)
+        .map(|j| {
+            let (a, b) = (starts[j] as usize, starts[j + 1] as usize);
+            match &lens {
+                Indices::U32(v) => v[a..b].par_iter().map(|&l| budget.unit(u64::from(l))).sum(),
+                Indices::U64(v) => v[a..b].par_iter().map(|&l| budget.unit(l)).sum(),
+            }
+        })
+        .collect();
+    Ok((lens, costs))
 }
 
 /// Batch ids as `u64`.

@@ -1,0 +1,266 @@
+"""BucketBatchSampler in the global order (the default): one batch sequence for every number of
+ranks, steps in sync, batches filled to the budget, padding-optimal buckets."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import croupier
+from croupier import BucketBatchSampler, StateError
+
+
+def _lengths(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.clip(np.rint(rng.lognormal(np.log(5), 0.6, n) * 100), 50, 3000).astype(np.int64)
+
+
+def _ranks(lengths, w, **kw):
+    return [BucketBatchSampler(lengths, num_replicas=w, rank=r, **kw) for r in range(w)]
+
+
+def _interleaved(samplers) -> list[list[int]]:
+    """The ranks' batches step by step: global positions 0, 1, 2, ..."""
+    per = [list(s) for s in samplers]
+    assert len({len(p) for p in per}) == 1, "equal batch counts"
+    return [b for step in zip(*per, strict=True) for b in step]
+
+
+def _cost(lengths, batch, quadratic):
+    longest = int(max(lengths[i] for i in batch))
+    unit = longest if quadratic is None else longest + longest * longest / quadratic
+    return len(batch) * unit
+
+
+configs = st.fixed_dictionaries(
+    {
+        "max_tokens": st.sampled_from([None, 4000, 20000]),
+        "batch_size": st.sampled_from([None, 7, 64]),
+        "quadratic": st.sampled_from([None, 1500]),
+        "sync": st.sampled_from([1, 4, 16, 64]),
+        "drop_last": st.booleans(),
+        "buckets": st.sampled_from([1, 5, 30]),
+        "seed": st.integers(0, 2**64 - 1),
+    }
+).filter(lambda c: c["max_tokens"] is not None or c["batch_size"] is not None)
+
+
+def _clean(c):
+    c = dict(c)
+    if c["max_tokens"] is None:
+        c["quadratic"] = None
+    return c
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 3000), data_seed=st.integers(0, 1000), config=configs)
+def test_the_interleaved_plan_is_the_same_for_every_world_size(n, data_seed, config):
+    config = _clean(config)
+    lengths = _lengths(n, data_seed)
+    one = list(BucketBatchSampler(lengths, num_replicas=1, rank=0, **config))
+    for w in (2, 3, 4, 8, 16):
+        got = _interleaved(_ranks(lengths, w, **config))
+        if config["drop_last"]:
+            assert got == one[: len(one) // w * w], f"W={w}"
+        else:
+            assert len(got) == -(-len(one) // w) * w
+            assert got == [one[k % len(one)] for k in range(len(got))], f"W={w}"
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 3000), data_seed=st.integers(0, 1000), config=configs)
+def test_every_batch_keeps_its_budget_in_one_bucket_and_every_sample_comes_once(
+    n, data_seed, config
+):
+    config = _clean(config)
+    lengths = _lengths(n, data_seed)
+    s = BucketBatchSampler(lengths, num_replicas=1, rank=0, **{**config, "drop_last": False})
+    bounds = s.boundaries
+    batches = list(s)
+    seen = np.zeros(n, dtype=np.int64)
+    for b in batches:
+        seen[b] += 1
+        if config["batch_size"] is not None:
+            assert len(b) <= config["batch_size"]
+        if config["max_tokens"] is not None and len(b) > 1:
+            assert _cost(lengths, b, config["quadratic"]) <= config["max_tokens"]
+        assert len({int(np.searchsorted(bounds, lengths[i], side="right")) for i in b}) == 1
+    assert (seen == 1).all()
+    assert len(batches) == sum(b for _, _, b, _ in s.bucket_sizes())
+
+
+def test_batches_are_filled_to_the_budget_with_their_running_longest():
+    # One bucket, lengths 100 and a few 200: a batch closes only when the next sample would
+    # break the budget, so none of them could have taken one more.
+    lengths = np.array([100] * 900 + [200] * 100)
+    s = BucketBatchSampler(lengths, max_tokens=2000, buckets=1, num_replicas=1, rank=0)
+    batches = list(s)
+    for b, nxt in itertools.pairwise(batches):
+        longest = max(lengths[b].max(), lengths[nxt[0]])
+        assert (len(b) + 1) * longest > 2000
+    # Fixed sizes (the fast order) would hold 2000 // 200 = 10 per batch.
+    assert np.mean([len(b) for b in batches]) > 11
+
+
+@pytest.mark.parametrize("w", [2, 4, 8, 16])
+def test_steps_draw_from_one_bucket_but_for_the_short_runs_at_the_end(w):
+    lengths = _lengths(20_000, 3)
+    ranks = _ranks(lengths, w, max_tokens=20000, buckets=30, drop_last=True)
+    bounds = ranks[0].boundaries
+    counts = [b for _, _, b, _ in ranks[0].bucket_sizes()]
+    per = [list(s) for s in ranks]
+    tail = sum(c % w for c in counts)  # global positions in runs shorter than W
+    total = sum(counts)
+    for k, step in enumerate(zip(*per, strict=True)):
+        buckets = {int(np.searchsorted(bounds, lengths[b[0]], side="right")) for b in step}
+        if len(buckets) > 1:
+            assert k * w >= total - tail, f"step {k} mixes buckets before the tail"
+
+
+def test_sync_one_shuffles_batches_one_by_one_and_sync_must_be_a_power_of_two():
+    lengths = _lengths(5000, 1)
+    s = BucketBatchSampler(lengths, max_tokens=20000, sync=1, num_replicas=1, rank=0)
+    bounds = s.boundaries
+    seq = [int(np.searchsorted(bounds, lengths[b[0]], side="right")) for b in s]
+    runs = sum(1 for a, b in itertools.pairwise(seq) if a != b)
+    assert runs > len(seq) // 2  # no long runs of one bucket
+    for bad in (3, 0, 96, 1 << 21):
+        with pytest.raises(ValueError, match="sync"):
+            BucketBatchSampler(lengths, max_tokens=20000, sync=bad)
+    with pytest.raises(TypeError, match="sync"):
+        BucketBatchSampler(lengths, max_tokens=20000, sync=True)
+    with pytest.raises(ValueError, match="sync applies to the global order"):
+        BucketBatchSampler(lengths, max_tokens=20000, order="fast", sync=64)
+    with pytest.raises(ValueError, match="order must be one of"):
+        BucketBatchSampler(lengths, max_tokens=20000, order="torch")
+
+
+def test_the_number_of_batches_is_each_epochs_own_and_equal_on_every_rank():
+    lengths = _lengths(20_000, 5)
+    ranks = _ranks(lengths, 4, max_tokens=20000)
+    totals = set()
+    for epoch in range(4):
+        for s in ranks:
+            s.set_epoch(epoch)
+        counts = {len(s) for s in ranks}
+        assert len(counts) == 1
+        assert counts == {len(list(s)) for s in ranks}
+        total = sum(b for _, _, b, _ in ranks[0].bucket_sizes())
+        assert counts.pop() == -(-total // 4)
+        totals.add(total)
+    assert len(totals) > 1, "filled to the budget, epochs differ a little in batches"
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_resume_at_every_batch(drop_last):
+    lengths = _lengths(1500, 7)
+    kw = dict(max_tokens=8000, num_replicas=3, rank=1, drop_last=drop_last, sync=4)
+    s = BucketBatchSampler(lengths, **kw)
+    s.set_epoch(2)
+    whole = list(s)
+    it = iter(s)
+    for k in range(len(whole) + 1):
+        state = s.state_dict()
+        fresh = BucketBatchSampler(lengths, **kw)
+        fresh.load_state_dict(state)
+        assert fresh.epoch == 2
+        assert list(fresh) == whole[k:], k
+        if k < len(whole):
+            assert next(it) == whole[k]
+
+
+@pytest.mark.parametrize(("w0", "w1"), [(4, 3), (2, 8), (8, 1), (3, 5)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_an_elastic_resume_continues_the_same_sequence(w0, w1, drop_last):
+    lengths = _lengths(4000, 9)
+    kw = dict(max_tokens=12000, drop_last=drop_last, sync=8, seed=3)
+    one = list(BucketBatchSampler(lengths, num_replicas=1, rank=0, **kw))
+    old = _ranks(lengths, w0, **kw)
+    k = len(old[0]) // 3
+    consumed = []
+    for s in old:
+        it = iter(s)
+        consumed.extend(next(it) for _ in range(k))
+    state = old[0].state_dict()
+    new = _ranks(lengths, w1, **kw)
+    for s in new:
+        s.load_state_dict(state)
+    assert len({len(s) for s in new}) == 1
+    rest = _interleaved(new)
+    end = len(one) // w0 * w0 if drop_last else len(one)
+    want = one[k * w0 : end]
+    if drop_last:
+        want = want[: len(want) // w1 * w1]
+        assert rest == want
+    else:
+        assert rest[: len(want)] == want
+        assert all(b in want for b in rest[len(want) :])  # padding repeats the rest's head
+
+
+def test_states_of_the_other_order_are_refused_with_how_to_resume_them():
+    lengths = _lengths(2000, 2)
+    glob = BucketBatchSampler(lengths, max_tokens=20000, num_replicas=2, rank=0)
+    fast = BucketBatchSampler(lengths, max_tokens=20000, num_replicas=2, rank=0, order="fast")
+    old = fast.state_dict()
+    del old["order"], old["sync"]  # as 0.2 saved them
+    with pytest.raises(StateError, match="order='fast' to resume it"):
+        glob.load_state_dict(old)
+    fast.load_state_dict(old)
+    with pytest.raises(StateError, match="order='global' to resume it"):
+        fast.load_state_dict(glob.state_dict())
+
+
+def test_padding_optimal_buckets_pad_less_than_quantile_buckets():
+    lengths = _lengths(50_000, 11)
+
+    def padded(bounds):
+        ids = np.searchsorted(bounds, lengths, side="right")
+        return sum(
+            int((ids == j).sum()) * int(lengths[ids == j].max())
+            for j in range(len(bounds) + 1)
+            if (ids == j).any()
+        )
+
+    for k in (4, 30, 64):
+        glob = BucketBatchSampler(lengths, max_tokens=20000, buckets=k).boundaries
+        fast = BucketBatchSampler(lengths, max_tokens=20000, buckets=k, order="fast").boundaries
+        assert len(glob) <= k - 1
+        assert padded(glob) < padded(fast), k
+
+
+def test_value_stability_pin():
+    # Deliberate pins: a change of order must be deliberate (CHANGELOG, pins updated together).
+    lengths = np.arange(1, 301) % 37 + 1
+    s = BucketBatchSampler(lengths, max_tokens=120, buckets=3, num_replicas=2, rank=1, seed=5)
+    assert s.boundaries == PIN_BOUNDARIES
+    assert list(s)[:3] == PIN
+
+
+PIN_BOUNDARIES = [13, 25]
+PIN = [[250, 253, 217], [136, 64, 101], [68, 180, 287]]
+
+
+@pytest.mark.slow
+def test_the_issue_targets_on_the_log_normal_set():
+    """Issue 35's quality targets, exact properties of the plan (not timings): 1e6 log-normal
+    lengths, max_tokens=20000, 8 ranks."""
+    rng = np.random.default_rng(0)
+    lengths = np.clip(np.rint(rng.lognormal(np.log(5), 0.6, 10**6) * 100), 50, 3000)
+    lengths = lengths.astype(np.int64)
+    ranks = _ranks(lengths, 8, max_tokens=20000, buckets=30)
+    per = [ranks[r].batches() for r in range(8)]
+    n = len(per[0])
+    assert n <= 4006  # lhotse's batches per rank at 30 buckets
+    longest = np.array(
+        [[lengths[b.flat[b.offsets[i] : b.offsets[i + 1]]].max() for i in range(n)] for b in per]
+    )
+    ratio = longest.max(axis=0) / longest.min(axis=0)
+    assert np.median(ratio) <= 1.25
+    tokens = sum(int(lengths[b.flat].sum()) for b in per)
+    padded = int((longest * np.array([np.diff(b.offsets) for b in per])).sum())
+    assert tokens / padded >= 0.953
+    assert croupier.BucketBatchSampler is BucketBatchSampler
