@@ -264,3 +264,68 @@ def test_the_issue_targets_on_the_log_normal_set():
     padded = int((longest * np.array([np.diff(b.offsets) for b in per])).sum())
     assert tokens / padded >= 0.953
     assert croupier.BucketBatchSampler is BucketBatchSampler
+
+
+def test_a_resume_reads_its_batches_from_the_states_cursors_without_the_plan():
+    lengths = _lengths(6000, 13)
+    kw = dict(max_tokens=9000, num_replicas=4, rank=2, sync=8)
+    s = BucketBatchSampler(lengths, **kw)
+    s.set_epoch(1)
+    whole = list(s)
+    it = iter(s)
+    for _ in range(len(whole) // 2):
+        next(it)
+    state = s.state_dict()
+    assert state["cursors"]["position"] == len(whole) // 2 * 4
+    fresh = BucketBatchSampler(lengths, **kw)
+    fresh.load_state_dict(state)
+    assert len(fresh) == len(whole)
+    assert fresh._epochs == {}  # len from the cursors, no plan
+    first = next(iter(fresh))
+    assert first == whole[len(whole) // 2]
+    # States of the resumed sampler are the uninterrupted one's: moved on from the loaded
+    # cursors before the plan exists, and from the plan after.
+    half = len(whole) // 2
+
+    def reference(position):
+        ref = BucketBatchSampler(lengths, **kw)
+        ref.set_epoch(1)
+        ref_it = iter(ref)
+        for _ in range(position):
+            next(ref_it)
+        return ref.state_dict()
+
+    resumed = BucketBatchSampler(lengths, **kw)
+    resumed.load_state_dict(state)
+    assert resumed._state_at(1, half + 5) == reference(half + 5)
+    assert resumed._epochs == {}
+    it = iter(resumed)
+    got = [next(it) for _ in range(3)]
+    assert got == whole[half : half + 3]
+    assert resumed.state_dict() == reference(half + 3)
+    assert list(it) == whole[half + 3 :]
+
+
+def test_a_changed_cursor_entry_is_refused_and_leaves_the_sampler_as_it_was():
+    lengths = _lengths(3000, 4)
+    s = BucketBatchSampler(lengths, max_tokens=9000, num_replicas=2, rank=0)
+    it = iter(s)
+    for _ in range(10):
+        next(it)
+    state = s.state_dict()
+    fresh = BucketBatchSampler(lengths, max_tokens=9000, num_replicas=2, rank=0)
+    before = fresh.state_dict()
+    for key, change in [
+        ("next", lambda v: [v[0] + 1, *v[1:]]),
+        ("offsets", lambda v: v[:-1]),
+        ("check", lambda v: "0" * 16),
+        ("position", lambda v: -1),
+    ]:
+        bad = {**state, "cursors": {**state["cursors"], key: change(state["cursors"][key])}}
+        with pytest.raises((StateError, ValueError)):
+            fresh.load_state_dict(bad)
+        assert fresh.state_dict() == before
+    # Without the entry (another tool's state, say) the resume goes through the plan.
+    plain = {k: v for k, v in state.items() if k != "cursors"}
+    fresh.load_state_dict(plain)
+    assert next(iter(fresh)) == next(it)

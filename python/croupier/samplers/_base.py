@@ -165,6 +165,9 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
     #: Whether a loaded position waits for the next iteration whatever its epoch then (NeMo's
     #: rule) instead of belonging to the loaded epoch.
     _skip_outlives_epoch: ClassVar[bool] = False
+    #: From this many items left after an iteration's first piece, the rest of the epoch is
+    #: computed on a thread while short pieces are handed out.
+    _background_from: ClassVar[int] = _BACKGROUND_FROM
 
     num_replicas: int
     rank: int
@@ -414,7 +417,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         stop = self._first_stop_of(start, el)
         if stop < length:
             yield self._items(epoch, start, stop, el)
-            if length - stop >= _BACKGROUND_FROM and self._cached(epoch, stop, el) is None:
+            if length - stop >= self._background_from and self._cached(epoch, stop, el) is None:
                 yield from self._while_the_tail_computes(epoch, stop, el)
                 return
             start = stop

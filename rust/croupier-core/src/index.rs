@@ -126,8 +126,7 @@ impl Indices {
         self.len() == 0
     }
 
-    /// The indices widened to `u64` (a copy, for tests).
-    #[cfg(test)]
+    /// The indices widened to `u64` (a copy).
     pub(crate) fn to_u64_vec(&self) -> Vec<u64> {
         match self {
             Indices::U32(v) => v.iter().map(|&x| x as u64).collect(),

@@ -119,9 +119,7 @@ struct Run {
 pub struct EpochBatches {
     /// Per bucket: where each of its batches starts in its order of the epoch, then its end.
     cuts: Vec<Vec<u64>>,
-    /// The runs, in global order.
-    runs: Vec<Run>,
-    total: u64,
+    runs: Runs,
     draw: EpochDraw,
     /// Every bucket's order of the epoch as samples, kept from the cut when the plan fills
     /// batches to the budget and has at most [`KEEP_ORDERS`] samples: a rank's batches are
@@ -154,37 +152,10 @@ impl EpochBatches {
             .unzip();
         let orders = keep.then(|| orders.into_iter().map(|o| o.expect("kept")).collect());
         let counts: Vec<u64> = cuts.iter().map(|c| c.len() as u64 - 1).collect();
-        let total: u64 = counts.iter().sum();
-        let runs = if draw.shuffle && draw.shuffle_batches {
-            let sure: Vec<u64> = (0..k)
-                .map(|j| {
-                    if plan.filled_to_budget(j) {
-                        budget.lower_bound(plan.members_of(j), plan.bucket_cost(j))
-                    } else {
-                        counts[j]
-                    }
-                })
-                .collect();
-            shuffled_runs(&counts, &sure, draw)
-        } else {
-            let mut runs = Vec::with_capacity(k);
-            let mut start = 0;
-            for (j, &c) in counts.iter().enumerate() {
-                if c > 0 {
-                    runs.push(Run {
-                        start,
-                        bucket: j as u32,
-                        first: 0,
-                    });
-                    start += c;
-                }
-            }
-            runs
-        };
+        let runs = Runs::new(plan, &counts, draw);
         Ok(EpochBatches {
             cuts,
             runs,
-            total,
             draw,
             orders,
         })
@@ -192,7 +163,7 @@ impl EpochBatches {
 
     /// Batches in the epoch over all ranks, before padding or cutting.
     pub fn batches(&self) -> u64 {
-        self.total
+        self.runs.total
     }
 
     /// Per bucket, its batches this epoch (the oversized bucket last).
@@ -202,7 +173,7 @@ impl EpochBatches {
 
     /// Batches per rank with `w` ranks.
     pub fn rank_batches(&self, w: u64, drop_last: bool) -> Result<u64> {
-        Ok(Layout::new(self.total, w, drop_last)?.num_samples())
+        Ok(Layout::new(self.runs.total, w, drop_last)?.num_samples())
     }
 
     /// Global position `p`'s batch: its bucket and positions `[a, b)` of the bucket's order.
@@ -211,11 +182,26 @@ impl EpochBatches {
     ///
     /// If `p >= self.batches()`.
     pub fn locate(&self, p: u64) -> (usize, u64, u64) {
-        assert!(p < self.total, "global batch {p} of {}", self.total);
-        let r = self.runs[self.runs.partition_point(|r| r.start <= p) - 1];
-        let j = r.bucket as usize;
-        let i = (r.first + p - r.start) as usize;
-        (j, self.cuts[j][i], self.cuts[j][i + 1])
+        let (j, i) = self.runs.locate(p);
+        (j, self.cuts[j][i as usize], self.cuts[j][i as usize + 1])
+    }
+
+    /// Where every bucket stands at global position `g` (clamped to the epoch's batches): the
+    /// [`Cursors`] a checkpoint keeps so that a resume needs no whole plan.
+    pub fn cursors_at(&self, g: u64) -> Cursors {
+        let g = g.min(self.runs.total);
+        let next = self.runs.consumed(g, vec![0; self.cuts.len()]);
+        let offsets = next
+            .iter()
+            .zip(&self.cuts)
+            .map(|(&i, c)| c[i as usize])
+            .collect();
+        Cursors {
+            position: g,
+            batches: self.bucket_batches(),
+            next,
+            offsets,
+        }
     }
 
     /// Rank `deal.rank`'s batches `range` of the epoch: the indices, batch after batch, and
@@ -226,7 +212,7 @@ impl EpochBatches {
         deal: Deal,
         range: Range<u64>,
     ) -> Result<(Indices, Vec<u64>)> {
-        let layout = deal.layout(self.total)?;
+        let layout = deal.layout(self.runs.total)?;
         let positions = rank_range(&layout, deal.rank, in_order(), range)?;
         self.batches_at(plan, positions)
     }
@@ -245,21 +231,294 @@ impl EpochBatches {
     }
 
     fn batches_at(&self, plan: &BucketPlan, positions: Indices) -> Result<(Indices, Vec<u64>)> {
-        let located: Vec<(usize, u64, u64)> = match positions {
-            Indices::U32(v) => v.iter().map(|&p| self.locate(u64::from(p))).collect(),
-            Indices::U64(v) => v.iter().map(|&p| self.locate(p)).collect(),
-        };
+        let located: Vec<(usize, u64, u64)> =
+            positions.to_u64_vec().into_iter().map(|p| self.locate(p)).collect();
         if let Some(orders) = &self.orders {
             return Ok(copied(orders, &located));
         }
-        let keys = self.draw.keys();
-        Ok(if plan.len() <= U32_MAX_LEN {
-            let (flat, offsets) = plan.fill_located::<u32>(&located, keys)?;
-            (Indices::U32(flat), offsets)
-        } else {
-            let (flat, offsets) = plan.fill_located::<u64>(&located, keys)?;
-            (Indices::U64(flat), offsets)
+        filled(plan, &located, self.draw.keys())
+    }
+}
+
+/// The batches `located` read from their buckets' orders, with their offsets.
+fn filled(
+    plan: &BucketPlan,
+    located: &[(usize, u64, u64)],
+    keys: (u64, u64, bool),
+) -> Result<(Indices, Vec<u64>)> {
+    Ok(if plan.len() <= U32_MAX_LEN {
+        let (flat, offsets) = plan.fill_located::<u32>(located, keys)?;
+        (Indices::U32(flat), offsets)
+    } else {
+        let (flat, offsets) = plan.fill_located::<u64>(located, keys)?;
+        (Indices::U64(flat), offsets)
+    })
+}
+
+/// Where an epoch's buckets stand at a global position of its plan: every bucket's batches
+/// this epoch, how many of them come before the position, and where the next one starts in
+/// the bucket's order. A checkpoint keeps it (`O(buckets)` integers) so that a resume reads
+/// its next batches without the whole plan ([`Cursors::batches_at`]).
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::bucket::{BucketPlan, EpochBatches, EpochDraw, Limits};
+/// use croupier_core::Deal;
+///
+/// let lengths: Vec<u32> = (0..5000).map(|i| 10 + (i * 7919) % 500).collect();
+/// let limits = Limits { max_tokens: Some(4096), fill_to_budget: true, ..Limits::default() };
+/// let plan = BucketPlan::new(&lengths, &[100, 200, 300], limits).unwrap();
+/// let draw = EpochDraw { epoch: 1, ..EpochDraw::default() };
+/// let epoch = EpochBatches::new(&plan, draw).unwrap();
+/// let at = epoch.cursors_at(40);
+/// // Rank 1 of 4 resumes at its batch 10 (global position 41) from the cursors alone.
+/// let deal = Deal { num_replicas: 4, rank: 1, drop_last: false };
+/// let whole = epoch.range(&plan, deal, 10..12).unwrap();
+/// assert_eq!(at.range(&plan, draw, deal, 10..12).unwrap(), whole);
+/// assert_eq!(at.advance(&plan, draw, 77).unwrap(), epoch.cursors_at(77));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursors {
+    /// The global position (at most the epoch's batches).
+    pub position: u64,
+    /// Every bucket's batches this epoch (the oversized bucket last).
+    pub batches: Vec<u64>,
+    /// Per bucket: its batches at global positions before `position`.
+    pub next: Vec<u64>,
+    /// Per bucket: where its batch `next[j]` starts in its order of the epoch.
+    pub offsets: Vec<u64>,
+}
+
+impl Cursors {
+    /// Refuses cursors that cannot belong to `plan`: the wrong number of buckets, counts or
+    /// offsets out of range, or a position that disagrees with them.
+    fn check(&self, plan: &BucketPlan) -> Result<()> {
+        let k = plan.bucket_count();
+        let bad = |why: String| Err(Error::out_of_range("cursors", "a plan's own", why));
+        if self.batches.len() != k || self.next.len() != k || self.offsets.len() != k {
+            return bad(format!("lists of {k} buckets expected"));
+        }
+        for j in 0..k {
+            let n = plan.members_of(j);
+            if self.next[j] > self.batches[j] || self.offsets[j] > n || self.batches[j] > n {
+                return bad(format!("bucket {j} out of range"));
+            }
+        }
+        if self.next.iter().sum::<u64>() != self.position {
+            return bad(format!("position {} is not its buckets' sum", self.position));
+        }
+        Ok(())
+    }
+
+    /// The batches at global positions `positions` (each at or after `self.position`), as
+    /// [`EpochBatches::range`] returns them, scanning only the buckets' orders from their
+    /// cursors to the batches asked for.
+    fn read(
+        &self,
+        plan: &BucketPlan,
+        draw: EpochDraw,
+        positions: &[u64],
+    ) -> Result<(Indices, Vec<u64>)> {
+        self.check(plan)?;
+        let runs = Runs::new(plan, &self.batches, draw);
+        let budget = Budget::new(plan.limits());
+        let at: Vec<(usize, u64)> = positions.iter().map(|&p| runs.locate(p)).collect();
+        let mut need = vec![0u64; self.next.len()];
+        for &(j, i) in &at {
+            if i < self.next[j] {
+                return Err(Error::out_of_range(
+                    "positions",
+                    format!("at or after the cursors' position {}", self.position),
+                    "an earlier one",
+                ));
+            }
+            need[j] = need[j].max(i - self.next[j] + 1);
+        }
+        let cuts: Vec<Vec<u64>> = (0..need.len())
+            .map(|j| cuts_from(plan, &budget, j, draw, self.offsets[j], need[j]))
+            .collect::<Result<_>>()?;
+        let located: Vec<(usize, u64, u64)> = at
+            .iter()
+            .map(|&(j, i)| {
+                let t = (i - self.next[j]) as usize;
+                (j, cuts[j][t], cuts[j][t + 1])
+            })
+            .collect();
+        filled(plan, &located, draw.keys())
+    }
+
+    /// Rank `deal.rank`'s batches `range` of the epoch, as [`EpochBatches::range`] returns
+    /// them, from these cursors (the batches must lie at or after their position).
+    pub fn range(
+        &self,
+        plan: &BucketPlan,
+        draw: EpochDraw,
+        deal: Deal,
+        range: Range<u64>,
+    ) -> Result<(Indices, Vec<u64>)> {
+        let total = self.batches.iter().sum();
+        let positions = rank_range(&deal.layout(total)?, deal.rank, in_order(), range)?;
+        self.read(plan, draw, &positions.to_u64_vec())
+    }
+
+    /// New rank `rank`'s batches `range` of the elastic rest `elastic`, as
+    /// [`EpochBatches::elastic_range`] returns them, from these cursors.
+    pub fn elastic_range(
+        &self,
+        plan: &BucketPlan,
+        draw: EpochDraw,
+        elastic: &Elastic,
+        rank: u64,
+        range: Range<u64>,
+    ) -> Result<(Indices, Vec<u64>)> {
+        let positions = elastic.range(rank, in_order(), range)?;
+        self.read(plan, draw, &positions.to_u64_vec())
+    }
+
+    /// The cursors at global position `g` (at or after these; clamped to the epoch's
+    /// batches), scanning only the batches in between.
+    pub fn advance(&self, plan: &BucketPlan, draw: EpochDraw, g: u64) -> Result<Cursors> {
+        self.check(plan)?;
+        let runs = Runs::new(plan, &self.batches, draw);
+        let g = g.min(runs.total);
+        if g < self.position {
+            return Err(Error::out_of_range(
+                "position",
+                format!("at or after the cursors' position {}", self.position),
+                g,
+            ));
+        }
+        let next = runs.consumed(g, self.next.clone());
+        let budget = Budget::new(plan.limits());
+        let offsets = (0..next.len())
+            .map(|j| {
+                let ahead = next[j] - self.next[j];
+                let cuts = cuts_from(plan, &budget, j, draw, self.offsets[j], ahead)?;
+                Ok(cuts[ahead as usize])
+            })
+            .collect::<Result<_>>()?;
+        Ok(Cursors {
+            position: g,
+            batches: self.batches.clone(),
+            next,
+            offsets,
         })
+    }
+}
+
+/// Where the next `count` batches of bucket `j` start in its order of the epoch, from the
+/// batch starting at `offset`, then where the last of them ends (`count + 1` offsets): the
+/// bucket's order read from `offset` in growing pieces until `count` batches are whole.
+fn cuts_from(
+    plan: &BucketPlan,
+    budget: &Budget,
+    j: usize,
+    draw: EpochDraw,
+    offset: u64,
+    count: u64,
+) -> Result<Vec<u64>> {
+    let n = plan.members_of(j);
+    if !plan.filled_to_budget(j) {
+        let size = if j + 1 == plan.bucket_count() {
+            1
+        } else {
+            plan.fixed_size(j)
+        };
+        return Ok((0..=count).map(|t| (offset + t * size).min(n)).collect());
+    }
+    let mut lens: Vec<u64> = Vec::new();
+    let mut end = offset;
+    let mut piece = 1024u64;
+    loop {
+        if count == 0 {
+            return Ok(vec![offset]);
+        }
+        let stop = (end + piece).min(n);
+        let positions = plan.bucket_positions(j, draw.keys(), end..stop)?;
+        lens.extend(plan.gather_lengths(j, &positions));
+        end = stop;
+        let cuts = budget.cuts(&lens);
+        // The last batch is whole only at the end of the bucket: it may take more samples.
+        let whole = cuts.len() as u64 - if end == n { 1 } else { 2 };
+        if whole >= count {
+            return Ok(cuts[..=count as usize].iter().map(|&c| offset + c).collect());
+        }
+        if end == n {
+            return Err(Error::out_of_range(
+                "cursors",
+                "a plan's own",
+                format!("bucket {j} has fewer batches than they say"),
+            ));
+        }
+        piece *= 2;
+    }
+}
+
+/// The runs of an epoch's global sequence and its length.
+#[derive(Debug, Clone)]
+struct Runs {
+    runs: Vec<Run>,
+    total: u64,
+}
+
+impl Runs {
+    /// The runs of the epoch `draw` names whose buckets have `counts` batches.
+    fn new(plan: &BucketPlan, counts: &[u64], draw: EpochDraw) -> Self {
+        let total = counts.iter().sum();
+        let runs = if draw.shuffle && draw.shuffle_batches {
+            let budget = Budget::new(plan.limits());
+            let sure: Vec<u64> = (0..counts.len())
+                .map(|j| {
+                    if plan.filled_to_budget(j) {
+                        budget
+                            .lower_bound(plan.members_of(j), plan.bucket_cost(j))
+                            .min(counts[j])
+                    } else {
+                        counts[j]
+                    }
+                })
+                .collect();
+            shuffled_runs(counts, &sure, draw)
+        } else {
+            let mut runs = Vec::with_capacity(counts.len());
+            let mut start = 0;
+            for (j, &c) in counts.iter().enumerate() {
+                if c > 0 {
+                    runs.push(Run {
+                        start,
+                        bucket: j as u32,
+                        first: 0,
+                    });
+                    start += c;
+                }
+            }
+            runs
+        };
+        Runs { runs, total }
+    }
+
+    /// Global position `p`'s bucket and batch of that bucket.
+    ///
+    /// # Panics
+    ///
+    /// If `p` is not below the epoch's batches.
+    fn locate(&self, p: u64) -> (usize, u64) {
+        assert!(p < self.total, "global batch {p} of {}", self.total);
+        let r = self.runs[self.runs.partition_point(|r| r.start <= p) - 1];
+        (r.bucket as usize, r.first + p - r.start)
+    }
+
+    /// Per bucket, its batches before global position `g`, given `next` (its batches before
+    /// some earlier position; at least what the runs before it say).
+    fn consumed(&self, g: u64, mut next: Vec<u64>) -> Vec<u64> {
+        let end = self.runs.partition_point(|r| r.start < g);
+        for (k, r) in self.runs[..end].iter().enumerate() {
+            let stop = self.runs.get(k + 1).map_or(self.total, |n| n.start).min(g);
+            let j = r.bucket as usize;
+            next[j] = next[j].max(r.first + stop - r.start);
+        }
+        next
     }
 }
 
@@ -314,7 +573,7 @@ fn bucket_cuts(
 ) -> Result<(Vec<u64>, Option<Indices>)> {
     let n = plan.members_of(j);
     if plan.filled_to_budget(j) || keep {
-        let positions = plan.bucket_positions(j, draw.keys())?;
+        let positions = plan.bucket_positions(j, draw.keys(), 0..n)?;
         let cuts = if plan.filled_to_budget(j) {
             budget.cuts(&plan.gather_lengths(j, &positions))
         } else {
@@ -570,6 +829,58 @@ mod tests {
             }
         )
         .is_err());
+    }
+
+    #[test]
+    fn cursors_read_what_the_whole_plan_reads_from_any_position() {
+        for (limits, sync) in [
+            (budget_limits(), 8u64),
+            (budget_limits(), 1),
+            (Limits { batch_size: Some(16), ..Limits::default() }, 4),
+        ] {
+            let (_, p) = plan(9_000, limits);
+            let draw = EpochDraw { sync, epoch: 4, ..EpochDraw::default() };
+            let e = EpochBatches::new(&p, draw).unwrap();
+            let total = e.batches();
+            let start = e.cursors_at(0);
+            for g in [0, 1, 7, total / 3, total - 1, total] {
+                let at = e.cursors_at(g);
+                assert_eq!(start.advance(&p, draw, g).unwrap(), at, "advance to {g}");
+                for w in [1u64, 3, 8] {
+                    let k = g.div_ceil(w);
+                    let deal = Deal { num_replicas: w, rank: w - 1, drop_last: true };
+                    let n = e.rank_batches(w, true).unwrap();
+                    if k >= n {
+                        continue;
+                    }
+                    let stop = (k + 5).min(n);
+                    assert_eq!(
+                        at.range(&p, draw, deal, k..stop).unwrap(),
+                        e.range(&p, deal, k..stop).unwrap(),
+                        "g {g} W {w}"
+                    );
+                }
+                if g < total {
+                    let el = Elastic::new(total, 2, false, g, 3).unwrap();
+                    let n = el.num_samples().min(3);
+                    assert_eq!(
+                        at.elastic_range(&p, draw, &el, 1, 0..n).unwrap(),
+                        e.elastic_range(&p, &el, 1, 0..n).unwrap()
+                    );
+                }
+            }
+            // Positions before the cursors, and cursors of another plan, are refused.
+            let mid = e.cursors_at(total / 2);
+            let deal = Deal { num_replicas: 1, rank: 0, drop_last: false };
+            assert!(mid.range(&p, draw, deal, 0..1).is_err());
+            assert!(mid.advance(&p, draw, 0).is_err());
+            let mut bad = mid.clone();
+            bad.next[0] += 1;
+            assert!(bad.range(&p, draw, deal, total - 1..total).is_err());
+            let mut bad = mid.clone();
+            bad.batches.pop();
+            assert!(bad.advance(&p, draw, total).is_err());
+        }
     }
 
     #[test]

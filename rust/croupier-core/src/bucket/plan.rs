@@ -742,20 +742,25 @@ impl BucketPlan {
         self.member_lengths.as_ref().map_or(0, |(_, c)| c[j])
     }
 
-    /// Bucket `j`'s positions of its order in the epoch `keys` names (the members' offsets
-    /// in the bucket), whole.
-    pub(crate) fn bucket_positions(&self, j: usize, keys: (u64, u64, bool)) -> Result<Indices> {
+    /// Positions `range` of bucket `j`'s order in the epoch `keys` names, as the members'
+    /// offsets in the bucket.
+    pub(crate) fn bucket_positions(
+        &self,
+        j: usize,
+        keys: (u64, u64, bool),
+        range: Range<u64>,
+    ) -> Result<Indices> {
         let n = self.members_of(j);
         if !keys.2 {
             return Ok(if n <= U32_MAX_LEN {
-                Indices::U32((0..n as u32).collect())
+                Indices::U32(range.map(|p| p as u32).collect())
             } else {
-                Indices::U64((0..n).collect())
+                Indices::U64(range.collect())
             });
         }
         let layout = Layout::new(n, 1, false)?;
         let key = Stream::new(keys.0, keys.1, Purpose::BucketShuffle, j as u64).next_u64();
-        rank_range(&layout, 0, Draw::keyed(key), 0..n)
+        rank_range(&layout, 0, Draw::keyed(key), range)
     }
 
     /// The lengths of bucket `j`'s members at `positions` (with [`Limits::fill_to_budget`]).
