@@ -181,6 +181,113 @@ def test_runs_that_cannot_fit_are_skipped_and_said_so():
     assert "skipped" in table(results)
 
 
+def test_sizes_the_timeout_cannot_hold_are_skipped_and_said_so():
+    # croupier-chunks at 1e9: ~30 s of work by its estimate, with little memory.
+    results = run(BenchConfig(ns=(10**9,), systems=("croupier-chunks",), timeout=5))
+    (row,) = results["rows"]
+    assert row["status"] == "skipped", row
+    assert "over the 5 s timeout" in row["detail"]
+    # lhotse's sampler runs up to 1e7 under the default timeout and is skipped at 1e8 (--all).
+    lhotse, timeout = by_name("lhotse-buckets"), BenchConfig().timeout
+    assert 10**7 * lhotse.s_per_index < timeout < 10**8 * lhotse.s_per_index
+
+
+def test_bucket_rows_time_both_orders_and_compare_them():
+    cfg = BenchConfig(
+        ns=(20_000,), ranks=4, rank=1, systems=("croupier-buckets", "croupier-buckets-fast-order")
+    )
+    results = run(cfg)
+    rows = {r["system"]: r for r in results["rows"]}
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    for row in rows.values():
+        assert row["checks_ok"]  # the first batch and the resumed batch are the epoch's
+        assert row["runs"][0]["count"] > 0 and row["epoch_s"] > 0 and row["resume_s"] > 0
+        assert 0.5 < row["efficiency"] <= 1
+    # The global order fills batches to the budget over padding-optimal buckets.
+    assert (
+        rows["croupier-buckets"]["efficiency"] > rows["croupier-buckets-fast-order"]["efficiency"]
+    )
+    assert results["baselines"]["croupier-buckets-fast-order"] == "croupier-buckets"
+    (fast,) = [
+        line for line in table(results).splitlines() if "| croupier-buckets-fast-order |" in line
+    ]
+    assert fast.count("x)") >= 3  # first batch, epoch and resume against the global order
+
+
+def _without(monkeypatch, module: str) -> None:
+    """``module`` looks uninstalled to the harness (its ``find_spec`` answers ``None``)."""
+    import croupier.bench._runner as runner
+
+    real = runner.importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        if name == module or name.startswith(module + "."):
+            return None
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(runner.importlib.util, "find_spec", find_spec)
+
+
+def test_without_lhotse_its_row_says_not_installed_and_the_rest_run(monkeypatch, tmp_path, capsys):
+    """lhotse is an optional baseline: without it its row is "not installed", as torch's rows
+    are without torch, and croupier's row runs alone, compared with nothing."""
+    _without(monkeypatch, "lhotse")
+    cfg = BenchConfig(ns=(5000,), ranks=8, rank=3, systems=("croupier-buckets", "lhotse-buckets"))
+    results = run(cfg)
+    rows = {r["system"]: r for r in results["rows"]}
+    assert rows["lhotse-buckets"]["status"] == "not installed"
+    assert rows["lhotse-buckets"]["detail"] == "needs lhotse"
+    assert "runs" not in rows["lhotse-buckets"]  # never started
+    assert rows["croupier-buckets"]["status"] == "ok" and rows["croupier-buckets"]["checks_ok"]
+    text = table(results)
+    assert "| 5,000 | lhotse-buckets | not installed: needs lhotse |" in text
+    (ours,) = [line for line in text.splitlines() if "| croupier-buckets |" in line]
+    assert "x)" not in ours
+    # Asked for alone, it is refused before any work, like any system that is not installed.
+    argv = ["bench", "--n", "5000", "--systems", "lhotse-buckets", "--out", str(tmp_path / "o")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "nothing to run: lhotse-buckets at N=5,000 is not installed (needs lhotse)" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_lhotse_row_measures_its_dynamic_bucketing_sampler():
+    pytest.importorskip("lhotse")
+    cfg = BenchConfig(ns=(20_000,), ranks=8, rank=3, systems=("croupier-buckets", "lhotse-buckets"))
+    results = run(cfg)
+    rows = {r["system"]: r for r in results["rows"]}
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    row = rows["lhotse-buckets"]
+    assert row["checks_ok"]  # its first batch is the epoch's, its resume yields batch mid
+    assert row["runs"][0]["count"] > 0 and 0.5 < row["efficiency"] <= 1
+    assert 0 < row["setup_s"] <= row["first_s"] and row["epoch_s"] > 0 and row["resume_s"] > 0
+    assert results["machine"]["lhotse"]
+    (line,) = [x for x in table(results).splitlines() if "| lhotse-buckets |" in x]
+    assert line.count("x)") >= 3  # against croupier-buckets
+
+
+def test_lhotse_mid_epoch_state_is_the_checkpoint_lhotse_takes_there():
+    """The bench resumes lhotse from a state made from the end of the epoch (replaying half
+    an epoch to take a real one would double the run): it equals the real one."""
+    pytest.importorskip("lhotse")
+    from croupier.bench import _lhotse
+    from croupier.bench._baselines import BUCKETS, MAX_TOKENS, bench_lengths
+
+    cuts = _lhotse.lazy_cuts(bench_lengths(20_000, 0))
+    s = _lhotse.sampler(cuts, MAX_TOKENS, BUCKETS, 8, 3, seed=0, epoch=1)
+    whole = [_lhotse.batch_indices(b) for b in s]
+    mid = len(whole) // 2
+    made = _lhotse.mid_epoch_state(s, whole, mid)
+    real = _lhotse.sampler(cuts, MAX_TOKENS, BUCKETS, 8, 3, seed=0, epoch=1)
+    it = iter(real)
+    for _ in range(mid):
+        next(it)
+    assert real.state_dict() == made
+    resumed = _lhotse.sampler(cuts, MAX_TOKENS, BUCKETS, 8, 3, seed=0, epoch=1)
+    resumed.load_state_dict(made)
+    assert [_lhotse.batch_indices(b) for b in resumed] == whole[mid:]
+
+
 @needs_matplotlib
 def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     code = cli.main(

@@ -113,3 +113,54 @@ def test_the_committed_baseline_covers_every_bench_group():
             "mixture global order vs fast order: rank epoch, W=8": 0.2,
         }.get(name, 1)
         assert group["ratio"] > least
+
+
+def _bench_groups() -> dict[str, list[tuple[str, bool]]]:
+    """The groups named in ``benches/`` marks: group -> [(test, whether it needs an optional
+    package)]. A test needs one when it takes a fixture that calls ``pytest.importorskip``
+    (groups named at run time, ``benchmark.group = ...``, are left out)."""
+    import ast
+
+    groups: dict[str, list[tuple[str, bool]]] = {}
+    for path in sorted((SCRIPT.parent.parent / "benches").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+        optional = {
+            f.name
+            for f in functions
+            if any(
+                isinstance(c, ast.Call) and getattr(c.func, "attr", "") == "importorskip"
+                for c in ast.walk(f)
+            )
+        }
+        for f in functions:
+            for mark in f.decorator_list:
+                if not (
+                    isinstance(mark, ast.Call) and getattr(mark.func, "attr", "") == "benchmark"
+                ):
+                    continue
+                for kw in mark.keywords:
+                    if kw.arg == "group" and isinstance(kw.value, ast.Constant):
+                        needs = any(a.arg in optional for a in f.args.args)
+                        groups.setdefault(kw.value.value, []).append((f.name, needs))
+    return groups
+
+
+def test_optional_baselines_skip_whole_groups():
+    """Every group holds one test_croupier_* and an alternative, and a test of an optional
+    baseline (lhotse's) shares its group only with tests that skip with it: without the
+    package the group is absent, never croupier alone (which bench-compare refuses), and the
+    committed baseline's groups are the same with it or without."""
+    groups = _bench_groups()
+    baseline = json.loads((SCRIPT.parent.parent / "benches" / "baseline-small.json").read_text())
+    optional = {group for group, tests in groups.items() if any(needs for _, needs in tests)}
+    assert optional == {
+        "bucket batches vs lhotse, rank epoch of N/100, W=8",
+        "bucket batches vs lhotse, resume at mid-epoch of N/100, W=8",
+    }
+    assert not optional & set(baseline["groups"])
+    for group, tests in groups.items():
+        names = [name for name, _ in tests]
+        assert sum(name.startswith("test_croupier") for name in names) == 1, (group, names)
+        assert len(names) >= 2, (group, names)
+        assert len({needs for _, needs in tests}) == 1, (group, tests)

@@ -95,15 +95,21 @@ def test_every_batch_keeps_its_budget_in_one_bucket_and_every_sample_comes_once(
 
 def test_batches_are_filled_to_the_budget_with_their_running_longest():
     # One bucket, lengths 100 and a few 200: a batch closes only when the next sample would
-    # break the budget, so none of them could have taken one more.
+    # break the budget, so none could have taken one more; but for the few halved at the end
+    # of the epoch to keep every epoch at the bucket's batch count (its reference count plus
+    # a margin of two standard deviations).
     lengths = np.array([100] * 900 + [200] * 100)
     s = BucketBatchSampler(lengths, max_tokens=2000, buckets=1, num_replicas=1, rank=0)
     batches = list(s)
-    for b, nxt in itertools.pairwise(batches):
-        longest = max(lengths[b].max(), lengths[nxt[0]])
-        assert (len(b) + 1) * longest > 2000
+    short = [
+        k
+        for k, (b, nxt) in enumerate(itertools.pairwise(batches))
+        if (len(b) + 1) * max(lengths[b].max(), lengths[nxt[0]]) <= 2000
+    ]
+    assert len(short) <= len(batches) // 4
+    assert all(k >= len(batches) - 2 * len(short) - 1 for k in short)  # at the end
     # Fixed sizes (the fast order) would hold 2000 // 200 = 10 per batch.
-    assert np.mean([len(b) for b in batches]) > 11
+    assert np.mean([len(b) for b in batches]) > 10.3
 
 
 @pytest.mark.parametrize("w", [2, 4, 8, 16])
@@ -139,20 +145,37 @@ def test_sync_one_shuffles_batches_one_by_one_and_sync_must_be_a_power_of_two():
         BucketBatchSampler(lengths, max_tokens=20000, order="torch")
 
 
-def test_the_number_of_batches_is_each_epochs_own_and_equal_on_every_rank():
-    lengths = _lengths(20_000, 5)
-    ranks = _ranks(lengths, 4, max_tokens=20000)
-    totals = set()
-    for epoch in range(4):
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 4000),
+    data_seed=st.integers(0, 1000),
+    max_tokens=st.sampled_from([3000, 9000, 20000]),
+    quadratic=st.sampled_from([None, 900]),
+    multiple=st.sampled_from([1, 4]),
+)
+def test_every_epoch_has_the_same_batches_per_bucket_on_every_rank(
+    n, data_seed, max_tokens, quadratic, multiple
+):
+    # Trainers fix their steps per epoch from the first len(): it must never change.
+    lengths = _lengths(n, data_seed)
+    kw = dict(max_tokens=max_tokens, quadratic=quadratic, batch_size_multiple=multiple)
+    ranks = _ranks(lengths, 4, **kw)
+    bounds = ranks[0].boundaries
+    want = [b for _, _, b, _ in ranks[0].bucket_sizes()]
+    for epoch in range(3):
         for s in ranks:
             s.set_epoch(epoch)
-        counts = {len(s) for s in ranks}
-        assert len(counts) == 1
-        assert counts == {len(list(s)) for s in ranks}
-        total = sum(b for _, _, b, _ in ranks[0].bucket_sizes())
-        assert counts.pop() == -(-total // 4)
-        totals.add(total)
-    assert len(totals) > 1, "filled to the budget, epochs differ a little in batches"
+        per = [list(s) for s in ranks]
+        assert {len(p) for p in per} == {len(ranks[0])} == {-(-sum(want) // 4)}
+        one = BucketBatchSampler(lengths, num_replicas=1, rank=0, **kw)
+        one.set_epoch(epoch)
+        got = [0] * len(want)
+        for b in one:
+            if _cost(lengths, b, quadratic) > max_tokens:  # the last bucket: served alone
+                got[-1] += 1
+            else:
+                got[int(np.searchsorted(bounds, lengths[b[0]], side="right"))] += 1
+        assert got == want
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
@@ -266,66 +289,22 @@ def test_the_issue_targets_on_the_log_normal_set():
     assert croupier.BucketBatchSampler is BucketBatchSampler
 
 
-def test_a_resume_reads_its_batches_from_the_states_cursors_without_the_plan():
+def test_a_resume_reads_its_first_batches_without_the_epochs_plan():
     lengths = _lengths(6000, 13)
     kw = dict(max_tokens=9000, num_replicas=4, rank=2, sync=8)
     s = BucketBatchSampler(lengths, **kw)
     s.set_epoch(1)
     whole = list(s)
     it = iter(s)
-    for _ in range(len(whole) // 2):
+    half = len(whole) // 2
+    for _ in range(half):
         next(it)
     state = s.state_dict()
-    assert state["cursors"]["position"] == len(whole) // 2 * 4
+    assert set(state) == set(BucketBatchSampler(lengths, **kw).state_dict())  # O(1) in size
     fresh = BucketBatchSampler(lengths, **kw)
     fresh.load_state_dict(state)
-    assert len(fresh) == len(whole)
-    assert fresh._epochs == {}  # len from the cursors, no plan
-    first = next(iter(fresh))
-    assert first == whole[len(whole) // 2]
-    # States of the resumed sampler are the uninterrupted one's: moved on from the loaded
-    # cursors before the plan exists, and from the plan after.
-    half = len(whole) // 2
-
-    def reference(position):
-        ref = BucketBatchSampler(lengths, **kw)
-        ref.set_epoch(1)
-        ref_it = iter(ref)
-        for _ in range(position):
-            next(ref_it)
-        return ref.state_dict()
-
-    resumed = BucketBatchSampler(lengths, **kw)
-    resumed.load_state_dict(state)
-    assert resumed._state_at(1, half + 5) == reference(half + 5)
-    assert resumed._epochs == {}
-    it = iter(resumed)
-    got = [next(it) for _ in range(3)]
-    assert got == whole[half : half + 3]
-    assert resumed.state_dict() == reference(half + 3)
-    assert list(it) == whole[half + 3 :]
-
-
-def test_a_changed_cursor_entry_is_refused_and_leaves_the_sampler_as_it_was():
-    lengths = _lengths(3000, 4)
-    s = BucketBatchSampler(lengths, max_tokens=9000, num_replicas=2, rank=0)
-    it = iter(s)
-    for _ in range(10):
-        next(it)
-    state = s.state_dict()
-    fresh = BucketBatchSampler(lengths, max_tokens=9000, num_replicas=2, rank=0)
-    before = fresh.state_dict()
-    for key, change in [
-        ("next", lambda v: [v[0] + 1, *v[1:]]),
-        ("offsets", lambda v: v[:-1]),
-        ("check", lambda v: "0" * 16),
-        ("position", lambda v: -1),
-    ]:
-        bad = {**state, "cursors": {**state["cursors"], key: change(state["cursors"][key])}}
-        with pytest.raises((StateError, ValueError)):
-            fresh.load_state_dict(bad)
-        assert fresh.state_dict() == before
-    # Without the entry (another tool's state, say) the resume goes through the plan.
-    plain = {k: v for k, v in state.items() if k != "cursors"}
-    fresh.load_state_dict(plain)
-    assert next(iter(fresh)) == next(it)
+    assert fresh._epochs == {}
+    it = iter(fresh)
+    assert next(it) == whole[half]  # one batch: its bucket cut, not the epoch
+    assert fresh._epochs == {}
+    assert list(it) == whole[half + 1 :]

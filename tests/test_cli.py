@@ -131,7 +131,9 @@ def test_the_default_run_is_the_headline_systems_in_about_three_minutes():
     assert choose(everything=True) == list(SYSTEMS)
     assert [s.name for s in choose(families=("buckets",))] == [
         "croupier-buckets",
+        "croupier-buckets-fast-order",
         "python-buckets",
+        "lhotse-buckets",
         "numpy-argsort",
     ]
     assert [s.name for s in choose(systems=("torch-sampler", "croupier", "croupier"))] == [

@@ -160,41 +160,24 @@ class Buckets:
     def elastic_batches(self, origin: int, offset: int, num_replicas: int, drop_last: bool) -> int:
         """Batches per rank for the rest of an epoch first dealt over ``origin`` ranks,
         continued on ``num_replicas`` ranks from global batch position ``offset``."""
+    @property
+    def global_batches(self) -> int:
+        """Batches of every epoch of the global order, over all ranks."""
+    def global_bucket_batches(self) -> list[int]:
+        """Per bucket, its batches in every epoch of the global order."""
     def epoch(
-        self, epoch: int, *, seed: int, shuffle: bool, shuffle_batches: bool, sync: int
+        self,
+        epoch: int,
+        *,
+        seed: int,
+        shuffle: bool,
+        shuffle_batches: bool,
+        sync: int,
+        keep: bool,
     ) -> BucketEpoch:
-        """The global batch plan of ``epoch`` (the same for every world size): every bucket's
-        order cut into batches, in runs of ``sync`` batches of one bucket."""
-    def cursor_range(
-        self,
-        epoch: int,
-        start: int,
-        stop: int,
-        cursors: tuple[int, list[int], list[int], list[int]],
-        *,
-        seed: int,
-        shuffle: bool,
-        shuffle_batches: bool,
-        sync: int,
-        num_replicas: int,
-        rank: int,
-        drop_last: bool,
-        elastic: tuple[int, int] | None,
-    ) -> tuple[_Indices, npt.NDArray[np.uint64]]:
-        """Batches ``[start, stop)`` of ``epoch`` read from ``cursors`` (``(position, batches,
-        next, offsets)``, every batch at or after ``position``) without the epoch's plan."""
-    def advance(
-        self,
-        epoch: int,
-        cursors: tuple[int, list[int], list[int], list[int]],
-        position: int,
-        *,
-        seed: int,
-        shuffle: bool,
-        shuffle_batches: bool,
-        sync: int,
-    ) -> tuple[int, list[int], list[int], list[int]]:
-        """``cursors`` moved on to global position ``position`` (at or after theirs)."""
+        """The global batch plan of ``epoch`` (the same for every world size), in runs of
+        ``sync`` batches of one bucket; with ``keep`` every bucket is cut now and kept, else
+        each read cuts the buckets it reads from."""
 
 @final
 class BucketEpoch:
@@ -203,11 +186,6 @@ class BucketEpoch:
     @property
     def batches(self) -> int:
         """Batches in the epoch over all ranks, before padding or cutting."""
-    def bucket_batches(self) -> list[int]:
-        """Per bucket, its batches this epoch (the oversized bucket last)."""
-    def cursors_at(self, position: int) -> tuple[int, list[int], list[int], list[int]]:
-        """Where every bucket stands at global ``position`` (clamped to the epoch):
-        ``(position, batches, next, offsets)``."""
     def rank_batches(self, num_replicas: int, drop_last: bool) -> int:
         """Batches each rank yields with ``num_replicas`` ranks."""
     def elastic_batches(self, origin: int, offset: int, num_replicas: int, drop_last: bool) -> int:

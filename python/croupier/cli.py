@@ -146,11 +146,13 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _header(m: dict[str, Any]) -> str:
-    """One line naming the machine and the software versions of a run."""
+    """One line naming the machine and the software versions of a run (lhotse's when it is
+    installed: an optional baseline)."""
     return (
         f"croupier {m['croupier']}, {m.get('cpu', '?')}, {m.get('cpus')} cores, "
         f"{m.get('memory_gib')} GiB, Python {m['python']}, numpy {m.get('numpy')}, "
         f"torch {m.get('torch')}, torchdata {m.get('torchdata')}"
+        + (f", lhotse {m['lhotse']}" if m.get("lhotse") else "")
     )
 
 

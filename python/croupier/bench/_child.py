@@ -199,12 +199,16 @@ def _measure_batches(spec: dict[str, Any]) -> dict[str, Any]:
         out["efficiency"] = padding_efficiency(lengths, flat, offsets)
         out["count"] = len(batches)
         return out
+    if system == "lhotse-buckets":
+        return {**out, **_measure_lhotse(lengths, ranks, rank, seed, epoch)}
     from croupier import BucketBatchSampler
+
+    batch_order = "fast" if system == "croupier-buckets-fast-order" else "global"
 
     def make() -> Any:
         s = BucketBatchSampler(
             lengths, max_tokens=MAX_TOKENS, buckets=BUCKETS, num_replicas=ranks, rank=rank,
-            seed=seed,
+            seed=seed, order=batch_order,
         )  # fmt: skip
         s.set_epoch(epoch)
         return s
@@ -231,6 +235,57 @@ def _measure_batches(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     s.load_state_dict(state)
     resumed = next(iter(s))
+    out["resume_s"] = time.perf_counter() - t0
+    out["resume_ok"] = resumed == at_mid
+    return out
+
+
+def _measure_lhotse(lengths: Any, ranks: int, rank: int, seed: int, epoch: int) -> dict[str, Any]:
+    """lhotse's ``DynamicBucketingSampler`` measured as croupier's bucket batches are: the
+    first batch (construction included), the whole epoch, and a resume at mid-epoch (a
+    constructed sampler loads the checkpoint, lhotse's fast-forward, and yields the next
+    batch). Its output is a ``CutSet`` per batch; the timed loops turn each into indices."""
+    import copy
+    import importlib
+
+    import numpy as np
+
+    from croupier.bench import _lhotse
+    from croupier.bench._baselines import BUCKETS, MAX_TOKENS, padding_efficiency
+
+    importlib.import_module("lhotse.dataset")  # the sampler's module (lhotse imports it), untimed
+    cuts = _lhotse.lazy_cuts(lengths)  # the data, read as the sampler iterates it
+
+    def make() -> Any:
+        return _lhotse.sampler(cuts, MAX_TOKENS, BUCKETS, ranks, rank, seed, epoch)
+
+    out: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    s = make()
+    out["setup_s"] = time.perf_counter() - t0
+    first = _lhotse.batch_indices(next(iter(s)))
+    out["first_s"] = time.perf_counter() - t0
+    del s
+    t0 = time.perf_counter()
+    s = make()
+    whole = [_lhotse.batch_indices(batch) for batch in s]
+    out["epoch_s"] = time.perf_counter() - t0
+    out["peak_mib"] = _status_mib("VmHWM")
+    out["count"] = len(whole)
+    out["first_ok"] = bool(whole) and first == whole[0]
+    offsets = np.cumsum([0, *map(len, whole)])
+    out["efficiency"] = padding_efficiency(lengths, [i for b in whole for i in b], offsets)
+    mid = len(whole) // 2
+    at_mid = whole[mid] if whole else None
+    state = _lhotse.mid_epoch_state(s, whole, mid)
+    del whole, s
+    # Resume: a constructed sampler (its setup is in the first column) loads the mid-epoch
+    # checkpoint (a copy: loading consumes it) and yields its next batch.
+    s = make()
+    state = copy.deepcopy(state)
+    t0 = time.perf_counter()
+    s.load_state_dict(state)
+    resumed = _lhotse.batch_indices(next(iter(s)))
     out["resume_s"] = time.perf_counter() - t0
     out["resume_ok"] = resumed == at_mid
     return out

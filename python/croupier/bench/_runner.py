@@ -102,7 +102,7 @@ def machine() -> dict[str, Any]:
             info["memory_gib"] = round(int(f.readline().split()[1]) / (1 << 20), 1)
     except OSError:
         pass
-    for module in ("numpy", "torch", "torchdata"):
+    for module in ("numpy", "torch", "torchdata", "lhotse"):
         try:
             from importlib.metadata import version
 
@@ -179,6 +179,12 @@ def _cannot_run(system: System, n: int, cfg: BenchConfig) -> tuple[str, str] | N
     need, have = system.memory_estimate(n, cfg.ranks), available_memory()
     if have and need > cfg.memory_fraction * have:
         return "skipped", f"needs ~{need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB available"
+    # A size whose work alone (the estimate without the process start) is over the timeout
+    # would only time out: lhotse's sampler at 1e8 is estimated at about two hours.
+    work = n * system.s_per_index
+    if work > cfg.timeout:
+        took = f"{work:,.0f} s" if work < 90 else f"{work / 60:,.0f} min"
+        return "skipped", f"estimated at ~{took} of CPU, over the {cfg.timeout:g} s timeout"
     return None
 
 
@@ -244,7 +250,7 @@ class Plan:
 
 def plan(cfg: BenchConfig) -> list[Plan]:
     """Every (system, N) pair of ``cfg``, N by N, with its estimate or the reason it is skipped
-    (not installed, or more memory than is available)."""
+    (not installed, more memory than is available, or more time than the timeout)."""
     chosen = check(cfg)
     runs = len(cfg.seeds) * cfg.repeats
     out = []

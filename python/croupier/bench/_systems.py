@@ -5,7 +5,9 @@ index, to the whole epoch, to the first index after resuming at mid-epoch); *mix
 for one rank's epoch of a ``MixtureSampler`` over 100 datasets that add up to N.
 *Buckets* systems produce one rank's epoch of token-budget batches over N log-normal lengths
 (time to the first batch, to the whole epoch, to the first batch after resuming, and the
-padding efficiency), ``numpy.argsort`` alone being the yardstick. *Reads* systems read one
+padding efficiency): croupier in its global order and its earlier fast one, the usual Python
+bucketing, lhotse's ``DynamicBucketingSampler`` when lhotse is installed (an optional
+baseline), ``numpy.argsort`` alone being the yardstick. *Reads* systems read one
 rank's epoch of N rows of 16 bytes from a memory-mapped ``.npy`` file (time to read them all
 and the throughput in MB/s): in ``ChunkSampler`` load requests, or row by row in shuffled
 order as a map-style dataset is read. *Elastic* systems resume an epoch checkpointed at its
@@ -15,7 +17,10 @@ the epoch (time to its first index after loading the state, to the whole rest, p
 
 The *headline* systems (croupier and the main alternative of each family) are what a plain
 ``croupier bench`` runs; ``--all`` adds the rest. Each system's cost model (``startup_s``,
-``s_per_index``: CPU seconds of one run) gives the estimate printed before a run starts.
+``s_per_index``: CPU seconds of one run) gives the estimate printed before a run starts, and
+a size whose per-sample part alone is over the timeout is skipped rather than run out; its
+``bytes_per_index`` skips a size that would not fit in the memory available. A system whose
+``needs`` cannot be imported is reported as not installed, not run.
 """
 
 from __future__ import annotations
@@ -190,6 +195,18 @@ SYSTEMS: tuple[System, ...] = (
         s_per_index=1.3e-07,
     ),
     System(
+        "croupier-buckets-fast-order",
+        "buckets",
+        'croupier.BucketBatchSampler(order="fast") (token budget)',
+        ("croupier",),
+        # the lengths as given and copied (u32 + u64), the buckets' members (u64)
+        bytes_per_index=24,
+        startup_s=3.5,
+        s_per_index=1.5e-07,
+        headline=False,
+        baseline_for="croupier-buckets",
+    ),
+    System(
         "python-buckets",
         "buckets",
         "Python bucketing (argsort, buckets, greedy token batches)",
@@ -198,6 +215,22 @@ SYSTEMS: tuple[System, ...] = (
         bytes_per_index=72,
         startup_s=0.6,
         s_per_index=1.6e-06,
+        baseline_for="croupier-buckets",
+    ),
+    System(
+        "lhotse-buckets",
+        "buckets",
+        "lhotse DynamicBucketingSampler (lazy CutSet, max_duration as the token budget)",
+        ("lhotse",),
+        # the lengths (u32) and this rank's batches as lists of Python ints (~40 bytes a
+        # sample of the share, 5 per sample of N at W=8) with their flat copy; the sampler's
+        # buffer of 20,000 cuts (~20 MiB) is in the constant
+        bytes_per_index=16,
+        # every rank reads every cut, ~45 us each, an epoch and a half (the epoch, then the
+        # resume's fast-forward over half of it); importing lhotse (and torch) takes ~4 s
+        startup_s=6.5,
+        s_per_index=6.5e-05,
+        headline=False,
         baseline_for="croupier-buckets",
     ),
     System(

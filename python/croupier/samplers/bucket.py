@@ -7,8 +7,7 @@ module checks arguments and keeps the configuration for checkpoints.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,8 +17,8 @@ from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._frameworks import refuse_a_sampler
 from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int
-from croupier.samplers._base import Batches, BatchSampler, Loaded
-from croupier.samplers._state import StateError, StateFormat, different
+from croupier.samplers._base import Batches, BatchSampler
+from croupier.samplers._state import StateFormat, different
 
 __all__ = ["BucketBatchSampler"]
 
@@ -32,10 +31,8 @@ DEFAULT_SYNC = 64
 """Consecutive batches of one bucket in the global order when ``sync`` is not given."""
 # Epoch plans kept per sampler (the current epoch, and one more for a loader that looks ahead).
 _EPOCH_PLANS = 2
-# Batches read from a checkpoint's cursors at a time, before the epoch's plan is computed.
-_CURSOR_READ = 4
-#: ``(position, batches, next, offsets)``: where an epoch's buckets stand at a global position.
-_Cursors = tuple[int, list[int], list[int], list[int]]
+# Batches read on their own (cutting only their buckets) before the epoch's plan is computed.
+_FEW = 4
 
 
 def _lengths(lengths: object) -> npt.NDArray[Any]:
@@ -90,8 +87,11 @@ class BucketBatchSampler(BatchSampler):
     budget: it takes the bucket's next sample (in the epoch's shuffled order) while
     ``len(batch) * cost(longest in batch) <= max_tokens`` and ``len(batch) <= batch_size``
     (lhotse's rule, without its overshoot by one sample), rounded down to a multiple of
-    ``batch_size_multiple`` when one fits; the number of batches then varies a little from
-    epoch to epoch (``len(self)`` is the current epoch's). In the fast order, bucket ``j``'s
+    ``batch_size_multiple`` when one fits. Each bucket has the same number of batches every
+    epoch (its greedy count in a reference shuffle plus a margin of two standard deviations),
+    so ``len(self)`` never changes: an epoch whose greedy cut makes fewer halves some of the
+    bucket's last batches, one that makes more first sorts the bucket's order within small
+    windows (longest first) until it fits. In the fast order, bucket ``j``'s
     batches hold ``max_tokens // cost(L_j)`` samples, a fixed size. A sample of length ``L``
     costs ``L`` padded tokens, or ``L + L**2 / quadratic`` with ``quadratic`` (attention's
     quadratic cost: batches of long samples get fewer of them). A sample costing more than
@@ -119,11 +119,10 @@ class BucketBatchSampler(BatchSampler):
     mid-epoch on ``W`` ranks continues on ``W'`` ranks with the rest of the same sequence.
 
     Batches are computed in Rust and handed over as two numpy arrays (indices and offsets,
-    :meth:`batches`). In the global order an epoch's plan (every bucket's order, cut into
-    batches) is computed once, when the epoch's first batch or ``len`` is asked for, in
-    parallel; in the fast order the first batch of an iteration, or of a resume at any batch,
-    is read on its own. Positions, ``len`` and state count batches;
-    :meth:`state_dict`/:meth:`load_state_dict` resume at exactly the next batch.
+    :meth:`batches`). The first batch of an iteration, or of a resume at any batch, is read on
+    its own (in the global order it cuts only its bucket), the rest of the epoch at once (every
+    bucket cut in parallel), on a thread for large epochs. Positions, ``len`` and state count
+    batches; :meth:`state_dict`/:meth:`load_state_dict` resume at exactly the next batch.
 
     Args:
         lengths: per-sample sizes (tokens, frames, pixels), a 1-D integer array or sequence,
@@ -222,12 +221,7 @@ class BucketBatchSampler(BatchSampler):
         self._plan = self._build()
         self._digest = self._plan.digest
         self._epochs: dict[int, _core.BucketEpoch] = {}
-        # (epoch, cursors) of a loaded checkpoint: its epoch is read from them until its plan
-        # is computed (on a thread), so a resume needs no whole plan for its first batches.
-        self._hint: tuple[int, _Cursors] | None = None
-        # The global order's length is each epoch's (its plan's); the fast order's is fixed.
-        length = 0 if order == "global" else self._plan.rank_batches(num_replicas, self.drop_last)
-        super().__init__(num_replicas, rank, length)
+        super().__init__(num_replicas, rank)
 
     @staticmethod
     def _buckets(buckets: object) -> tuple[list[int] | None, int]:
@@ -276,45 +270,11 @@ class BucketBatchSampler(BatchSampler):
         plans = self._epochs
         plan = plans.get(epoch)
         if plan is None:
-            plan = self._plan.epoch(epoch, **self._draw())
+            plan = self._plan.epoch(epoch, **self._draw(), keep=True)
             while len(plans) >= _EPOCH_PLANS:
                 plans.pop(next(iter(plans)), None)
             plans[epoch] = plan
         return plan
-
-    def _hint_of(self, epoch: int) -> _Cursors | None:
-        """The cursors of a loaded checkpoint of ``epoch`` (one being loaded, or the last
-        one loaded), while the epoch's plan is not computed."""
-        if epoch in self._epochs:
-            return None
-        for hint in (self.__dict__.get("_loading_hint"), self._hint):
-            if hint is not None and hint[0] == epoch:
-                return hint[1]
-        return None
-
-    def _readable_cursors(
-        self, epoch: int, start: int, stop: int, elastic: tuple[int, int] | None
-    ) -> _Cursors | None:
-        """A loaded checkpoint's cursors when the batches ``[start, stop)`` of ``epoch`` can
-        be read from them: a few batches, all at or after their global position."""
-        cursors = self._hint_of(epoch)
-        if cursors is None or stop - start > _CURSOR_READ or stop <= start:
-            return None
-        at, total = cursors[0], sum(cursors[1])
-        w = self.num_replicas
-        if elastic is not None:
-            return cursors if elastic[1] >= at else None
-        first, last = self.rank + start * w, self.rank + (stop - 1) * w
-        return cursors if first >= at and last < total else None
-
-    def _batches_in(self, epoch: int) -> int:
-        """Batches of ``epoch`` over all ranks, before padding or cutting."""
-        if self.order == "fast":
-            return int(self._plan.batches)
-        cursors = self._hint_of(epoch)
-        if cursors is not None:
-            return sum(cursors[1])
-        return int(self._epoch_plan(epoch).batches)
 
     @property
     def boundaries(self) -> list[int]:
@@ -325,11 +285,12 @@ class BucketBatchSampler(BatchSampler):
         """Per bucket: ``(samples, batch size, batches, longest length)``; the last entry holds
         the samples costing more than ``max_tokens`` (served alone). With ``max_tokens`` in the
         global order, the batch size is the fewest samples a batch cut by the budget holds
-        (what the fast order would use) and the batches are the current epoch's."""
+        (what the fast order would use; filled batches hold more) and the batches are every
+        epoch's."""
         sizes = list(self._plan.buckets())
         if self.order == "fast":
             return sizes
-        counts = self._epoch_plan(self.epoch).bucket_batches()
+        counts = self._plan.global_bucket_batches()
         return [(n, s, b, longest) for (n, s, _, longest), b in zip(sizes, counts, strict=True)]
 
     # -- the sampler base ----------------------------------------------------------------------
@@ -353,22 +314,16 @@ class BucketBatchSampler(BatchSampler):
         }
 
     def _epoch_length(self, num_replicas: int) -> int:
-        return self._epoch_length_in(num_replicas, self.epoch)
+        return int(_core.layout(self._batches(), num_replicas, self.drop_last)[0])
 
-    def _epoch_length_in(self, num_replicas: int, epoch: int) -> int:
+    def _batches(self) -> int:
+        """Batches of an epoch over all ranks, before padding or cutting."""
         if self.order == "fast":
-            return int(self._plan.rank_batches(num_replicas, self.drop_last))
-        return int(_core.layout(self._batches_in(epoch), num_replicas, self.drop_last)[0])
-
-    def _length_in(self, epoch: int) -> int:
-        if self.order == "fast":
-            return self._length
-        return self._epoch_length_in(self.num_replicas, epoch)
+            return int(self._plan.batches)
+        return int(self._plan.global_batches)
 
     def _compute(self, epoch: int, start: int, stop: int | None) -> Batches:
-        if stop is None:
-            stop = self._length_in(epoch)
-        return self._range(None, epoch, start, stop)
+        return self._range(None, epoch, start, self._length if stop is None else stop)
 
     def _range(self, elastic: tuple[int, int] | None, epoch: int, start: int, stop: int) -> Batches:
         """Batches ``[start, stop)`` of ``epoch`` (of its elastic rest when ``elastic`` is
@@ -376,13 +331,13 @@ class BucketBatchSampler(BatchSampler):
         if self.order == "global":
             deal: dict[str, Any] = {"num_replicas": self.num_replicas, "rank": self.rank}
             deal.update(drop_last=self.drop_last, elastic=elastic)
-            cursors = self._readable_cursors(epoch, start, stop, elastic)
-            if cursors is not None:
-                flat, offsets = self._plan.cursor_range(
-                    epoch, start, stop, cursors, **self._draw(), **deal
-                )
-            else:
-                flat, offsets = self._epoch_plan(epoch).range(start, stop, **deal)
+            plan = self._epochs.get(epoch)
+            if plan is None and stop - start <= _FEW:
+                # A few batches (an iteration's or a resume's first): only their buckets.
+                plan = self._plan.epoch(epoch, **self._draw(), keep=False)
+            elif plan is None:
+                plan = self._epoch_plan(epoch)
+            flat, offsets = plan.range(start, stop, **deal)
             return _frozen(flat, offsets)
         flat, offsets = self._plan.range(
             epoch,
@@ -407,7 +362,7 @@ class BucketBatchSampler(BatchSampler):
     _elastic_supported = True
 
     def _global_end(self, origin: int, epoch: int) -> int:
-        batches = self._batches_in(epoch)
+        batches = self._batches()
         return min(batches, _core.layout(batches, origin, self.drop_last)[1])
 
     def _elastic_length(self, origin: int, offset: int, num_replicas: int, epoch: int) -> int:
@@ -427,82 +382,9 @@ class BucketBatchSampler(BatchSampler):
     def _elastic_first_stop(self, start: int, length: int) -> int:
         return min(start + 1, length)
 
-    # -- checkpoints: the global order's cursors ------------------------------------------------
-    #
-    # A state of the global order mid-epoch carries where every bucket stands at the global
-    # position every rank has consumed up to (``cursors``: O(buckets) integers and a check
-    # sum). A resume reads its first batches from them by scanning only a few batches of each
-    # bucket, while the epoch's plan is computed on a thread: no whole plan before the first
-    # batch. A state without them (a skip, a foreign tool's) resumes through the whole plan.
-
-    # After a resume the rest of the epoch is computed on a thread from this many batches.
+    # After the first batch, the rest of a large epoch is computed on a thread while the
+    # next batches are read on their own (each cuts only its bucket).
     _background_from = 1 << 10
-
-    def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
-        state = super()._state_at(epoch, position)
-        if self.order == "global":
-            cursors = self._cursors_at(epoch, position)
-            if cursors is not None:
-                state["cursors"] = _cursor_entry(self.seed, epoch, cursors)
-        return state
-
-    def _cursors_at(self, epoch: int, position: int) -> _Cursors | None:
-        """Where the buckets stand once every rank consumed ``position`` batches of ``epoch``
-        (``None`` at its start or end, where a resume needs none)."""
-        el = self._elastic_of(epoch)
-        if position == 0 and el is None:
-            return None
-        if position >= self._len_of(epoch):
-            return None
-        g = (0 if el is None else el[2]) + position * self.num_replicas
-        cursors = self._hint_of(epoch)
-        if cursors is not None and cursors[0] <= g:
-            if cursors[0] == g:
-                return cursors
-            return self._plan.advance(epoch, cursors, g, **self._draw())
-        return self._epoch_plan(epoch).cursors_at(g)
-
-    def _loaded(self, native: Mapping[str, Any], fmt: StateFormat | None) -> Loaded:
-        hint = self._checked_cursors(native)
-        # The base reads the epoch's lengths: from the cursors, when they came.
-        self.__dict__["_loading_hint"] = hint
-        try:
-            return super()._loaded(native, fmt)
-        finally:
-            self.__dict__.pop("_loading_hint", None)
-
-    def _prepare_load(self, native: Mapping[str, Any], loaded: Loaded) -> Callable[[], None]:
-        hint = self._checked_cursors(native)
-
-        def commit() -> None:
-            self._hint = hint
-
-        return commit
-
-    def _checked_cursors(self, native: Mapping[str, Any]) -> tuple[int, _Cursors] | None:
-        """The ``cursors`` entry of a state, checked (``None`` without one)."""
-        entry = native.get("cursors")
-        if entry is None or self.order != "global":
-            return None
-        epoch = native.get("epoch")
-        if not isinstance(entry, Mapping) or set(entry) != set(_CURSOR_KEYS):
-            raise StateError(f"state['cursors'] must be a mapping with keys {list(_CURSOR_KEYS)}")
-        k = len(self._plan.buckets())
-        position = check_int("state['cursors']['position']", entry["position"], 0, U64_MAX)
-        lists = []
-        for key in _CURSOR_KEYS[1:4]:
-            value = entry[key]
-            if not isinstance(value, (list, tuple)) or len(value) != k:
-                raise StateError(f"state['cursors'][{key!r}] must be a list of {k} integers")
-            lists.append([check_int(f"state['cursors'][{key!r}]", v, 0, U64_MAX) for v in value])
-        cursors: _Cursors = (position, lists[0], lists[1], lists[2])
-        epoch = check_int("state['epoch']", epoch, 0, U64_MAX)
-        if entry["check"] != _cursor_entry(self.seed, epoch, cursors)["check"]:
-            raise StateError(
-                "state['cursors'] does not match its check sum: the state was changed or is "
-                "of another sampler"
-            )
-        return epoch, cursors
 
     # -- states of the other order ------------------------------------------------------------
 
@@ -540,24 +422,6 @@ class BucketBatchSampler(BatchSampler):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         object.__setattr__(self, "_plan", self._build())
-
-
-_CURSOR_KEYS = ("position", "batches", "next", "offsets", "check")
-
-
-def _cursor_entry(seed: int, epoch: int, cursors: _Cursors) -> dict[str, Any]:
-    """A state's ``cursors`` entry: the cursors and a check sum over them, the seed and the
-    epoch (a state edited by hand, or a mix of two states, is refused instead of read)."""
-    position, batches, nxt, offsets = cursors
-    words = np.array([seed, epoch, position, *batches, *nxt, *offsets], dtype="<u8")
-    check = hashlib.sha256(words.tobytes()).hexdigest()[:16]
-    return {
-        "position": int(position),
-        "batches": [int(b) for b in batches],
-        "next": [int(n) for n in nxt],
-        "offsets": [int(o) for o in offsets],
-        "check": check,
-    }
 
 
 def _checked_sync(sync: object, order: str) -> int | None:

@@ -204,9 +204,22 @@ impl Buckets {
         Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
     }
 
-    /// The global batch plan of `epoch` (`BucketBatchSampler(order="global")`): every bucket's
-    /// order computed and cut into batches, the runs placed.
-    #[pyo3(signature = (epoch, *, seed, shuffle, shuffle_batches, sync))]
+    /// Batches of every epoch of the global order, over all ranks, before padding or cutting.
+    #[getter]
+    fn global_batches(&self) -> u64 {
+        self.plan.global_batches()
+    }
+
+    /// Per bucket, its batches in every epoch of the global order (the oversized one last).
+    fn global_bucket_batches(&self) -> Vec<u64> {
+        self.plan.global_bucket_batches()
+    }
+
+    /// The global batch plan of `epoch` (`BucketBatchSampler(order="global")`): the runs
+    /// placed, and with `keep` every bucket cut now and kept (up to `KEEP_ORDERS` samples);
+    /// without, each read cuts the buckets it reads from.
+    #[pyo3(signature = (epoch, *, seed, shuffle, shuffle_batches, sync, keep))]
+    #[allow(clippy::too_many_arguments)]
     fn epoch(
         &self,
         py: Python<'_>,
@@ -215,11 +228,16 @@ impl Buckets {
         shuffle: bool,
         shuffle_batches: bool,
         sync: u64,
+        keep: bool,
     ) -> PyResult<BucketEpoch> {
         let draw = epoch_draw(epoch, seed, shuffle, shuffle_batches, sync);
         let plan = std::sync::Arc::clone(&self.plan);
         let batches = detached(py, move || {
-            croupier_core::bucket::EpochBatches::new(&plan, draw)
+            if keep {
+                croupier_core::bucket::EpochBatches::new(&plan, draw)
+            } else {
+                croupier_core::bucket::EpochBatches::lazy(&plan, draw)
+            }
         })?;
         Ok(BucketEpoch {
             plan: std::sync::Arc::clone(&self.plan),
@@ -240,93 +258,6 @@ impl Buckets {
             .elastic(origin, offset, num_replicas, drop_last)?
             .num_samples())
     }
-
-    /// The batches `[start, stop)` of `epoch` read from `cursors` (`(position, batches, next,
-    /// offsets)`, [`croupier_core::bucket::Cursors`]) without the epoch's whole plan: every
-    /// batch must lie at or after their position. `deal` as for [`BucketEpoch::range`] plus
-    /// the draw (`seed`, `shuffle`, `shuffle_batches`, `sync`).
-    #[pyo3(signature = (epoch, start, stop, cursors, *, seed, shuffle, shuffle_batches, sync, **deal))]
-    #[allow(clippy::too_many_arguments)]
-    fn cursor_range<'py>(
-        &self,
-        py: Python<'py>,
-        epoch: u64,
-        start: u64,
-        stop: u64,
-        cursors: CursorTuple,
-        seed: u64,
-        shuffle: bool,
-        shuffle_batches: bool,
-        sync: u64,
-        deal: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let d = EpochDeal::from_kwargs(deal, "Buckets.cursor_range")?;
-        let draw = epoch_draw(epoch, seed, shuffle, shuffle_batches, sync);
-        let cursors = to_cursors(cursors);
-        let total: u64 = cursors.batches.iter().sum();
-        let el = d
-            .elastic
-            .map(|(origin, offset)| {
-                core(croupier_core::Elastic::new(
-                    total,
-                    origin,
-                    d.drop_last,
-                    offset,
-                    d.num_replicas,
-                ))
-            })
-            .transpose()?;
-        let deal = croupier_core::Deal {
-            num_replicas: d.num_replicas,
-            rank: d.rank,
-            drop_last: d.drop_last,
-        };
-        let bytes = self.plan.range_bytes(start, stop);
-        let plan = std::sync::Arc::clone(&self.plan);
-        let (flat, offsets) = sized(py, bytes, "this rank's batches", move || match el {
-            None => cursors.range(&plan, draw, deal, start..stop),
-            Some(el) => cursors.elastic_range(&plan, draw, &el, deal.rank, start..stop),
-        })?;
-        Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
-    }
-
-    /// `cursors` moved on to global position `position` of `epoch` (at or after theirs),
-    /// scanning only the batches in between.
-    #[pyo3(signature = (epoch, cursors, position, *, seed, shuffle, shuffle_batches, sync))]
-    #[allow(clippy::too_many_arguments)]
-    fn advance(
-        &self,
-        py: Python<'_>,
-        epoch: u64,
-        cursors: CursorTuple,
-        position: u64,
-        seed: u64,
-        shuffle: bool,
-        shuffle_batches: bool,
-        sync: u64,
-    ) -> PyResult<CursorTuple> {
-        let draw = epoch_draw(epoch, seed, shuffle, shuffle_batches, sync);
-        let cursors = to_cursors(cursors);
-        let plan = std::sync::Arc::clone(&self.plan);
-        let moved = detached(py, move || cursors.advance(&plan, draw, position))?;
-        Ok(from_cursors(moved))
-    }
-}
-
-/// [`croupier_core::bucket::Cursors`] as Python sees them: `(position, batches, next, offsets)`.
-type CursorTuple = (u64, Vec<u64>, Vec<u64>, Vec<u64>);
-
-fn to_cursors((position, batches, next, offsets): CursorTuple) -> croupier_core::bucket::Cursors {
-    croupier_core::bucket::Cursors {
-        position,
-        batches,
-        next,
-        offsets,
-    }
-}
-
-fn from_cursors(c: croupier_core::bucket::Cursors) -> CursorTuple {
-    (c.position, c.batches, c.next, c.offsets)
 }
 
 fn epoch_draw(
@@ -389,17 +320,6 @@ impl BucketEpoch {
     #[getter]
     fn batches(&self) -> u64 {
         self.batches.batches()
-    }
-
-    /// Per bucket, its batches this epoch (the oversized bucket last).
-    fn bucket_batches(&self) -> Vec<u64> {
-        self.batches.bucket_batches()
-    }
-
-    /// Where every bucket stands at global position `position` (clamped to the epoch):
-    /// `(position, batches, next, offsets)` for a checkpoint.
-    fn cursors_at(&self, position: u64) -> CursorTuple {
-        from_cursors(self.batches.cursors_at(position))
     }
 
     /// Batches each rank yields with `num_replicas` ranks.

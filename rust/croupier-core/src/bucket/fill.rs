@@ -9,10 +9,11 @@
 //! `multiple` samples when at least one multiple fits (the rest start the next batch); a
 //! bucket's last batch may be short.
 //!
-//! Each batch's cost is at least the sum of its samples' costs, so a bucket of total cost `S`
-//! needs at least `ceil(S / max_tokens)` batches (and `ceil(n / batch_size)`) in any order:
-//! `Budget::lower_bound`, which the epoch plan uses to place most of a bucket's batches
-//! before its order is known.
+//! Every epoch of a bucket has the same number of batches, its target (`Budget::target`,
+//! set once from a reference order), so that `len` is the same every epoch (trainers fix their
+//! steps per epoch from the first) and the epoch's plan is known before any bucket is cut:
+//! `Budget::exact_cuts` reaches the target from the greedy cut by halving batches (most
+//! epochs) or, when the greedy cut makes more, by sorting the order within windows first.
 
 use super::plan::Limits;
 
@@ -81,15 +82,89 @@ impl Budget {
         cuts
     }
 
-    /// The fewest batches any order of a bucket of `n` samples whose costs add up to
-    /// `total_cost` can be cut into.
-    pub(crate) fn lower_bound(&self, n: u64, total_cost: u128) -> u64 {
-        let by_size = n.div_ceil(self.batch_size);
-        let by_tokens = match self.tokens {
-            None => 0,
-            Some(t) => total_cost.div_ceil(t).min(u128::from(u64::MAX)) as u64,
-        };
-        by_size.max(by_tokens)
+    /// A bucket's batch count for every epoch: the greedy count of a reference order of its
+    /// lengths `reference` plus a margin of two standard deviations of the count (estimated
+    /// from the spread of the reference's batch sizes: `sqrt(b) * sd / mean`) and one, at
+    /// least the fewest batches any order allows (the greedy cut of the lengths from the
+    /// longest down: a batch whose longest is `L` holds at most what fits beside `L`, and
+    /// taking the longest samples first fills every batch to that), at most one per sample.
+    pub(crate) fn target(&self, reference: &[u64]) -> u64 {
+        let n = reference.len() as u64;
+        if n == 0 {
+            return 0;
+        }
+        let cuts = self.cuts(reference);
+        let b = cuts.len() as u64 - 1;
+        let sizes: Vec<f64> = cuts.windows(2).map(|w| (w[1] - w[0]) as f64).collect();
+        let full = &sizes[..sizes.len().saturating_sub(1).max(1)];
+        let mean = full.iter().sum::<f64>() / full.len() as f64;
+        let var = full.iter().map(|s| (s - mean) * (s - mean)).sum::<f64>() / full.len() as f64;
+        let margin = (2.0 * (b as f64).sqrt() * var.sqrt() / mean).ceil() as u64 + 1;
+        let mut sorted = reference.to_vec();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let fewest = self.cuts(&sorted).len() as u64 - 1;
+        (b + margin).max(fewest).min(n)
+    }
+
+    /// A bucket's batches of an epoch, exactly `target` of them (at least the fewest its
+    /// lengths allow, see [`Budget::target`]): the greedy cut of its order (`positions`, with
+    /// their lengths `lens`); if that makes more, the order is sorted from the longest down
+    /// within windows of twice the mean batch, then of ever larger windows, until the cut
+    /// makes at most `target`; then batches are halved from the last one back (a half holding
+    /// a multiple of `multiple` when one fits) until there are `target`. Returns the cuts and
+    /// rewrites `positions` when it sorted.
+    pub(crate) fn exact_cuts(&self, positions: &mut [u64], lens: &[u64], target: u64) -> Vec<u64> {
+        let n = lens.len();
+        let mut cuts = self.cuts(lens);
+        if cuts.len() as u64 - 1 > target {
+            let mut window = 2 * n.div_ceil(target.max(1) as usize).max(1);
+            let original: Vec<(u64, u64)> = lens
+                .iter()
+                .copied()
+                .zip(positions.iter().copied())
+                .collect();
+            loop {
+                let mut pairs = original.clone();
+                for chunk in pairs.chunks_mut(window) {
+                    chunk.sort_by_key(|p| std::cmp::Reverse(p.0)); // stable: ties keep their order
+                }
+                let sorted: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+                cuts = self.cuts(&sorted);
+                if cuts.len() as u64 - 1 <= target || window >= n {
+                    for (p, &(_, at)) in positions.iter_mut().zip(&pairs) {
+                        *p = at;
+                    }
+                    break;
+                }
+                window *= 2;
+            }
+        }
+        let mut need = target.saturating_sub(cuts.len() as u64 - 1);
+        while need > 0 {
+            let before = need;
+            let mut halves: Vec<u64> = Vec::with_capacity(cuts.len() + need as usize);
+            halves.push(*cuts.last().expect("an end"));
+            for w in cuts.windows(2).rev() {
+                let (a, b) = (w[0], w[1]);
+                let len = b - a;
+                if need > 0 && len >= 2 {
+                    let half = if len >= 2 * self.multiple && self.multiple > 1 {
+                        len / 2 / self.multiple * self.multiple
+                    } else {
+                        len.div_ceil(2)
+                    };
+                    halves.push(a + half);
+                    need -= 1;
+                }
+                halves.push(a);
+            }
+            halves.reverse();
+            cuts = halves;
+            if need == before {
+                break; // nothing left to halve (target above the samples: never, by target)
+            }
+        }
+        cuts
     }
 }
 
@@ -139,8 +214,38 @@ mod tests {
                     );
                 }
             }
-            let total: u128 = lens.iter().map(|&l| b.unit(l)).sum();
-            assert!(b.lower_bound(n as u64, total) < cuts.len() as u64);
+            // Exactly the target, whatever the order: every batch still within the budget.
+            let target = b.target(&lens);
+            assert!(target >= cuts.len() as u64 - 1 || target == n as u64);
+            for t in [
+                target,
+                target.saturating_sub(5).max(1),
+                (target + 7).min(n as u64),
+            ] {
+                let fewest = {
+                    let mut s = lens.clone();
+                    s.sort_unstable_by(|x, y| y.cmp(x));
+                    b.cuts(&s).len() as u64 - 1
+                };
+                if t < fewest {
+                    continue;
+                }
+                let mut pos: Vec<u64> = (0..n as u64).collect();
+                let exact = b.exact_cuts(&mut pos, &lens, t);
+                assert_eq!(exact.len() as u64 - 1, t, "case {case}");
+                let mut sorted_pos = pos.clone();
+                sorted_pos.sort_unstable();
+                assert_eq!(sorted_pos, (0..n as u64).collect::<Vec<_>>());
+                for w in exact.windows(2) {
+                    let batch: Vec<u64> = pos[w[0] as usize..w[1] as usize]
+                        .iter()
+                        .map(|&p| lens[p as usize])
+                        .collect();
+                    assert!(!batch.is_empty());
+                    assert!(cost(&b, &batch) <= b.tokens.unwrap());
+                    assert!(size.is_none_or(|s| batch.len() as u64 <= s));
+                }
+            }
         }
     }
 

@@ -16,7 +16,7 @@ pub mod quantiles;
 pub mod sequential;
 
 pub use boundaries::padding_boundaries;
-pub use epoch::{Cursors, EpochBatches, EpochDraw};
+pub use epoch::{EpochBatches, EpochDraw, KEEP_ORDERS};
 pub use plan::{BatchDraw, BucketPlan, Limits};
 pub use quantiles::quantile_boundaries;
 pub use sequential::{SeqOrder, SequentialBuckets, SequentialConfig};

@@ -179,8 +179,11 @@ pub struct BucketPlan {
     /// Longest sample of each bucket.
     longest: Vec<u64>,
     /// With [`Limits::fill_to_budget`] and `max_tokens`: each member's length, aligned with
-    /// `members`, and each bucket's total cost (see [`super::fill::Budget`]).
-    member_lengths: Option<(Indices, Vec<u128>)>,
+    /// `members`.
+    member_lengths: Option<Indices>,
+    /// Batches of each bucket in every epoch of the global order (see
+    /// [`crate::bucket::EpochBatches`]).
+    targets: Vec<u64>,
     limits: Limits,
     digest: u64,
 }
@@ -321,7 +324,7 @@ impl BucketPlan {
         };
         drop(ids);
         let member_lengths = if limits.fill_to_budget && limits.max_tokens.is_some() {
-            Some(member_lengths(lengths, &members, &starts, &limits)?)
+            Some(member_lengths(lengths, &members, &starts)?)
         } else {
             None
         };
@@ -361,7 +364,7 @@ impl BucketPlan {
             .collect::<Vec<u64>>()
             .into_iter()
             .fold(lengths.len() as u64, fold);
-        Ok(BucketPlan {
+        let mut plan = BucketPlan {
             digest,
             n: lengths.len() as u64,
             members,
@@ -370,8 +373,58 @@ impl BucketPlan {
             batch_starts,
             longest,
             member_lengths,
+            targets: Vec::new(),
             limits,
-        })
+        };
+        plan.targets = plan.epoch_targets()?;
+        Ok(plan)
+    }
+
+    /// Every bucket's batches per epoch in the global order: filled to the budget, its target
+    /// from a reference order (`BucketReference`, see [`super::fill`]); else its fixed count.
+    fn epoch_targets(&self) -> Result<Vec<u64>> {
+        let budget = super::fill::Budget::new(&self.limits);
+        (0..self.sizes.len())
+            .into_par_iter()
+            .map(|j| {
+                if !self.filled_to_budget(j) {
+                    return Ok(self.batch_starts[j + 1] - self.batch_starts[j]);
+                }
+                let n = self.members_of(j);
+                let key = Stream::new(0, 0, Purpose::BucketReference, j as u64).next_u64();
+                let layout = Layout::new(n, 1, false)?;
+                let positions = rank_range(&layout, 0, Draw::keyed(key), 0..n)?;
+                Ok(budget.target(&self.gather_lengths(j, &positions)))
+            })
+            .collect()
+    }
+
+    /// Bucket `j`'s batches in every epoch of the global order.
+    pub(crate) fn target(&self, j: usize) -> u64 {
+        self.targets[j]
+    }
+
+    /// Batches of every epoch of the global order, over all ranks, before padding or cutting.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::{BucketPlan, Limits};
+    ///
+    /// let lengths: Vec<u32> = (0..10_000).map(|i| 10 + (i * 7919) % 90).collect();
+    /// let fill = Limits { max_tokens: Some(1000), fill_to_budget: true, ..Limits::default() };
+    /// let plan = BucketPlan::new(&lengths, &[50], fill).unwrap();
+    /// // Filled to the budget, batches hold more than the fixed sizes by the bucket's longest.
+    /// assert!(plan.global_batches() < plan.batches());
+    /// assert_eq!(plan.global_batches(), plan.global_bucket_batches().iter().sum::<u64>());
+    /// ```
+    pub fn global_batches(&self) -> u64 {
+        self.targets.iter().sum()
+    }
+
+    /// Per bucket, its batches in every epoch of the global order (the oversized bucket last).
+    pub fn global_bucket_batches(&self) -> Vec<u64> {
+        self.targets.clone()
     }
 
     /// A 64-bit fingerprint of the lengths (in order), the same on every platform.
@@ -737,11 +790,6 @@ impl BucketPlan {
         self.member_lengths.is_some() && j + 1 < self.sizes.len()
     }
 
-    /// Bucket `j`'s total cost (see [`super::fill::Budget::unit`]), when filled to the budget.
-    pub(crate) fn bucket_cost(&self, j: usize) -> u128 {
-        self.member_lengths.as_ref().map_or(0, |(_, c)| c[j])
-    }
-
     /// Positions `range` of bucket `j`'s order in the epoch `keys` names, as the members'
     /// offsets in the bucket.
     pub(crate) fn bucket_positions(
@@ -775,7 +823,7 @@ impl BucketPlan {
                 .map(|&p| lens[base + p.into() as usize].into())
                 .collect()
         }
-        match (positions, self.member_lengths.as_ref().map(|(l, _)| l)) {
+        match (positions, self.member_lengths.as_ref()) {
             (Indices::U32(p), Some(Indices::U32(l))) => gather(p, l, base),
             (Indices::U32(p), Some(Indices::U64(l))) => gather(p, l, base),
             (Indices::U64(p), Some(Indices::U32(l))) => gather(p, l, base),
@@ -801,15 +849,12 @@ impl BucketPlan {
     }
 }
 
-/// Each member's length aligned with `members` (`u32` when they fit), and each bucket's total
-/// cost under `limits`.
+/// Each member's length aligned with `members` (`u32` when they all fit).
 fn member_lengths<L: Copy + Into<u64> + Send + Sync>(
     lengths: &[L],
     members: &Indices,
     starts: &[u64],
-    limits: &Limits,
-) -> Result<(Indices, Vec<u128>)> {
-    let budget = super::fill::Budget::new(limits);
+) -> Result<Indices> {
     let member = |k: usize| -> usize {
         match members {
             Indices::U32(v) => v[k] as usize,
@@ -818,7 +863,7 @@ fn member_lengths<L: Copy + Into<u64> + Send + Sync>(
     };
     let n = starts[starts.len() - 1];
     let max = lengths.par_iter().map(|&l| l.into()).max().unwrap_or(0);
-    let lens = if max <= u64::from(u32::MAX) {
+    Ok(if max <= u64::from(u32::MAX) {
         let mut v = try_with_capacity::<u32>("the members' lengths", n)?;
         (0..n as usize)
             .into_par_iter()
@@ -832,17 +877,7 @@ fn member_lengths<L: Copy + Into<u64> + Send + Sync>(
             .map(|k| lengths[member(k)].into())
             .collect_into_vec(&mut v);
         Indices::U64(v)
-    };
-    let costs = (0..starts.len() - 1)
-        .map(|j| {
-            let (a, b) = (starts[j] as usize, starts[j + 1] as usize);
-            match &lens {
-                Indices::U32(v) => v[a..b].par_iter().map(|&l| budget.unit(u64::from(l))).sum(),
-                Indices::U64(v) => v[a..b].par_iter().map(|&l| budget.unit(l)).sum(),
-            }
-        })
-        .collect();
-    Ok((lens, costs))
+    })
 }
 
 /// Batch ids as `u64`.
