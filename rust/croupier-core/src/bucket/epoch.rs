@@ -214,57 +214,79 @@ impl EpochBatches {
 
     fn batches_at(&self, plan: &BucketPlan, positions: &[u64]) -> Result<(Indices, Vec<u64>)> {
         let located: Vec<(usize, u64)> = positions.iter().map(|&p| self.runs.locate(p)).collect();
+        Ok(if plan.len() <= U32_MAX_LEN {
+            let (flat, offsets) = self.assemble::<u32>(plan, &located)?;
+            (Indices::U32(flat), offsets)
+        } else {
+            let (flat, offsets) = self.assemble::<u64>(plan, &located)?;
+            (Indices::U64(flat), offsets)
+        })
+    }
+
+    /// The batches `located` (bucket, batch) one after another, and where each starts: copied
+    /// from the kept buckets, or each needed bucket cut (in parallel) and its batches taken
+    /// out at once, so that only this rank's batches outlive the call.
+    fn assemble<T: Index>(
+        &self,
+        plan: &BucketPlan,
+        located: &[(usize, u64)],
+    ) -> Result<(Vec<T>, Vec<u64>)> {
+        let mut by_bucket: Vec<Vec<usize>> = vec![Vec::new(); plan.bucket_count()];
+        for (k, &(j, _)) in located.iter().enumerate() {
+            by_bucket[j].push(k);
+        }
+        let take = |cut: &Cut, wanted: &[usize]| -> (Vec<T>, Vec<u64>) {
+            let mut out = Vec::new();
+            let mut sizes = Vec::with_capacity(wanted.len());
+            for &k in wanted {
+                let i = located[k].1 as usize;
+                let (a, b) = (cut.cuts[i] as usize, cut.cuts[i + 1] as usize);
+                match &cut.samples {
+                    Indices::U32(v) => out.extend(v[a..b].iter().map(|&x| T::from_u64(x.into()))),
+                    Indices::U64(v) => out.extend(v[a..b].iter().map(|&x| T::from_u64(x))),
+                }
+                sizes.push((b - a) as u64);
+            }
+            (out, sizes)
+        };
+        let budget = Budget::new(plan.limits());
+        let pieces: Vec<(usize, Vec<T>, Vec<u64>)> = by_bucket
+            .par_iter()
+            .enumerate()
+            .filter(|(_, wanted)| !wanted.is_empty())
+            .map(|(j, wanted)| {
+                let (out, sizes) = match &self.kept {
+                    Some(kept) => take(&kept[j], wanted),
+                    None => take(&cut_bucket(plan, &budget, j, self.draw)?, wanted),
+                };
+                Ok((j, out, sizes))
+            })
+            .collect::<Result<_>>()?;
+        let mut size = vec![0u64; located.len()];
+        for (j, _, sizes) in &pieces {
+            for (&k, &s) in by_bucket[*j].iter().zip(sizes) {
+                size[k] = s;
+            }
+        }
         let mut offsets = Vec::with_capacity(located.len() + 1);
         offsets.push(0u64);
-        let mut needed: Vec<usize> = located.iter().map(|&(j, _)| j).collect();
-        needed.sort_unstable();
-        needed.dedup();
-        let computed;
-        let cuts: Vec<Option<&Cut>> = match &self.kept {
-            Some(kept) => kept.iter().map(Some).collect(),
-            None => {
-                computed = cut_buckets(plan, self.draw, &needed)?;
-                let mut by_bucket = vec![None; plan.bucket_count()];
-                for (&j, c) in needed.iter().zip(&computed) {
-                    by_bucket[j] = Some(c);
-                }
-                by_bucket
-            }
-        };
         let mut total = 0u64;
-        let spans: Vec<(usize, usize, usize)> = located
-            .iter()
-            .map(|&(j, i)| {
-                let c = cuts[j].expect("cut");
-                let (a, b) = (c.cuts[i as usize], c.cuts[i as usize + 1]);
-                total += b - a;
-                offsets.push(total);
-                (j, a as usize, b as usize)
-            })
-            .collect();
-        let flat = if plan.len() <= U32_MAX_LEN {
-            Indices::U32(gather::<u32>(&cuts, &spans, total)?)
-        } else {
-            Indices::U64(gather::<u64>(&cuts, &spans, total)?)
-        };
+        for s in &size {
+            total += s;
+            offsets.push(total);
+        }
+        let mut flat = try_with_capacity::<T>("a rank's batches", total)?;
+        flat.resize(total as usize, T::from_u64(0));
+        for (j, out, _) in &pieces {
+            let mut at = 0usize;
+            for &k in &by_bucket[*j] {
+                let (a, b) = (offsets[k] as usize, offsets[k + 1] as usize);
+                flat[a..b].copy_from_slice(&out[at..at + (b - a)]);
+                at += b - a;
+            }
+        }
         Ok((flat, offsets))
     }
-}
-
-/// The samples of `spans` (bucket, `[a, b)` of its order) one after another.
-fn gather<T: Index>(
-    cuts: &[Option<&Cut>],
-    spans: &[(usize, usize, usize)],
-    total: u64,
-) -> Result<Vec<T>> {
-    let mut flat = try_with_capacity::<T>("a rank's batches", total)?;
-    for &(j, a, b) in spans {
-        match &cuts[j].expect("cut").samples {
-            Indices::U32(v) => flat.extend(v[a..b].iter().map(|&x| T::from_u64(u64::from(x)))),
-            Indices::U64(v) => flat.extend(v[a..b].iter().map(|&x| T::from_u64(x))),
-        }
-    }
-    Ok(flat)
 }
 
 /// The global positions in order (the identity draw).

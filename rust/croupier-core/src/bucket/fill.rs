@@ -100,9 +100,7 @@ impl Budget {
         let mean = full.iter().sum::<f64>() / full.len() as f64;
         let var = full.iter().map(|s| (s - mean) * (s - mean)).sum::<f64>() / full.len() as f64;
         let margin = (2.0 * (b as f64).sqrt() * var.sqrt() / mean).ceil() as u64 + 1;
-        let mut sorted = reference.to_vec();
-        sorted.sort_unstable_by(|a, b| b.cmp(a));
-        let fewest = self.cuts(&sorted).len() as u64 - 1;
+        let fewest = self.cuts(&longest_first(reference)).len() as u64 - 1;
         (b + margin).max(fewest).min(n)
     }
 
@@ -166,6 +164,28 @@ impl Budget {
         }
         cuts
     }
+}
+
+/// `lens` from the longest down: counted when their range is small (a bucket's usually is),
+/// else sorted.
+fn longest_first(lens: &[u64]) -> Vec<u64> {
+    let (lo, hi) = lens
+        .iter()
+        .fold((u64::MAX, 0), |(lo, hi), &l| (lo.min(l), hi.max(l)));
+    if hi - lo < 1 << 20 {
+        let mut counts = vec![0u32; (hi - lo + 1) as usize];
+        for &l in lens {
+            counts[(l - lo) as usize] += 1;
+        }
+        let mut out = Vec::with_capacity(lens.len());
+        for (v, &c) in counts.iter().enumerate().rev() {
+            out.extend(std::iter::repeat_n(lo + v as u64, c as usize));
+        }
+        return out;
+    }
+    let mut sorted = lens.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    sorted
 }
 
 #[cfg(test)]
