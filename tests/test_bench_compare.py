@@ -101,16 +101,19 @@ def test_a_group_without_exactly_one_croupier_test_is_refused(tmp_path):
 def test_the_committed_baseline_covers_every_bench_group():
     baseline = json.loads((SCRIPT.parent.parent / "benches" / "baseline-small.json").read_text())
     assert 0 < baseline["margin"] < 0.5, "a twice-slower core must fail"
-    assert len(baseline["groups"]) == 23
+    assert len(baseline["groups"]) == 25
     for name, group in baseline["groups"].items():
         assert group["croupier"].startswith("test_croupier")
         # Every group shows croupier faster, except the loader's cost per step, where croupier
         # does more (a checkpoint state every step) and must stay within 5%, and the mixture's
         # global order timed against croupier's own fast order: it buys world-size invariance
-        # and whole passes, and at this size (1e6, one leaf) costs about 3x (docs/performance.md).
+        # and whole passes, and at this size (1e6, one leaf) costs about 3x (docs/performance.md);
+        # and the bucket sampler's global order resuming against its fast order (both read one
+        # bucket's batches: about 1x).
         least = {
             "loader epoch, a state every step": 0.95,
             "mixture global order vs fast order: rank epoch, W=8": 0.2,
+            "bucket batches global order vs fast order: resume at mid-epoch, W=8": 0.5,
         }.get(name, 1)
         assert group["ratio"] > least
 

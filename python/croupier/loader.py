@@ -371,7 +371,7 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         source = self.source
         if not isinstance(source, StatefulSampler) or source._elastic_of(source.epoch) is None:
             return len(self)
-        n, per = source._length_in(source.epoch), self._per_batch
+        n, per = source._length, self._per_batch
         return n // per if self.drop_last else -(-n // per)
 
     def _rest_start(self, epoch: int) -> int:

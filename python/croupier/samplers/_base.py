@@ -206,20 +206,8 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
 
     def _first_stop(self, start: int) -> int:
         """Where the first piece of an iteration starting at ``start`` should end so that its
-        first item comes soon (default: the end of the epoch, one piece; a stop at or past the
-        end means one piece)."""
-        return MAX_LEN
-
-    def _length_in(self, epoch: int) -> int:
-        """Items per rank in ``epoch`` on this sampler's ranks: the length given at
-        construction, unless the sampler's epochs differ in length (it overrides this and
-        :meth:`_epoch_length_in`)."""
+        first item comes soon (default: the end of the epoch, one piece)."""
         return self._length
-
-    def _epoch_length_in(self, num_replicas: int, epoch: int) -> int:
-        """Items per rank in ``epoch`` with ``num_replicas`` ranks (default: every epoch's
-        :meth:`_epoch_length`)."""
-        return self._epoch_length(num_replicas)
 
     def _window(self) -> int | None:
         """For an order whose every range is cheap to compute (no shuffle), how many items to
@@ -242,12 +230,12 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
     #: Whether a state saved mid-epoch with another ``num_replicas`` continues the epoch.
     _elastic_supported: ClassVar[bool] = False
 
-    def _global_end(self, origin: int, epoch: int) -> int:
-        """Global positions in ``epoch`` first dealt over ``origin`` ranks (its samples,
-        without padding)."""
+    def _global_end(self, origin: int) -> int:
+        """Global positions in an epoch first dealt over ``origin`` ranks (its samples, without
+        padding)."""
         raise NotImplementedError
 
-    def _elastic_length(self, origin: int, offset: int, num_replicas: int, epoch: int) -> int:
+    def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
         """Items per rank for the rest of such an epoch from global position ``offset``, dealt
         over ``num_replicas`` ranks."""
         raise NotImplementedError
@@ -289,7 +277,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
     def _len_of(self, epoch: int) -> int:
         """Items per rank in ``epoch`` (its rest after an elastic resume)."""
         el = self._elastic_of(epoch)
-        return self._length_in(epoch) if el is None else el[3]
+        return self._length if el is None else el[3]
 
     def _items(self, epoch: int, start: int, stop: int | None, el: _Elastic) -> Seg:
         """This rank's items ``[start, stop)`` of ``epoch``, of its elastic rest ``el`` if not
@@ -303,10 +291,6 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
             if isinstance(arr, np.ndarray) and arr.flags.writeable:
                 arr.flags.writeable = False
         return seg
-
-    def _len_of_rest(self, epoch: int, el: _Elastic) -> int:
-        """Items per rank in ``epoch``, or in its elastic rest ``el``."""
-        return self._length_in(epoch) if el is None else el[3]
 
     def _first_stop_of(self, start: int, el: _Elastic) -> int:
         return self._first_stop(start) if el is None else self._elastic_first_stop(start, el[3])
@@ -404,7 +388,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         if view is not None:
             yield view
             return
-        length = self._len_of_rest(epoch, el)
+        length = self._length if el is None else el[3]
         window = self._window()
         if window is not None:
             lo = start
@@ -441,7 +425,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
 
         threading.Thread(target=work, name="croupier-tail", daemon=True).start()
         lo = start
-        length = self._len_of_rest(epoch, el)
+        length = self._length if el is None else el[3]
         while not done.is_set():
             hi = self._first_stop_of(lo, el)
             if hi >= length:
@@ -595,13 +579,13 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         saved_w = check_int("state['num_replicas']", native["num_replicas"], 1, MAX_LEN)
         check_int("state['rank']", native["rank"], 0, saved_w - 1)
         position = native["position"]
-        origin, offset = self._saved_elastic(native, saved_w, epoch)
+        origin, offset = self._saved_elastic(native, saved_w)
         if (origin, offset) != (saved_w, 0):
-            saved_len = self._elastic_length(origin, offset, saved_w, epoch)
+            saved_len = self._elastic_length(origin, offset, saved_w)
         elif saved_w == self.num_replicas:
-            saved_len = self._length_in(epoch)
+            saved_len = self._length
         else:
-            saved_len = self._epoch_length_in(saved_w, epoch)
+            saved_len = self._epoch_length(saved_w)
         if position > saved_len:
             key = "position" if fmt is None else fmt.position_key
             raise StateError(
@@ -623,15 +607,15 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
                     f"{type(self).__name__} does not resume mid-epoch on a different number of "
                     "replicas; resume from a checkpoint taken at an epoch boundary"
                 )
-            position = self._length_in(epoch)
+            position = self._length
         else:
             # Consumed: the old ranks' positions of the global order (padding counts once).
             # A finished epoch is done whatever its world dropped (drop_last cuts the rest's
             # tail: those items come back next epoch, not in another world's rest).
-            end = self._global_end(origin, epoch)
+            end = self._global_end(origin)
             consumed = offset + min(position * saved_w, end - offset)
             if consumed >= end or position >= saved_len:
-                position = self._length_in(epoch)  # the epoch is done
+                position = self._length  # the epoch is done
                 if position == 0 and end > 0:
                     # Empty on this world: position 0 would read as its start, so the state
                     # keeps that the old world consumed all of it.
@@ -639,7 +623,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
             else:
                 position = 0
                 if consumed > 0:
-                    length = self._elastic_length(origin, consumed, self.num_replicas, epoch)
+                    length = self._elastic_length(origin, consumed, self.num_replicas)
                     elastic = (epoch, origin, consumed, length)
         return Loaded(epoch, position, elastic, fmt)
 
@@ -661,9 +645,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         self._elastic = elastic
         self._now = (epoch, _Pending(position, None if skip_outlives_epoch else epoch))
 
-    def _saved_elastic(
-        self, native: Mapping[str, Any], saved_w: int, epoch: int
-    ) -> tuple[int, int]:
+    def _saved_elastic(self, native: Mapping[str, Any], saved_w: int) -> tuple[int, int]:
         """The ``(origin world size, global offset)`` a state records (``(saved_w, 0)`` for a
         state of an epoch that never changed world size), checked."""
         if "elastic" not in native:
@@ -678,7 +660,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         origin = check_int(
             "state['elastic']['origin_num_replicas']", el["origin_num_replicas"], 1, MAX_LEN
         )
-        end = self._global_end(origin, epoch)
+        end = self._global_end(origin)
         offset = check_int("state['elastic']['offset']", el["offset"], 0, end)
         return origin, offset
 

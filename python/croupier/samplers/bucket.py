@@ -361,22 +361,22 @@ class BucketBatchSampler(BatchSampler):
     # this world's ranks with torch's arithmetic.
     _elastic_supported = True
 
-    def _global_end(self, origin: int, epoch: int) -> int:
+    def _global_end(self, origin: int) -> int:
         batches = self._batches()
         return min(batches, _core.layout(batches, origin, self.drop_last)[1])
 
-    def _elastic_length(self, origin: int, offset: int, num_replicas: int, epoch: int) -> int:
+    def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
         if self.order == "fast":
             return int(self._plan.elastic_batches(origin, offset, num_replicas, self.drop_last))
         # One sequence for every world size: the rest is dealt like a fresh epoch.
-        rest = self._global_end(origin, epoch) - offset
+        rest = self._global_end(origin) - offset
         return int(_core.layout(rest, num_replicas, self.drop_last)[0]) if rest else 0
 
     def _compute_elastic(
         self, origin: int, offset: int, epoch: int, start: int, stop: int | None
     ) -> Batches:
         if stop is None:
-            stop = self._elastic_length(origin, offset, self.num_replicas, epoch)
+            stop = self._elastic_length(origin, offset, self.num_replicas)
         return self._range((origin, offset), epoch, start, stop)
 
     def _elastic_first_stop(self, start: int, length: int) -> int:

@@ -189,13 +189,12 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
     # the consumed prefix on, dealt with torch's arithmetic (croupier_core::Elastic).
     _elastic_supported = True
 
-    def _global_end(self, origin: int, epoch: int) -> int:
+    def _global_end(self, origin: int) -> int:
         # The epoch's samples in its first world: n, or what drop_last keeps of them.
         return min(self._n, _core.layout(self._n, origin, self.drop_last)[1])
 
-    def _elastic_length(self, origin: int, offset: int, num_replicas: int, epoch: int) -> int:
-        rest = self._global_end(origin, epoch) - offset
-        return _core.layout(rest, num_replicas, self.drop_last)[0]
+    def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
+        return _core.layout(self._global_end(origin) - offset, num_replicas, self.drop_last)[0]
 
     def _compute_elastic(
         self, origin: int, offset: int, epoch: int, start: int, stop: int | None

@@ -516,15 +516,15 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     # rank's sequence read from the core under the phases the epoch was iterated with.
     _elastic_supported = True
 
-    def _global_end(self, origin: int, epoch: int) -> int:
+    def _global_end(self, origin: int) -> int:
         if self.order == "global":
             # The global sequence, or what drop_last keeps of it on the first world.
             positions = self._positions_of(origin)
             return min(positions, int(_core.layout(positions, origin, self.drop_last)[1]))
         return origin * self._epoch_length(origin)
 
-    def _elastic_length(self, origin: int, offset: int, num_replicas: int, epoch: int) -> int:
-        rest = self._global_end(origin, epoch) - offset
+    def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
+        rest = self._global_end(origin) - offset
         return int(_core.layout(rest, num_replicas, self.drop_last)[0]) if rest else 0
 
     def _origin_mixture(self, origin: int) -> _core.Mixture:

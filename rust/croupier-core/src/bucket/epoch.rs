@@ -309,10 +309,15 @@ fn cut_buckets(plan: &BucketPlan, draw: EpochDraw, buckets: &[usize]) -> Result<
 /// Bucket `j`'s epoch: its order, cut into its target number of batches.
 fn cut_bucket(plan: &BucketPlan, budget: &Budget, j: usize, draw: EpochDraw) -> Result<Cut> {
     let n = plan.members_of(j);
-    let mut positions = plan.bucket_positions(j, draw.keys(), 0..n)?.to_u64_vec();
+    let mut positions = plan.bucket_positions(j, draw.keys(), 0..n)?;
     let cuts = if plan.filled_to_budget(j) {
-        let lens = plan.gather_lengths(j, &Indices::U64(positions.clone()));
-        budget.exact_cuts(&mut positions, &lens, plan.target(j))
+        let (cuts, reorder) =
+            budget.exact_cuts(&plan.gather_lengths(j, &positions), plan.target(j));
+        if let Some(order) = reorder {
+            let old = positions.to_u64_vec();
+            positions = Indices::U64(order.iter().map(|&k| old[k as usize]).collect());
+        }
+        cuts
     } else {
         let size = if j + 1 == plan.bucket_count() {
             1
@@ -321,7 +326,7 @@ fn cut_bucket(plan: &BucketPlan, budget: &Budget, j: usize, draw: EpochDraw) -> 
         };
         (0..=plan.target(j)).map(|i| (i * size).min(n)).collect()
     };
-    let samples = plan.gather_members(j, &Indices::U64(positions));
+    let samples = plan.gather_members(j, &positions);
     Ok(Cut { samples, cuts })
 }
 

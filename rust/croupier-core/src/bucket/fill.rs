@@ -105,33 +105,28 @@ impl Budget {
     }
 
     /// A bucket's batches of an epoch, exactly `target` of them (at least the fewest its
-    /// lengths allow, see [`Budget::target`]): the greedy cut of its order (`positions`, with
-    /// their lengths `lens`); if that makes more, the order is sorted from the longest down
-    /// within windows of twice the mean batch, then of ever larger windows, until the cut
-    /// makes at most `target`; then batches are halved from the last one back (a half holding
-    /// a multiple of `multiple` when one fits) until there are `target`. Returns the cuts and
-    /// rewrites `positions` when it sorted.
-    pub(crate) fn exact_cuts(&self, positions: &mut [u64], lens: &[u64], target: u64) -> Vec<u64> {
+    /// lengths allow, see [`Budget::target`]): the greedy cut of its order's lengths `lens`;
+    /// if that makes more, the order is sorted from the longest down within windows of twice
+    /// the mean batch, then of ever larger windows, until the cut makes at most `target`; then
+    /// batches are halved from the last one back (a half holding a multiple of `multiple` when
+    /// one fits) until there are `target`. Returns the cuts, and the new order (as indices into
+    /// the given one) when it sorted.
+    pub(crate) fn exact_cuts(&self, lens: &[u64], target: u64) -> (Vec<u64>, Option<Vec<u64>>) {
         let n = lens.len();
         let mut cuts = self.cuts(lens);
+        let mut reorder = None;
         if cuts.len() as u64 - 1 > target {
             let mut window = 2 * n.div_ceil(target.max(1) as usize).max(1);
-            let original: Vec<(u64, u64)> = lens
-                .iter()
-                .copied()
-                .zip(positions.iter().copied())
-                .collect();
             loop {
-                let mut pairs = original.clone();
-                for chunk in pairs.chunks_mut(window) {
-                    chunk.sort_by_key(|p| std::cmp::Reverse(p.0)); // stable: ties keep their order
+                let mut order: Vec<u64> = (0..n as u64).collect();
+                for chunk in order.chunks_mut(window) {
+                    // Stable: ties keep their order.
+                    chunk.sort_by_key(|&k| std::cmp::Reverse(lens[k as usize]));
                 }
-                let sorted: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+                let sorted: Vec<u64> = order.iter().map(|&k| lens[k as usize]).collect();
                 cuts = self.cuts(&sorted);
                 if cuts.len() as u64 - 1 <= target || window >= n {
-                    for (p, &(_, at)) in positions.iter_mut().zip(&pairs) {
-                        *p = at;
-                    }
+                    reorder = Some(order);
                     break;
                 }
                 window *= 2;
@@ -162,7 +157,7 @@ impl Budget {
                 break; // nothing left to halve (target above the samples: never, by target)
             }
         }
-        cuts
+        (cuts, reorder)
     }
 }
 
@@ -250,8 +245,8 @@ mod tests {
                 if t < fewest {
                     continue;
                 }
-                let mut pos: Vec<u64> = (0..n as u64).collect();
-                let exact = b.exact_cuts(&mut pos, &lens, t);
+                let (exact, reorder) = b.exact_cuts(&lens, t);
+                let pos: Vec<u64> = reorder.unwrap_or_else(|| (0..n as u64).collect());
                 assert_eq!(exact.len() as u64 - 1, t, "case {case}");
                 let mut sorted_pos = pos.clone();
                 sorted_pos.sort_unstable();

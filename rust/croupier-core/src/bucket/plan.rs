@@ -814,12 +814,13 @@ impl BucketPlan {
     /// The lengths of bucket `j`'s members at `positions` (with [`Limits::fill_to_budget`]).
     pub(crate) fn gather_lengths(&self, j: usize, positions: &Indices) -> Vec<u64> {
         let base = self.starts[j] as usize;
-        fn gather<P: Copy + Into<u64>, L: Copy + Into<u64>>(
+        fn gather<P: Copy + Into<u64> + Sync, L: Copy + Into<u64> + Sync>(
             at: &[P],
             lens: &[L],
             base: usize,
         ) -> Vec<u64> {
-            at.iter()
+            at.par_iter()
+                .with_min_len(1 << 14)
                 .map(|&p| lens[base + p.into() as usize].into())
                 .collect()
         }
