@@ -308,3 +308,11 @@ def test_a_resume_reads_its_first_batches_without_the_epochs_plan():
     assert next(it) == whole[half]  # one batch: its bucket cut, not the epoch
     assert fresh._epochs == {}
     assert list(it) == whole[half + 1 :]
+
+
+@pytest.mark.parametrize("order", ["global", "fast"])
+def test_costs_past_2_to_the_128_saturate_instead_of_wrapping(order):
+    # 2**63 + 2**126 / (2**64 - 1) tokens each: over a budget of 2**64 - 1, so served alone.
+    huge = np.array([2**63] * 3, dtype=np.uint64)
+    s = BucketBatchSampler(huge, max_tokens=2**64 - 1, quadratic=2**64 - 1, order=order)
+    assert [len(b) for b in s] == [1, 1, 1]

@@ -53,7 +53,7 @@ _SETUP = textwrap.dedent(
             sampler = MixtureSampler([0, 100, 350, 600], [0.2, 0.5, 0.3], seed=3, **ranks)
             return StatefulDataLoader(Ids(), 8, sampler=sampler, num_workers=num_workers)
         lengths = np.random.default_rng(3).integers(1, 300, size=600)
-        sampler = BucketBatchSampler(lengths, max_tokens=1800, buckets=6, seed=3, **ranks)
+        sampler = BucketBatchSampler(lengths, max_tokens=1700, buckets=6, seed=3, **ranks)
         return StatefulDataLoader(Ids(), batch_sampler=sampler, num_workers=num_workers)
     """
 )

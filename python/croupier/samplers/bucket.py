@@ -76,8 +76,9 @@ class BucketBatchSampler(BatchSampler):
     the last open) or a number of buckets (default 64). In the global order (the default) a
     number of buckets gets the boundaries that minimise padding (the padded cost
     ``sum_j n_j * cost(L_j)`` over the lengths, ``L_j`` bucket ``j``'s longest, solved
-    exactly); in the fast order, the ``j/64`` quantiles of ``lengths``. Repeated values
-    merge buckets. Every batch comes from one bucket.
+    exactly over up to 4,096 distinct lengths, more merged into levels first; from 2,048
+    buckets, quantiles); in the fast order, the ``j/64`` quantiles of ``lengths``. Repeated
+    values merge buckets. Every batch comes from one bucket.
 
     **Batches.** With ``batch_size`` only, a bucket is cut into batches of ``batch_size``:
     its last batch may be shorter, and with ``drop_last=True`` that short batch is left out,

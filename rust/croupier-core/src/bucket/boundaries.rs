@@ -58,7 +58,7 @@ where
         let v = u128::from(v.max(1));
         match quadratic {
             None => v,
-            Some(q) => v * u128::from(q) + v * v,
+            Some(q) => (v * u128::from(q)).saturating_add(v * v),
         }
     };
     let n = values.len();
@@ -68,7 +68,7 @@ where
     }
     let cost: Vec<u128> = lasts.iter().map(|&v| g(v)).collect();
     // w(j, i): levels j..i (exclusive) in one bucket, padded to level i - 1's longest.
-    let w = |j: usize, i: usize| (cum[i] - cum[j]) * cost[i - 1];
+    let w = |j: usize, i: usize| (cum[i] - cum[j]).saturating_mul(cost[i - 1]);
     let mut prev: Vec<u128> = (0..=n).map(|i| if i == 0 { 0 } else { w(0, i) }).collect();
     let mut splits: Vec<Vec<u32>> = Vec::with_capacity(k);
     splits.push(vec![0; n + 1]);
@@ -118,7 +118,7 @@ fn solve<W: Fn(usize, usize) -> u128>(
         if before == u128::MAX {
             continue;
         }
-        let c = before + w(j, mid);
+        let c = before.saturating_add(w(j, mid));
         if c < best {
             best = c;
             at = j;

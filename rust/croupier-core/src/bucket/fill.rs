@@ -45,7 +45,8 @@ impl Budget {
         let l = u128::from(len.max(1));
         match self.quadratic {
             None => l,
-            Some(q) => l * u128::from(q) + l * l,
+            // Saturates: a cost past 2**128 is past any budget.
+            Some(q) => (l * u128::from(q)).saturating_add(l * l),
         }
     }
 
@@ -63,7 +64,7 @@ impl Budget {
             let mut c = 0usize;
             while start + c < n && c < size {
                 let u = self.unit(lens[start + c]).max(longest);
-                if (c as u128 + 1) * u > limit {
+                if (c as u128 + 1).saturating_mul(u) > limit {
                     break;
                 }
                 longest = u;

@@ -105,7 +105,7 @@ impl Limits {
         let len = u128::from(len.max(1));
         let fit = match self.quadratic {
             None => t / len,
-            Some(q) => t * u128::from(q) / (len * u128::from(q) + len * len),
+            Some(q) => t * u128::from(q) / (len * u128::from(q)).saturating_add(len * len),
         };
         Some(fit.min(u128::from(u64::MAX)) as u64)
     }
