@@ -159,17 +159,25 @@ def _with(**changes):
         (
             _with(elastic={"origin_num_replicas": 8}),
             ValueError,
-            "state['elastic'] must be a mapping with keys 'origin_num_replicas' and 'offset'",
+            "state['elastic'] must be a mapping with keys 'origin_num_replicas', 'offset' "
+            "and 'resumed_at'",
         ),
         (
-            _with(elastic={"origin_num_replicas": 8, "offset": 101}),
+            _with(elastic={"origin_num_replicas": 8, "offset": 101, "resumed_at": 0}),
             ValueError,
             "state['elastic']['offset'] must be in [0, 100], got 101",
         ),
         (_with(num_replicas=8, position=14), ValueError, "state['position'] must be in [0, 13]"),
         (_with(drop_last=True), ValueError, "drop_last: state has True, this sampler has False"),
         (_with(order="torch"), ValueError, "order: state has 'torch', this sampler has 'global'"),
-        (_with(version=2), ValueError, "version: state has 2, this sampler has 1"),
+        (
+            _with(version=3),
+            ValueError,
+            "state['version'] is 3; this croupier reads state versions 1 to 2: it was saved by "
+            "a newer croupier, upgrade croupier to load it",
+        ),
+        (_with(version=0), ValueError, "state['version'] is 0; this croupier reads state"),
+        (_with(version="2"), TypeError, "state['version'] must be an int"),
     ],
 )
 def test_load_state_dict_refuses(state, exc, message):

@@ -196,9 +196,12 @@ def test_distributed_successive_changes(n, worlds, fractions, drop_last):
         s.set_epoch(3)
         if state is not None:
             s.load_state_dict(state)
-        positions.append(int(f * len(s)))
-        s.set_skip(positions[-1])
-        state = {**s.state_dict(), "position": positions[-1]}
+        # Positions count on from the loaded one (len is it plus this world's rest).
+        first = s.state_dict()["position"]
+        positions.append(int(f * (len(s) - first)))
+        s.set_skip(first + positions[-1])
+        state = s.state_dict()
+        assert state["position"] == first + positions[-1]
     positions.append(None)
     consumed, final = _run(make, worlds, positions)
     # Worlds that consumed nothing before the first change hand over the start of the epoch:
@@ -208,7 +211,7 @@ def test_distributed_successive_changes(n, worlds, fractions, drop_last):
         full = _full_epoch(make, worlds[0])
     _check_cover(full, consumed, worlds, drop_last)
     # O(1) state: however many changes, it records the first world and one offset.
-    assert set(final.get("elastic", {})) <= {"origin_num_replicas", "offset"}
+    assert set(final.get("elastic", {})) <= {"origin_num_replicas", "offset", "resumed_at"}
 
 
 def test_a_finished_epoch_stays_finished_through_a_world_where_it_is_empty():
@@ -243,7 +246,9 @@ def test_distributed_same_world_resume_has_no_elastic_entry():
 def test_distributed_elastic_state_round_trips_and_pickles():
     make = _dist(5000, False)
     _, state = _run(make, [8, 6], [100, 17])
-    assert state["elastic"] == {"origin_num_replicas": 8, "offset": 800}
+    # The rest's positions count on from the loaded one: 100 on 8 ranks, then 17 on 6.
+    assert state["elastic"] == {"origin_num_replicas": 8, "offset": 800, "resumed_at": 100}
+    assert state["position"] == 117
     s = make(6, 2)
     s.load_state_dict(state)
     assert s.state_dict() == {**state, "rank": 2}
@@ -266,9 +271,22 @@ def test_distributed_end_of_epoch_state_on_another_world_is_done():
     "elastic,message",
     [
         ({"origin_num_replicas": 8}, "must be a mapping with keys"),
-        ({"origin_num_replicas": 0, "offset": 5}, "origin_num_replicas'] must be in [1,"),
-        ({"origin_num_replicas": 8, "offset": 1001}, "offset'] must be in [0, 1000]"),
-        ({"origin_num_replicas": 8, "offset": -1}, "offset'] must be in [0, 1000]"),
+        ({"origin_num_replicas": 8, "offset": 5}, "must be a mapping with keys"),
+        (
+            {"origin_num_replicas": 0, "offset": 5, "resumed_at": 0},
+            "origin_num_replicas'] must be in [1,",
+        ),
+        (
+            {"origin_num_replicas": 8, "offset": 1001, "resumed_at": 0},
+            "offset'] must be in [0, 1000]",
+        ),
+        (
+            {"origin_num_replicas": 8, "offset": -1, "resumed_at": 0},
+            "offset'] must be in [0, 1000]",
+        ),
+        ({"origin_num_replicas": 8, "offset": 80, "resumed_at": -1}, "resumed_at'] must be in [0,"),
+        # The position (15) must lie in the rest that begins at resumed_at.
+        ({"origin_num_replicas": 8, "offset": 80, "resumed_at": 16}, "must be in [16, "),
         ("8", "must be a mapping"),
     ],
 )
@@ -288,9 +306,14 @@ def test_a_position_past_the_rest_is_refused():
     make = _dist(1000, False)
     _, state = _run(make, [8, 6], [10, 5])
     s = make(6, 0)
-    rest = len(make(6, 0)) - 0  # per rank: ceil((1000 - 80) / 6) = 154
-    with pytest.raises(StateError, match="for the rest of the epoch"):
-        s.load_state_dict({**state, "position": rest + 100})
+    # The rest begins at position 10 and holds ceil((1000 - 80) / 6) = 154 a rank.
+    assert state["position"] == 15 and state["elastic"]["resumed_at"] == 10
+    with pytest.raises(StateError, match=r"must be in \[10, 164\] .*for the epoch resumed at 10"):
+        s.load_state_dict({**state, "position": 165})
+    with pytest.raises(StateError, match=r"must be in \[10, 164\]"):
+        s.load_state_dict({**state, "position": 9})
+    s.load_state_dict({**state, "position": 164})
+    assert list(s) == [] and len(s) == 164
 
 
 # -- BucketBatchSampler ---------------------------------------------------------------------------
@@ -385,7 +408,11 @@ def test_mixture_two_changes_in_one_epoch():
     got = Counter(x for world in consumed for r in world for x in r)
     assert not (full - got)
     assert sum((got - full).values()) < 2 + 5
-    assert state["elastic"] == {"origin_num_replicas": 4, "offset": 4 * 100 + 2 * 300}
+    assert state["elastic"] == {
+        "origin_num_replicas": 4,
+        "offset": 4 * 100 + 2 * 300,
+        "resumed_at": 400,
+    }
 
 
 def test_mixture_with_a_schedule_keeps_the_epochs_phases():
@@ -485,7 +512,8 @@ def _loader_run(make, worlds, counts, opts):
     """One epoch of per-rank loaders through ``worlds``: in world ``i`` every rank consumes
     ``counts[i]`` batches (``None``: to the end), then rank 0's state goes to the next world.
     Returns the batches per world (a list per rank), the state after each world, and the
-    sampler's length in each world (after the load: the rank's share of the rest)."""
+    sampler items each rank of a world has left after the load (the rank's share of the
+    rest). After a load, ``len`` is the batches the state records plus the batches left."""
     consumed, states, lengths = [], [], []
     state = None
     for w, k in zip(worlds, counts, strict=True):
@@ -496,8 +524,9 @@ def _loader_run(make, worlds, counts, opts):
                 assert loader.state_dict()["batches_yielded"] == state["batches_yielded"]
         assert len({len(loader) for loader in loaders}) == 1, f"unequal batch counts on {w} ranks"
         assert len({len(loader.source) for loader in loaders}) == 1
-        lengths.append(len(loaders[0].source))
-        batches = len(loaders[0])
+        source = loaders[0].source
+        lengths.append(len(source) - source.state_dict()["position"])
+        batches = len(loaders[0]) - (0 if state is None else state["batches_yielded"])
         its = [iter(loader) for loader in loaders]
         took = [[b.tolist() for b in itertools.islice(it, k)] for it in its]
         if k is None:
@@ -564,7 +593,9 @@ def test_loader_resumes_on_fewer_ranks_twice(kind, workers):
     assert states[1]["sampler"]["num_replicas"] == 3
     assert states[1]["sampler"]["elastic"]["origin_num_replicas"] == 4
     per_batch = {"distributed": 8, "mixture": 7, "buckets": 1}[kind]
-    assert states[1]["sampler"]["position"] == 3 * per_batch
+    # Positions count on from the loaded one: 2 batches on 4 ranks, 3 more on 3.
+    assert states[1]["sampler"]["position"] == 5 * per_batch
+    assert states[1]["sampler"]["elastic"]["resumed_at"] == 2 * per_batch
     # The epoch ran to its end on 2 ranks: the state names the next epoch, a whole one there.
     assert states[2]["epoch"] == 1 and states[2]["batches_yielded"] == 0
     assert "elastic" not in states[2]["sampler"]
@@ -593,7 +624,8 @@ def test_loader_changes_world_again_before_a_batch(kind):
     worlds = [4, 3, 2]
     consumed, states, lengths = _loader_run(make, worlds, [2, 0, None], {})
     _check_loader_cover(kind, unique, full, consumed, lengths, worlds)
-    assert states[1]["sampler"]["position"] == 0 and states[1]["batches_yielded"] == 2
+    assert states[1]["sampler"]["position"] == states[0]["sampler"]["position"]
+    assert states[1]["batches_yielded"] == 2
 
 
 @pytest.mark.parametrize("kind", ["distributed", "buckets", "mixture"])
@@ -605,7 +637,8 @@ def test_loader_state_right_after_an_elastic_load_loads_again(kind):
         loader.load_state_dict(json.loads(json.dumps(states[0])))
         again = loader.state_dict()
         assert again["sampler"]["elastic"]["origin_num_replicas"] == 4
-        assert again["sampler"]["position"] == 0 and again["batches_yielded"] == 2
+        assert again["sampler"]["position"] == states[0]["sampler"]["position"]
+        assert again["batches_yielded"] == 2
         fresh = make(3, r)
         fresh.load_state_dict(json.loads(json.dumps(again)))
         assert fresh.state_dict() == again
@@ -619,7 +652,9 @@ def test_loader_holding_a_rest_counts_its_batches_and_loads_any_state():
     _, on3, _ = _loader_run(make, [3], [9], {})
     loader = make(3, 0)
     loader.load_state_dict(on4[0])
-    assert len(loader) < 9  # the rest: 4 * (60 - 40) = 80 samples, 27 a rank, 4 batches
+    # The 5 batches of the old world, then the rest: 4 * (60 - 40) = 80 samples, 27 a rank,
+    # 4 batches.
+    assert len(loader) == 5 + 4
     it = iter(loader)
     next(it), next(it)
     assert loader.state_dict()["batches_yielded"] == 7
@@ -627,7 +662,7 @@ def test_loader_holding_a_rest_counts_its_batches_and_loads_any_state():
     again = iter(loader)
     next(again)
     assert loader.state_dict()["batches_yielded"] == 6
-    assert loader.state_dict()["sampler"]["position"] == 8
+    assert loader.state_dict()["sampler"]["position"] == 5 * 8 + 8
     del it, again
     # A state of a whole epoch on this world loads, though the rest it holds is shorter.
     loader.load_state_dict(json.loads(json.dumps(on3[0])))
@@ -692,7 +727,8 @@ def test_a_mixture_state_from_a_huge_world_resumes_cheaply(order):
     length, in_range = out.stdout.split()
     # Fast: 10**12 old ranks of 3 positions each (one of each dataset, padded).
     end = 3 * 10**12 if order == "fast" else 130
-    assert int(length) == -(-(end - 20) // 3) and in_range == "True"
+    # len: the 5 positions consumed before, then this rank's share of the rest.
+    assert int(length) == 5 + -(-(end - 20) // 3) and in_range == "True"
 
 
 def test_a_null_elastic_entry_is_refused():
@@ -772,3 +808,62 @@ def test_mixture_elastic_load_needs_only_the_first_worlds_schedule(
         assert s.state_dict() == before
         s.update_weights(other)
         assert len(list(s)) == len(s)
+
+
+# -- the len rule ---------------------------------------------------------------------------------
+
+
+def _distributed_of(order):
+    return lambda w, r: DistributedSampler(100, w, r, order=order)
+
+
+def _mixture_of(order):
+    return lambda w, r: MixtureSampler([0, 30, 100], [0.6, 0.4], w, r, order=order)
+
+
+def _buckets_of(order):
+    lengths = (np.arange(600) * 7919) % 300 + 1
+    return lambda w, r: BucketBatchSampler(
+        lengths, max_tokens=900, num_replicas=w, rank=r, order=order
+    )
+
+
+def _every_sampler():
+    out = {f"distributed-{o}": _distributed_of(o) for o in ("global", "fast", "torch")}
+    out |= {f"mixture-{o}": _mixture_of(o) for o in ("global", "fast")}
+    out |= {f"buckets-{o}": _buckets_of(o) for o in ("global", "fast")}
+    return out
+
+
+@pytest.mark.parametrize("kind", list(_every_sampler()))
+@pytest.mark.parametrize("w0,w1", [(3, 8), (3, 3), (8, 3), (2, 1)])
+def test_len_is_the_loaded_position_plus_what_comes_next(kind, w0, w1):
+    # The one rule after every load (same world, other world, end of epoch): a trainer that
+    # restores its count and stops at len trains exactly the rest. Found by the third round of
+    # generated tests: a finished epoch saved on 3 ranks and loaded on 8 reported a whole
+    # epoch of len and yielded nothing.
+    if kind.endswith("torch"):
+        pytest.importorskip("torch")
+    make = _every_sampler()[kind]
+    length = len(make(w0, 0))
+    for p in sorted({0, 1, length // 3, length - 1, length}):
+        old = make(w0, 0)
+        old.set_epoch(2)
+        it = iter(old)
+        for _ in range(p):
+            next(it)
+        state = old.state_dict()
+        assert state["position"] == p
+        for r in range(w1):
+            new = make(w1, r)
+            new.load_state_dict(json.loads(json.dumps(state)))
+            at = new.state_dict()["position"]
+            assert at == (p if p or w0 == w1 else 0)
+            rest = list(new)
+            assert len(new) == at + len(rest), (p, r)
+            if p == length:
+                assert rest == [] and len(new) == p
+            # Positions count on through the rest: a state saved at its end says len.
+            assert new.state_dict()["position"] == len(new)
+            new.set_epoch(3)
+            assert len(new) == len(make(w1, r)) and "elastic" not in new.state_dict()

@@ -376,7 +376,11 @@ def test_state_of_another_configuration_is_refused_naming_each_difference():
     mid = {**state, "position": 5}
     wider = MixtureSampler(cum, [1, 2], 4, 1, seed=1)
     wider.load_state_dict(mid)
-    assert wider.state_dict()["elastic"] == {"origin_num_replicas": 2, "offset": 10}
+    assert wider.state_dict()["elastic"] == {
+        "origin_num_replicas": 2,
+        "offset": 10,
+        "resumed_at": 5,
+    }
     target = MixtureSampler(cum, [1, 2], 2, 1, seed=1)
     before = target.state_dict()
     with pytest.raises((StateError, ValueError)):

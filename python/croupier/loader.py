@@ -188,9 +188,6 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         # out (the progress already names the next epoch then), else None.
         self._last_epoch: tuple[object, int] | None = None
         self._loaded_skip: int | None = None
-        # After an elastic resume (a state saved on another number of ranks, mid-epoch): the
-        # epoch and the batches of it yielded before this world's rest of it began.
-        self._rest_base: tuple[int, int] | None = None
 
     # -- epochs -----------------------------------------------------------------------------
 
@@ -226,7 +223,6 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         if isinstance(epoch, int) and epoch != self._epoch_given and epoch != self.epoch:
             self._progress = _Progress(epoch, 0, 0, 0)
             self._loaded_skip = None
-            self._rest_base = None
 
     # -- iteration ----------------------------------------------------------------------------
 
@@ -238,9 +234,10 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         if isinstance(self.source, StatefulSampler):
             start = self.source._start_position()
             # A new iteration without a loaded state starts the epoch again (torch's rule); after
-            # an elastic resume the sampler's epoch is this world's rest of it, which follows
-            # the batches the old world yielded.
-            batches = progress.batches if start > 0 else self._rest_start(progress.epoch)
+            # an elastic resume, at this world's rest of it, which follows the batches the old
+            # world yielded (the sampler's positions count them).
+            first = self.source._first_position(progress.epoch)
+            batches = progress.batches if start > first else -(-first // self._per_batch)
         else:
             if self._loaded_skip is not None:
                 self.source.set_skip(self._loaded_skip)
@@ -288,7 +285,7 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         """The sampler position (indices, or batches for a batch sampler) training has
         consumed: the iteration's start plus the batches handed out since."""
         # len() of the sampler, not of the epoch it started with: after an elastic resume it is
-        # this rank's share of the rest of that epoch.
+        # the loaded position plus this rank's share of the rest of that epoch.
         return min(p.start + p.since * self._per_batch, len(self.source))
 
     def state_dict(self) -> dict[str, Any]:
@@ -325,6 +322,8 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
             raise TypeError(
                 f"state['sampler'] must be a mapping, got {type(sampler_state).__name__}"
             )
+        if sampler_state is not None:
+            sampler_state = _rest_counts_on(sampler_state, batches, self._per_batch)
         positional = sampler_state is not None and any(k in sampler_state for k in _POSITION_KEYS)
         # batches_yielded must fit this loader's epoch, unless the sampler state says it was
         # counted in another world (another num_replicas, or the rest of an epoch continued
@@ -353,14 +352,8 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
                 self.source.set_skip(skip)
             self._loaded_skip = None
             start = self.source._start_position()
-            # batches_yielded counts from the epoch's start; after an elastic load the sampler
-            # counts from the start of the rest, which the old world's batches preceded.
-            rest = self.source._elastic_of(epoch) is not None
-            base = max(batches - -(-start // self._per_batch), 0)
-            self._rest_base = (epoch, base) if rest else None
         else:
             self._loaded_skip = skip
-            self._rest_base = None
             start = skip or 0
         self._progress = _Progress(epoch, batches, start, 0)
         self._last_epoch = None
@@ -373,14 +366,6 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
             return len(self)
         n, per = source._length, self._per_batch
         return n // per if self.drop_last else -(-n // per)
-
-    def _rest_start(self, epoch: int) -> int:
-        """Batches of ``epoch`` yielded before the sampler's position 0: after an elastic
-        resume, those before this world's rest of the epoch; else none."""
-        base = self._rest_base
-        if base is None or base[0] != epoch or self.source._elastic_of(epoch) is None:
-            return 0
-        return base[1]
 
     @property
     def _source_replicas(self) -> int | None:
@@ -455,6 +440,27 @@ class _EpochBatches(TorchBatchSampler):
         """Sets the sampler's epoch."""
         sampler: Any = self.sampler
         sampler.set_epoch(epoch)
+
+
+def _rest_counts_on(sampler_state: Mapping[str, Any], batches: int, per_batch: int) -> Any:
+    """A version-1 sampler state of an elastic rest, as a loader saved it, in version 2's
+    terms: version 1 counted the rest's positions from its start, version 2 from the
+    position the rest was resumed at, the items of the batches yielded before it (a bare
+    sampler state cannot know them; the loader's ``batches_yielded`` does). Any other state
+    is returned as it is (the sampler upgrades and checks it)."""
+    el = sampler_state.get("elastic")
+    if sampler_state.get("version") != 1 or not isinstance(el, Mapping) or "resumed_at" in el:
+        return sampler_state
+    position = sampler_state.get("position")
+    if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+        return sampler_state
+    resumed_at = max(batches - -(-position // per_batch), 0) * per_batch
+    return {
+        **sampler_state,
+        "version": 2,
+        "position": resumed_at + position,
+        "elastic": {**el, "resumed_at": resumed_at},
+    }
 
 
 def _is_batch_sampler(sampler: object) -> bool:

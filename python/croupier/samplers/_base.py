@@ -34,16 +34,32 @@ import numpy.typing as npt
 from croupier._frameworks import check_not_sharded_again
 from croupier._torch import Sampler
 from croupier._validate import MAX_LEN, U64_MAX, check_int
-from croupier.samplers._state import StateError, StateFormat, check_state
+from croupier.samplers._state import STATE_VERSION, StateError, StateFormat, check_state, upgrade
 
 __all__ = ["BatchSampler", "Batches", "IndexSampler", "Loaded", "StatefulSampler"]
 
 T = TypeVar("T")
 Seg = TypeVar("Seg", bound="_Segment")
 
-_STATE_VERSION = 1
-#: An elastic rest: ``(epoch, origin world size, global offset, items per rank)``, or ``None``.
-_Elastic = tuple[int, int, int, int] | None
+
+class Rest(NamedTuple):
+    """The rest of an epoch continued on this world size after an elastic resume: ``epoch``
+    was first dealt over ``origin`` ranks, its global order's first ``offset`` positions are
+    consumed, and the rest is dealt over this sampler's ranks, ``length`` items each. The
+    rank's positions in the epoch count on from ``resumed_at`` (the position the loaded state
+    recorded), so positions ``[resumed_at, resumed_at + length]`` and
+    ``len = resumed_at + length``: a trainer that restored its own count of ``resumed_at``
+    and stops at ``len`` trains exactly the rest."""
+
+    epoch: int
+    origin: int
+    offset: int
+    length: int
+    resumed_at: int
+
+
+#: An elastic rest, or ``None``.
+_Elastic = Rest | None
 # The first window of a streamed iteration is short, so its first item comes at once.
 _FIRST_WINDOW = 1 << 10
 # From this many items, the rest of an epoch is computed on a thread while its first pieces
@@ -262,9 +278,15 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         object.__setattr__(self, name, value)
 
     def __len__(self) -> int:
-        """This rank's number of items per epoch. After an elastic resume (a state saved
-        mid-epoch on another number of ranks), until the next epoch: this rank's number of
-        items for the rest of that epoch."""
+        """This rank's number of items in the current epoch: torch's count per rank and epoch.
+
+        After any :meth:`load_state_dict`, ``len`` is the position the state records plus
+        what the next iteration yields, so a trainer that restores its own count of items
+        (batches) trained and stops at ``len`` trains exactly the rest: on the same number of
+        ranks that is the whole epoch (torch's convention); after an elastic resume (a state
+        saved on another number of ranks) it is the saved position plus this rank's share of
+        the epoch's rest, until the next epoch.
+        """
         return self._len_of(self._now[0])
 
     def _elastic_of(self, epoch: int) -> _Elastic:
@@ -276,8 +298,17 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
 
     def _len_of(self, epoch: int) -> int:
         """Items per rank in ``epoch`` (its rest after an elastic resume)."""
+        return self._end_of(self._elastic_of(epoch))
+
+    def _end_of(self, el: _Elastic) -> int:
+        """Where an epoch ends: its length, or the end of the elastic rest ``el``."""
+        return self._length if el is None else el.resumed_at + el.length
+
+    def _first_position(self, epoch: int) -> int:
+        """Where an iteration of ``epoch`` starts when nothing is pending: 0, or after an
+        elastic resume the position the rest begins at."""
         el = self._elastic_of(epoch)
-        return self._length if el is None else el[3]
+        return 0 if el is None else el.resumed_at
 
     def _items(self, epoch: int, start: int, stop: int | None, el: _Elastic) -> Seg:
         """This rank's items ``[start, stop)`` of ``epoch``, of its elastic rest ``el`` if not
@@ -286,14 +317,20 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         if el is None:
             seg = self._compute(epoch, start, stop)
         else:
-            seg = self._compute_elastic(el[1], el[2], epoch, start, stop)
+            # The hooks count from the start of the rest.
+            base = el.resumed_at
+            rest_stop = None if stop is None else stop - base
+            seg = self._compute_elastic(el.origin, el.offset, epoch, start - base, rest_stop)
         for arr in (seg.flat, seg.offsets) if isinstance(seg, Batches) else (seg,):
             if isinstance(arr, np.ndarray) and arr.flags.writeable:
                 arr.flags.writeable = False
         return seg
 
     def _first_stop_of(self, start: int, el: _Elastic) -> int:
-        return self._first_stop(start) if el is None else self._elastic_first_stop(start, el[3])
+        if el is None:
+            return self._first_stop(start)
+        base = el.resumed_at
+        return base + self._elastic_first_stop(start - base, el.length)
 
     # -- epoch and position ---------------------------------------------------------------------
 
@@ -330,26 +367,39 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
     def set_skip(self, skip: int) -> None:
         """Makes the next iteration skip the first ``skip`` items of this rank's epoch, in O(1).
 
-        ``skip`` counts from the start of the epoch (after an elastic resume, from the start of
-        this rank's rest of it) and must be in ``[0, len(self)]``; ``skip == len(self)``
+        ``skip`` is a position, counted as ``len`` and ``state_dict()["position"]`` count:
+        from the start of the epoch, and must be in ``[0, len(self)]``; ``skip == len(self)``
         leaves nothing to yield. A larger value is refused with ``ValueError``: it would
-        silently run into the next epoch's data.
+        silently run into the next epoch's data. After an elastic resume the positions
+        before the loaded one were consumed on the old number of ranks and cannot be
+        yielded here: ``skip`` must be at least that position.
         """
-        skip = check_int("skip", skip, 0, len(self))
-        self._now = (self._now[0], _Pending(skip, None))
+        epoch = self._now[0]
+        first = self._first_position(epoch)
+        if first:
+            skip = check_int("skip", skip, 0, len(self))
+            if skip < first:
+                raise ValueError(
+                    f"skip must be in [{first}, {len(self)}] after an elastic resume (positions "
+                    f"before {first} were consumed on num_replicas="
+                    f"{self._elastic_of(epoch).origin}), got {skip}"  # type: ignore[union-attr]
+                )
+        else:
+            skip = check_int("skip", skip, 0, len(self))
+        self._now = (epoch, _Pending(skip, None))
 
     @staticmethod
     def _consumed(at: _Pending | _Cursor | None) -> int:
         return 0 if at is None else at.position
 
-    @staticmethod
-    def _next_start(at: _Pending | _Cursor | None) -> int:
+    def _next_start(self, at: _Pending | _Cursor | None) -> int:
         # torch's rule: a new iteration starts the epoch again unless a start is pending. An
         # iterator that has handed out nothing leaves its start pending: DataLoader's worker
-        # iterator calls iter() on a batch sampler twice and drops the first.
+        # iterator calls iter() on a batch sampler twice and drops the first. After an elastic
+        # resume the epoch (this world's rest of it) starts where the rest begins.
         if isinstance(at, _Pending) or (isinstance(at, _Cursor) and not at.started):
             return at.position
-        return 0
+        return self._first_position(self._now[0])
 
     # -- items ----------------------------------------------------------------------------------
 
@@ -388,7 +438,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         if view is not None:
             yield view
             return
-        length = self._length if el is None else el[3]
+        length = self._end_of(el)
         window = self._window()
         if window is not None:
             lo = start
@@ -425,7 +475,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
 
         threading.Thread(target=work, name="croupier-tail", daemon=True).start()
         lo = start
-        length = self._length if el is None else el[3]
+        length = self._end_of(el)
         while not done.is_set():
             hi = self._first_stop_of(lo, el)
             if hi >= length:
@@ -460,7 +510,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         if cached is None:
             # The configuration is fixed at construction: built once, as states are taken at
             # every training step.
-            config = {"version": _STATE_VERSION, **self._config()}
+            config = {"version": STATE_VERSION, **self._config()}
             cached = (config, tuple(k for k, v in config.items() if isinstance(v, list)))
             self.__dict__["_config_cache"] = cached
         config, lists = cached
@@ -495,7 +545,11 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         state.update(num_replicas=self.num_replicas, rank=self.rank, epoch=epoch, position=position)
         el = self._elastic_of(epoch)
         if el is not None:
-            state["elastic"] = {"origin_num_replicas": el[1], "offset": el[2]}
+            state["elastic"] = {
+                "origin_num_replicas": el.origin,
+                "offset": el.offset,
+                "resumed_at": el.resumed_at,
+            }
         return state
 
     def _start_position(self) -> int:
@@ -511,7 +565,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         if self._native_states and "version" in state:
             if any(k in state for k in self._derived_state_keys):
                 state = {k: v for k, v in state.items() if k not in self._derived_state_keys}
-            return state, None
+            return upgrade(state, type(self).__name__), None
         keys = set(state)
         for fmt in self._state_formats:
             if fmt.matches(keys):
@@ -579,27 +633,25 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         saved_w = check_int("state['num_replicas']", native["num_replicas"], 1, MAX_LEN)
         check_int("state['rank']", native["rank"], 0, saved_w - 1)
         position = native["position"]
-        origin, offset = self._saved_elastic(native, saved_w)
-        if (origin, offset) != (saved_w, 0):
-            saved_len = self._elastic_length(origin, offset, saved_w)
+        saved = self._saved_elastic(native, epoch, saved_w)
+        if saved is not None:
+            first, saved_len = saved.resumed_at, saved.resumed_at + saved.length
         elif saved_w == self.num_replicas:
-            saved_len = self._length
+            first, saved_len = 0, self._length
         else:
-            saved_len = self._epoch_length(saved_w)
-        if position > saved_len:
+            first, saved_len = 0, self._epoch_length(saved_w)
+        if not first <= position <= saved_len:
             key = "position" if fmt is None else fmt.position_key
             raise StateError(
-                f"state[{key!r}] must be in [0, {saved_len}] ({self._unit} per rank "
-                f"{'for the rest of the epoch' if offset else 'and epoch'} with "
+                f"state[{key!r}] must be in [{first}, {saved_len}] ({self._unit} per rank "
+                f"{'for the epoch resumed at ' + str(first) if saved else 'and epoch'} with "
                 f"num_replicas={saved_w}), got {position}"
             )
-        elastic: _Elastic = None
         if saved_w == self.num_replicas:
-            if (origin, offset) != (saved_w, 0):
-                elastic = (epoch, origin, offset, saved_len)
-        elif position == 0 and offset == 0:
-            pass  # the start of the epoch
-        elif not self._elastic_supported:
+            return Loaded(epoch, position, saved, fmt)
+        if position == 0 and saved is None:
+            return Loaded(epoch, 0, None, fmt)  # the start of the epoch
+        if not self._elastic_supported:
             if position < saved_len:
                 raise StateError(
                     f"state was saved mid-epoch (position {position} of {saved_len}) with "
@@ -607,25 +659,18 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
                     f"{type(self).__name__} does not resume mid-epoch on a different number of "
                     "replicas; resume from a checkpoint taken at an epoch boundary"
                 )
-            position = self._length
-        else:
-            # Consumed: the old ranks' positions of the global order (padding counts once).
-            # A finished epoch is done whatever its world dropped (drop_last cuts the rest's
-            # tail: those items come back next epoch, not in another world's rest).
-            end = self._global_end(origin)
-            consumed = offset + min(position * saved_w, end - offset)
-            if consumed >= end or position >= saved_len:
-                position = self._length  # the epoch is done
-                if position == 0 and end > 0:
-                    # Empty on this world: position 0 would read as its start, so the state
-                    # keeps that the old world consumed all of it.
-                    elastic = (epoch, origin, end, 0)
-            else:
-                position = 0
-                if consumed > 0:
-                    length = self._elastic_length(origin, consumed, self.num_replicas)
-                    elastic = (epoch, origin, consumed, length)
-        return Loaded(epoch, position, elastic, fmt)
+            return Loaded(epoch, self._length, None, fmt)
+        # Consumed: the old ranks' positions of the global order (padding counts once). A
+        # finished epoch is done whatever its world dropped (drop_last cuts the rest's tail:
+        # those items come back next epoch, not in another world's rest). This world's rest
+        # counts on from the saved position, so len is that position plus this rank's share.
+        origin, offset = (saved_w, 0) if saved is None else (saved.origin, saved.offset)
+        end = self._global_end(origin)
+        consumed = offset + min((position - first) * saved_w, end - offset)
+        if consumed >= end or position >= saved_len:
+            return Loaded(epoch, position, Rest(epoch, origin, end, 0, position), fmt)
+        length = self._elastic_length(origin, consumed, self.num_replicas)
+        return Loaded(epoch, position, Rest(epoch, origin, consumed, length, position), fmt)
 
     def _position_at(
         self,
@@ -645,24 +690,28 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         self._elastic = elastic
         self._now = (epoch, _Pending(position, None if skip_outlives_epoch else epoch))
 
-    def _saved_elastic(self, native: Mapping[str, Any], saved_w: int) -> tuple[int, int]:
-        """The ``(origin world size, global offset)`` a state records (``(saved_w, 0)`` for a
-        state of an epoch that never changed world size), checked."""
+    def _saved_elastic(self, native: Mapping[str, Any], epoch: int, saved_w: int) -> _Elastic:
+        """The elastic rest a state records, as it was on the state's own ``saved_w`` ranks
+        (``None`` for a state of an epoch that never changed world size), checked."""
         if "elastic" not in native:
-            return saved_w, 0
+            return None
         el = native["elastic"]
         if not self._elastic_supported:
             raise StateError(f"state has an 'elastic' entry; {type(self).__name__} has none")
-        if not isinstance(el, Mapping) or set(el) != {"origin_num_replicas", "offset"}:
+        keys = {"origin_num_replicas", "offset", "resumed_at"}
+        if not isinstance(el, Mapping) or set(el) != keys:
             raise StateError(
-                "state['elastic'] must be a mapping with keys 'origin_num_replicas' and 'offset'"
+                "state['elastic'] must be a mapping with keys 'origin_num_replicas', 'offset' "
+                "and 'resumed_at'"
             )
         origin = check_int(
             "state['elastic']['origin_num_replicas']", el["origin_num_replicas"], 1, MAX_LEN
         )
         end = self._global_end(origin)
         offset = check_int("state['elastic']['offset']", el["offset"], 0, end)
-        return origin, offset
+        resumed_at = check_int("state['elastic']['resumed_at']", el["resumed_at"], 0, MAX_LEN)
+        length = self._elastic_length(origin, offset, saved_w) if offset < end else 0
+        return Rest(epoch, origin, offset, length, resumed_at)
 
     # -- pickling (DataLoader workers, multiprocessing) and repr --------------------------------
 

@@ -16,7 +16,17 @@ import numpy as np
 
 from croupier._validate import as_int
 
-__all__ = ["KEMPNERFORGE", "NEMO", "StateError", "StateFormat", "check_state"]
+__all__ = [
+    "KEMPNERFORGE",
+    "NEMO",
+    "STATE_VERSION",
+    "UPGRADES",
+    "StateError",
+    "StateFormat",
+    "Upgrade",
+    "check_state",
+    "upgrade",
+]
 
 
 class StateError(ValueError):
@@ -144,4 +154,84 @@ def check_state(
     ]
     if differ:
         raise different(differ)
+    return out
+
+
+STATE_VERSION = 2
+"""The format version of the states croupier's samplers write (their ``version`` key). It moves
+with every change of a state's shape or meaning; :data:`UPGRADES` reads every earlier one."""
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """How a state of format version ``version`` becomes one of ``version + 1``: ``apply``
+    takes the state (a new dict it may change) and the loading sampler's class name, and
+    returns the upgraded state, or raises :class:`StateError` saying what to do when the old
+    state cannot mean the same thing any more. ``change`` says what moved, for messages and
+    ``docs/checkpointing.md``."""
+
+    version: int
+    change: str
+    apply: Callable[[dict[str, Any], str], dict[str, Any]]
+
+
+def _v1_to_v2(state: dict[str, Any], sampler: str) -> dict[str, Any]:
+    el = state.get("elastic")
+    if isinstance(el, Mapping) and "resumed_at" not in el:
+        # Version 1 counted a rest's positions from the rest's start: they still do from 0.
+        state["elastic"] = {**el, "resumed_at": 0}
+    if state.get("order") == "fast" and "dataset_len" in state and el is None:
+        # croupier 0.1's only shuffled order besides torch's; 0.2 draws "fast" shares
+        # differently, so a position inside an epoch of it names other indices now.
+        try:
+            position, n, w = (
+                as_int(k, state[k]) for k in ("position", "dataset_len", "num_replicas")
+            )
+        except (KeyError, TypeError):
+            return state  # refused by the checks that follow, with their own message
+        if w > 0:
+            per_rank = n // w if state.get("drop_last") else -(-n // w)
+            if 0 < position < per_rank:
+                raise StateError(
+                    f"state has version 1 and order 'fast' at position {position} of "
+                    f"{per_rank}: croupier 0.1 saved such states, and its 'fast' order was "
+                    "redrawn in 0.2, so this position would continue a different sequence "
+                    "(repeating and losing samples). Resume it from its epoch's start or end "
+                    "(set state['position'] to 0, or to the epoch's end to start the next "
+                    "one), or finish the epoch with croupier 0.1. A state saved by a croupier "
+                    "0.2 development build with order='fast' is safe: set state['version'] "
+                    "to 2 to load it"
+                )
+    return state
+
+
+UPGRADES: tuple[Upgrade, ...] = (
+    Upgrade(
+        1,
+        "an elastic rest's positions count on from the loaded position (elastic gains "
+        "'resumed_at'; len after an elastic load is that position plus the rest); croupier "
+        "0.1's 'fast' order is not 0.2's",
+        _v1_to_v2,
+    ),
+)
+"""The upgrades, one per version from 1 to ``STATE_VERSION - 1``, in order."""
+
+
+def upgrade(state: Mapping[str, Any], sampler: str) -> dict[str, Any]:
+    """``state`` (a sampler's own shape, with a ``version`` key) brought to
+    :data:`STATE_VERSION` through :data:`UPGRADES`, as a new dict; :class:`StateError` for a
+    version this croupier cannot read (a newer one, or an old state that cannot keep its
+    meaning: the message says what to do), ``TypeError`` for a version that is no integer."""
+    version = as_int("state['version']", state["version"])
+    if not 1 <= version <= STATE_VERSION:
+        newer = version > STATE_VERSION
+        raise StateError(
+            f"state['version'] is {version}; this croupier reads state versions 1 to "
+            f"{STATE_VERSION}"
+            + (": it was saved by a newer croupier, upgrade croupier to load it" if newer else "")
+        )
+    out = dict(state)
+    for step in UPGRADES[version - 1 :]:
+        out = step.apply(out, sampler)
+        out["version"] = step.version + 1
     return out

@@ -17,7 +17,7 @@ from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._torch import DistributedSamplerBase
 from croupier._validate import MAX_LEN, U64_MAX, as_int, check_bool, check_int
-from croupier.samplers._base import IndexSampler, Loaded, _Cursor, _Pending
+from croupier.samplers._base import IndexSampler, Loaded, Rest, _Cursor, _Pending
 from croupier.samplers._kempnerforge_errors import _kempnerforge_kind
 from croupier.samplers._schedule import (
     _check_layout,
@@ -600,8 +600,9 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         or the end of the epoch) and, mid-epoch, resumes elastically: the rest of the epoch
         (the old ranks' sequences from what they consumed, under the phases the epoch was
         iterated with) is dealt to this sampler's ranks, so every dataset's count and pass for
-        the epoch are those of the uninterrupted run; ``len(self)`` is this rank's share of
-        the rest until the next epoch (``num_samples`` stays the configured epoch length). In
+        the epoch are those of the uninterrupted run; until the next epoch ``len(self)`` is
+        the loaded position plus this rank's share of the rest, positions counting on from
+        the loaded one (``num_samples`` stays the configured epoch length). In
         the global order the rest is the same global sequence from the consumed position;
         in the fast order it is the old ranks' own sequences. When the epoch length follows
         ``num_replicas`` (the fast order's default, or ``num_samples`` in the global order)
@@ -648,12 +649,10 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
 
         return commit
 
-    def _origin_mixture_check(
-        self, phases: tuple[_Phase, ...], el: tuple[int, int, int, int]
-    ) -> None:
+    def _origin_mixture_check(self, phases: tuple[_Phase, ...], el: Rest) -> None:
         """Refuses phases the core refuses for the first world of an elastic rest ``el``."""
         try:
-            self._core_mixture(el[1], 0, self._positions_of(el[1]), phases)
+            self._core_mixture(el.origin, 0, self._positions_of(el.origin), phases)
         except ValueError as e:
             raise StateError(f"state['phases'] is not a valid schedule: {e}") from None
 
