@@ -126,8 +126,8 @@ def recorded(out: str, rank: int) -> list[list[int]]:
 def arguments(*flags: str) -> argparse.Namespace:
     """A runner's command line: ``--kind``, ``--out``, ``--stage`` (full, part1, part2),
     ``--steps`` (the optimizer step part1 stops after), ``--workers`` (loader worker
-    processes), ``--accum`` (batches per optimizer step), and the boolean ``flags`` it
-    takes."""
+    processes), ``--accum`` (batches per optimizer step), ``--devices`` (processes, for the
+    runners that start their own), and the boolean ``flags`` it takes."""
     p = argparse.ArgumentParser()
     p.add_argument("--kind", required=True, choices=KINDS)
     p.add_argument("--out", required=True)
@@ -135,6 +135,7 @@ def arguments(*flags: str) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=0)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--devices", type=int, default=2)
     for flag in flags:
         p.add_argument(flag, action="store_true")
     return p.parse_args()

@@ -49,7 +49,7 @@ class Model(L.LightningModule):
 
 common = {
     "accelerator": "cpu",
-    "devices": 2,
+    "devices": a.devices,
     "strategy": "ddp",
     "max_epochs": EPOCHS,
     "accumulate_grad_batches": a.accum,
