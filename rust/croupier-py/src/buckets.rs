@@ -232,7 +232,12 @@ impl Buckets {
     ) -> PyResult<BucketEpoch> {
         let draw = epoch_draw(epoch, seed, shuffle, shuffle_batches, sync);
         let plan = std::sync::Arc::clone(&self.plan);
-        let batches = detached(py, move || {
+        let bytes = if keep {
+            croupier_core::bucket::EpochBatches::new_bytes(&plan)
+        } else {
+            0
+        };
+        let batches = sized(py, bytes, "the epoch's bucket orders", move || {
             if keep {
                 croupier_core::bucket::EpochBatches::new(&plan, draw)
             } else {

@@ -235,8 +235,15 @@ pub(crate) fn available_memory() -> Option<u64> {
 /// Refuses, before any work, a call whose buffers need more memory than is available: a
 /// `MemoryError` naming the bytes, instead of minutes of work and then a failed allocation (or
 /// the kernel's OOM killer). Small calls are not checked.
+///
+/// With `CROUPIER_MEMORY_TRACE` set, every estimate is written to standard error (`croupier:
+/// memory estimate: <what>: <bytes> bytes`), checked or not: how a user sees what a call will
+/// take, and how the tests compare estimates with measured peaks.
 fn check_memory(bytes: u64, what: &str) -> PyResult<()> {
     const CHECKED_FROM: u64 = 1 << 26;
+    if std::env::var_os("CROUPIER_MEMORY_TRACE").is_some() {
+        eprintln!("croupier: memory estimate: {what}: {bytes} bytes");
+    }
     if bytes < CHECKED_FROM {
         return Ok(());
     }

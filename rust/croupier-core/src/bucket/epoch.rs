@@ -149,6 +149,33 @@ impl EpochBatches {
         Ok(epoch)
     }
 
+    /// Bytes [`EpochBatches::new`] holds at its peak (an estimate, to refuse what cannot fit
+    /// before any work): up to [`KEEP_ORDERS`] samples every bucket's kept order and cuts,
+    /// and the buckets being cut at once (one per thread, as [`BucketPlan::range_bytes`]
+    /// counts them); above, only the runs.
+    pub fn new_bytes(plan: &BucketPlan) -> u64 {
+        let runs = (plan.bucket_count() as u64).saturating_mul(64);
+        if plan.len() > KEEP_ORDERS {
+            return runs;
+        }
+        let width = if plan.len() <= crate::index::U32_MAX_LEN {
+            4
+        } else {
+            8
+        };
+        let kept = plan
+            .len()
+            .saturating_mul(width)
+            .saturating_add(plan.batches().saturating_mul(8));
+        let largest = (0..plan.bucket_count())
+            .map(|j| plan.members_of(j))
+            .max()
+            .unwrap_or(0);
+        let at_once = (rayon::current_num_threads() as u64).min(plan.bucket_count() as u64);
+        runs.saturating_add(kept)
+            .saturating_add(largest.saturating_mul(32).saturating_mul(at_once))
+    }
+
     /// The plan of the epoch without cutting any bucket: each read cuts the buckets its
     /// batches come from (a few batches read one or two buckets).
     pub fn lazy(plan: &BucketPlan, draw: EpochDraw) -> Result<Self> {

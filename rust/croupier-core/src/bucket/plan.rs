@@ -496,9 +496,10 @@ impl BucketPlan {
         *self.batch_starts.last().expect("at least one bucket")
     }
 
-    /// Bytes a read of batches `[start, stop)` holds: about their samples (the mean batch,
-    /// rounded up) as `u64`, and their offsets. An estimate, to refuse what cannot fit before
-    /// any work.
+    /// Bytes a read of batches `[start, stop)` holds at its peak: their samples (the mean
+    /// batch, rounded up, at the index width), twice (pieces, then joined), a few words a
+    /// batch, and the buckets cut at once. An estimate, to refuse what cannot fit before any
+    /// work (`tests/test_memory_estimates.py` measures it against the peak).
     ///
     /// # Examples
     ///
@@ -513,13 +514,29 @@ impl BucketPlan {
     /// };
     /// let plan = BucketPlan::new(&lengths, &[51], limits).unwrap(); // two buckets of 50
     /// assert_eq!(plan.batches(), 10);
-    /// assert_eq!(plan.range_bytes(0, 10), 10 * 11 * 8);
+    /// // At least the output: 10 batches of 11 samples (the mean, rounded up) as u32.
+    /// assert!(plan.range_bytes(0, 10) >= 10 * 11 * 4);
     /// ```
     pub fn range_bytes(&self, start: u64, stop: u64) -> u64 {
+        let batches = stop.saturating_sub(start);
+        let width = if self.n <= U32_MAX_LEN { 4 } else { 8 };
         let per_batch = self.n / self.batches().max(1) + 1;
-        per_batch
-            .saturating_mul(stop.saturating_sub(start))
-            .saturating_mul(8)
+        let output = per_batch.saturating_mul(batches).saturating_mul(width);
+        // Beside the output: its pieces before they are joined (the global order gathers
+        // each bucket's batches, then copies them into place), a few words of bookkeeping per
+        // batch, and the buckets cut at once (one per thread), each its order, its members'
+        // lengths and its cuts (at most 32 bytes a member, with a reordering copy).
+        let largest = (0..self.sizes.len())
+            .map(|j| self.starts[j + 1] - self.starts[j])
+            .max()
+            .unwrap_or(0);
+        let at_once = (rayon::current_num_threads() as u64)
+            .min(self.sizes.len() as u64)
+            .min(batches);
+        output
+            .saturating_mul(2)
+            .saturating_add(batches.saturating_mul(48))
+            .saturating_add(largest.saturating_mul(32).saturating_mul(at_once))
     }
 
     /// Per bucket: `(members, batch size, batches, longest sample)`; the last bucket holds the
