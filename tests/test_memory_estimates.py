@@ -7,8 +7,8 @@ then the rank's batches), whose estimates add up. The operation runs in a fresh 
 whose peak resident memory above what it held just before (``VmHWM``) must stay within that
 sum (plus a small allowance for the allocator and Python). Only calls of at least 64 MiB are
 refused when they cannot fit, so every shape here is at least that large, and under
-``CROUPIER_MEMORY_LIMIT=1`` each operation is refused before its work. The mixture's calls are covered in
-``tests/test_mixture_memory.py``.
+``CROUPIER_MEMORY_LIMIT=1`` each operation is refused before its work. The mixture's calls
+are covered beside its other tests.
 """
 
 from __future__ import annotations
