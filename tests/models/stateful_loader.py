@@ -90,6 +90,9 @@ class LoaderModel:
     pending: bool = False  # a loaded start waiting for the next iteration
     live: bool = False  # an iteration started (advanced at least once) and not finished
     created: bool = False  # an iteration created (lazy: nothing happens before its first next)
+    # The segment of an epoch whose last batch is out while the sampler still stands in that
+    # epoch (the loader passes the next epoch to it at the next iteration): lengths describe it.
+    ended: Segment | None = None
 
     def __post_init__(self) -> None:
         if self.seg is None:
@@ -99,17 +102,20 @@ class LoaderModel:
     def share(self, order: list[int], rank: int) -> list[int]:
         return deal(order[self.seg.offset :], self.world, rank, self.sampler_drop_last)
 
-    def share_len(self) -> int:
-        rest = self.n - self.seg.offset
-        w = self.world
+    def share_len(self, seg: Segment | None = None) -> int:
+        seg = seg or self.seg
+        rest = self.n - seg.offset
+        w = seg.world
         return rest // w if self.sampler_drop_last else -(-rest // w)
 
     def sampler_len(self) -> int:
-        return self.seg.p0 + self.share_len()
+        seg = self.ended or self.seg
+        return seg.p0 + self.share_len(seg)
 
     def loader_len(self) -> int:
-        m, b = self.share_len(), self.batch_size
-        return self.seg.b0 + (m // b if self.loader_drop_last else -(-m // b))
+        seg = self.ended or self.seg
+        m, b = self.share_len(seg), self.batch_size
+        return seg.b0 + (m // b if self.loader_drop_last else -(-m // b))
 
     def remaining(self, order: list[int], rank: int) -> list[list[int]]:
         """The batches the rest of the live iteration (or the next one) yields."""
@@ -119,6 +125,10 @@ class LoaderModel:
 
     # -- operations ----------------------------------------------------------------------
     def new_iterator(self) -> None:
+        self.ended = None
+        self._new_iterator()
+
+    def _new_iterator(self) -> None:
         """``iter(loader)``: without a pending start, the world's epoch starts again at once
         (nothing handed out yet); a pending start waits for the first batch."""
         if not self.pending:
@@ -138,11 +148,12 @@ class LoaderModel:
         n = min(k, left)
         got = [b[:n] for b in per_rank]
         self.position = min(self.position + n * self.batch_size, self.sampler_len())
+        ended_seg = self.seg
         self.batches += n
         ended = n == left  # its last batch is out (or an empty iteration ran to its end)
         if ended:
             self.next_epoch(self.epoch + 1)
-            self.live = False
+            self.live, self.ended = False, ended_seg
         return got, ended
 
     def next_epoch(self, epoch: int) -> None:
@@ -151,12 +162,14 @@ class LoaderModel:
         self.pending = False
 
     def set_epoch(self, epoch: int) -> None:
+        self.ended = None
         if epoch != self.epoch:
             self.next_epoch(epoch)
         self.live = self.created = False
 
     def load(self, world: int) -> None:
         """This model's own state loaded into a world of ``world`` ranks."""
+        self.ended = None
         if world != self.world:
             consumed = min((self.position - self.seg.p0) * self.world, self.n - self.seg.offset)
             self.seg = Segment(self.seg.offset + consumed, world, self.position, self.batches)
