@@ -208,9 +208,11 @@ class LoaderMachine(RuleBasedStateMachine):
         sampler_before = json.dumps(loader.source.state_dict(), sort_keys=True)
         bad_state = json.loads(before)
         if bad == "too_many_batches":
-            if "elastic" in state["sampler"]:
-                return
-            bad_state["batches_yielded"] = len(loader) + 1
+            if self.model.seg.p0:
+                return  # an elastic segment: batches counted in another world
+            m = self.model
+            fresh = LoaderModel(m.n, m.batch_size, m.sampler_drop_last, m.loader_drop_last, m.world)
+            bad_state["batches_yielded"] = fresh.loader_len() + 1
         elif bad == "negative_batches":
             bad_state["batches_yielded"] = -1
         elif bad == "sampler_not_mapping":
