@@ -269,7 +269,7 @@ class LoaderMachine(RuleBasedStateMachine):
 _profile = settings()
 LoaderMachine.TestCase.settings = settings(
     _profile,
-    max_examples=max(10, _profile.max_examples // 3),
+    max_examples=max(10, _profile.max_examples // 2),
     stateful_step_count=25,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
@@ -284,7 +284,7 @@ class LoaderWithWorkersMachine(LoaderMachine):
 
 LoaderWithWorkersMachine.TestCase.settings = settings(
     _profile,
-    max_examples=max(2, _profile.max_examples // 60),
+    max_examples=max(4, _profile.max_examples // 15),
     stateful_step_count=6,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

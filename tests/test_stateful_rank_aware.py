@@ -255,7 +255,7 @@ class RankAwareMachine(RuleBasedStateMachine):
 _profile = settings()
 RankAwareMachine.TestCase.settings = settings(
     _profile,
-    max_examples=max(10, _profile.max_examples // 3),
+    max_examples=_profile.max_examples,
     stateful_step_count=30,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
