@@ -209,7 +209,7 @@ class ChunkMachine(RuleBasedStateMachine):
 _profile = settings()
 ChunkMachine.TestCase.settings = settings(
     _profile,
-    max_examples=_profile.max_examples,
+    max_examples=max(10, _profile.max_examples * 2 // 3),
     stateful_step_count=25,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

@@ -251,7 +251,7 @@ class RankAwareMachine(RuleBasedStateMachine):
 _profile = settings()
 RankAwareMachine.TestCase.settings = settings(
     _profile,
-    max_examples=_profile.max_examples,
+    max_examples=max(10, _profile.max_examples * 2 // 3),
     stateful_step_count=30,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
