@@ -207,6 +207,11 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         if epoch != self._progress.epoch:
             self._progress = _Progress(epoch, 0, 0, 0)
             self._loaded_skip = None
+            if getattr(self.source, "epoch", None) == epoch:
+                # The loader moved past this epoch (its last batch went out) before the sampler
+                # heard of the next one: the sampler still holds its position, or the rest of
+                # an elastic resume. Going back to it starts it whole, as any other epoch.
+                self.source.set_epoch(epoch + 1 if epoch < U64_MAX else epoch - 1)
         self._give_epoch(epoch)
 
     def _give_epoch(self, epoch: int) -> None:
@@ -232,6 +237,11 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         progress = self._progress
         self._give_epoch(progress.epoch)
         if isinstance(self.source, StatefulSampler):
+            if progress.since == 0 and progress.start > self.source._start_position():
+                # An iteration made since the load handed out nothing (dropped before its first
+                # batch, whose prefetching still started the sampler): training stands where
+                # the load put it.
+                self.source.set_skip(progress.start)
             start = self.source._start_position()
             # A new iteration without a loaded state starts the epoch again (torch's rule); after
             # an elastic resume, at this world's rest of it, which follows the batches the old

@@ -11,8 +11,10 @@ The semantics encoded (every rank of a world moves in lockstep; one model serves
 - A world of ``W`` ranks deals a *segment* of the epoch: the rest ``R = G[offset:]`` (all of
   ``G`` for a fresh epoch), rank ``r`` taking ``R``'s positions ``r, r + W, ...`` with torch's
   padding (``drop_last=False``: ``R`` padded to ``ceil(|R|/W) * W`` by repeating its head as
-  often as needed) or dropping (``floor(|R|/W) * W`` kept). The loader cuts a rank's items into
-  batches of ``batch_size`` (its own ``drop_last`` drops a short last batch).
+  often as needed) or dropping (``floor(|R|/W) * W`` kept). With dropping, the epoch ends
+  where its first world cut it: an elastic rest deals what remains of ``G[:floor(N/W0) W0]``
+  (the first world's cut stays dropped; croupier's documented rule). The loader cuts a rank's
+  items into batches of ``batch_size`` (its own ``drop_last`` drops a short last batch).
 - The loader's state is ``{"epoch", "batches_yielded", "sampler"}``: the batches of the epoch
   handed to the caller (counted from the epoch's start, across world changes) and the sampler's
   state at that point, whose ``position`` is the sampler items of the epoch consumed. A load
@@ -74,6 +76,10 @@ class Segment:
     world: int
     p0: int = 0
     b0: int = 0
+    #: Where the epoch's global order ends as its first world dealt it (``None``: ``N``).
+    #: With ``drop_last`` the first world keeps ``floor(N / W) * W``; an elastic rest deals
+    #: what remains of that, so the first world's cut stays dropped.
+    end: int | None = None
 
 
 @dataclass
@@ -96,15 +102,23 @@ class LoaderModel:
 
     def __post_init__(self) -> None:
         if self.seg is None:
-            self.seg = Segment(0, self.world)
+            self.seg = self.fresh_segment()
+
+    def fresh_segment(self) -> Segment:
+        end = self.n // self.world * self.world if self.sampler_drop_last else self.n
+        return Segment(0, self.world, end=end)
+
+    def end(self, seg: Segment) -> int:
+        return self.n if seg.end is None else seg.end
 
     # -- what a segment holds ------------------------------------------------------------
     def share(self, order: list[int], rank: int) -> list[int]:
-        return deal(order[self.seg.offset :], self.world, rank, self.sampler_drop_last)
+        seg = self.seg
+        return deal(order[seg.offset : self.end(seg)], self.world, rank, self.sampler_drop_last)
 
     def share_len(self, seg: Segment | None = None) -> int:
         seg = seg or self.seg
-        rest = self.n - seg.offset
+        rest = self.end(seg) - seg.offset
         w = seg.world
         return rest // w if self.sampler_drop_last else -(-rest // w)
 
@@ -157,7 +171,7 @@ class LoaderModel:
         return got, ended
 
     def next_epoch(self, epoch: int) -> None:
-        self.epoch, self.seg = epoch, Segment(0, self.world)
+        self.epoch, self.seg = epoch, self.fresh_segment()
         self.position = self.batches = 0
         self.pending = False
 
@@ -170,9 +184,14 @@ class LoaderModel:
     def load(self, world: int) -> None:
         """This model's own state loaded into a world of ``world`` ranks."""
         self.ended = None
-        if world != self.world:
-            consumed = min((self.position - self.seg.p0) * self.world, self.n - self.seg.offset)
-            self.seg = Segment(self.seg.offset + consumed, world, self.position, self.batches)
+        if world != self.world and self.position == 0 and self.seg.offset == 0:
+            # Nothing consumed: the new world starts the epoch as its own (its own cut).
+            self.world = world
+            self.seg = self.fresh_segment()
+        elif world != self.world:
+            seg = self.seg
+            consumed = min((self.position - seg.p0) * self.world, self.end(seg) - seg.offset)
+            self.seg = Segment(seg.offset + consumed, world, self.position, self.batches, seg.end)
             self.world = world
         self.pending, self.live, self.created = True, False, False
 
