@@ -327,3 +327,51 @@ def test_a_plain_dataloader_with_workers_keeps_a_loaded_batch_sampler_position()
     s.load_state_dict({**s.state_dict(), "position": 5})
     loader = torch.utils.data.DataLoader(Ids(100), batch_sampler=s, num_workers=2)
     assert [b.tolist() for b in loader] == full[5:]
+
+
+def test_an_iteration_dropped_before_its_first_batch_keeps_the_loaded_position():
+    # With workers, creating the iterator starts the sampler (prefetching): dropping it before
+    # a batch came out must not lose the loaded position. Found by the stateful loader model.
+    from croupier import DistributedSampler, StatefulDataLoader
+
+    def make():
+        return StatefulDataLoader(
+            list(range(48)),
+            3,
+            DistributedSampler(48, 1, 0, seed=1),
+            num_workers=2,
+            multiprocessing_context="fork",
+        )
+
+    first = make()
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = first.state_dict()
+    want = next(it).tolist()
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    dropped = iter(resumed)
+    del dropped
+    assert next(iter(resumed)).tolist() == want
+    assert resumed.state_dict()["batches_yielded"] == 6
+
+
+def test_going_back_to_an_epoch_the_loader_finished_after_an_elastic_load_starts_it_whole():
+    from croupier import DistributedSampler, StatefulDataLoader
+
+    old = StatefulDataLoader(list(range(45)), 3, DistributedSampler(45, 1, 0, seed=2))
+    it = iter(old)
+    for _ in range(4):
+        next(it)
+    state = old.state_dict()
+    new = StatefulDataLoader(list(range(45)), 3, DistributedSampler(45, 4, 1, seed=2))
+    new.load_state_dict(state)
+    assert len(new) == 4 + 3  # the 4 batches of the old world, then this rank's rest
+    assert len(list(new)) == 3
+    new.set_epoch(0)  # the loader had moved on to epoch 1: epoch 0 again, whole
+    whole = DistributedSampler(45, 4, 1, seed=2)
+    assert [b.tolist() for b in new] == [
+        whole.indices()[i : i + 3].tolist() for i in range(0, len(whole), 3)
+    ]
