@@ -463,3 +463,92 @@ def test_accelerates_wrapper_becomes_a_pass_through_or_is_refused():
         pass_through(DataLoaderDispatcher(torch.utils.data.BatchSampler(s, 8, False)))
     with pytest.raises(TypeError, match="no croupier sampler"):
         pass_through(Loader(torch.utils.data.BatchSampler(range(10), 2, False)))
+
+
+def test_lightning_gets_croupiers_callback_from_its_entry_points():
+    """pyproject.toml registers the callback with both Lightning packages' callbacks_factory
+    groups; the factory gives a Lightning Callback, also importable by its name."""
+    pytest.importorskip("lightning")
+    import lightning.pytorch as pl
+    import tomllib
+
+    from croupier.integrations import lightning as integration
+
+    with open(os.path.join(os.path.dirname(HERE), "pyproject.toml"), "rb") as f:
+        groups = tomllib.load(f)["project"]["entry-points"]
+    assert groups["lightning.pytorch.callbacks_factory"] == {
+        "croupier": "croupier.integrations.lightning:callbacks"
+    }
+    assert "croupier" in groups["pytorch_lightning.callbacks_factory"]
+    (callback,) = integration.callbacks()
+    assert isinstance(callback, pl.Callback)
+    assert isinstance(callback, integration.ElasticResume)
+
+
+def test_accelerate_saves_the_loader_state_and_refuses_a_count_from_another_world():
+    """croupier's prepare makes the prepared loader save croupier's loader state (Accelerate
+    saves it with save_state: use_stateful_dataloader), exact at the batch handed out; a
+    state from 2 ranks restored on 1 continues the epoch (len: the position plus the rest);
+    skip_first_batches with the old world's count is refused, and on the same world it skips
+    from the epoch's start (nothing skipped twice)."""
+    pytest.importorskip("accelerate")
+    from accelerate import Accelerator
+
+    import croupier
+    from croupier.integrations.accelerate import prepare
+    from trainers.common import Ids
+
+    acc = Accelerator(cpu=True)
+
+    def prepared():
+        s = croupier.DistributedSampler(N, num_replicas=1, rank=0, seed=3)
+        return s, prepare(acc, torch.utils.data.DataLoader(Ids(), batch_size=8, sampler=s))
+
+    s, loader = prepared()
+    assert loader.use_stateful_dataloader
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches_yielded"], state["sampler"]["position"]) == (0, 5, 40)
+    del it
+    old = croupier.DistributedSampler(N, num_replicas=2, rank=0, seed=3)
+    old_it = iter(old)
+    for _ in range(9 * 8):
+        next(old_it)
+    elastic = {"epoch": 0, "batches_yielded": 9, "sampler": old.state_dict()}
+    s, loader = prepared()
+    loader.load_state_dict(elastic)
+    twin = croupier.DistributedSampler(N, num_replicas=1, rank=0, seed=3)
+    twin.load_state_dict(old.state_dict())
+    ids = list(twin)
+    assert len(loader) == 9 + 32
+    assert [b["ids"].tolist() for b in loader] == [ids[i : i + 8] for i in range(0, len(ids), 8)]
+    assert loader.state_dict()["epoch"] == 1
+    s, loader = prepared()
+    loader.load_state_dict(elastic)
+    with pytest.raises(ValueError, match=r"num_processes=2 on 1: .*without skip_first_batches"):
+        next(iter(acc.skip_first_batches(loader, 9)))
+    s, loader = prepared()
+    loader.load_state_dict(state)  # the same world, 5 batches in
+    ids = croupier.DistributedSampler(N, num_replicas=1, rank=0, seed=3).indices().tolist()
+    whole = [ids[i : i + 8] for i in range(0, len(ids), 8)]
+    assert [b["ids"].tolist() for b in acc.skip_first_batches(loader, 5)] == whole[5:]
+
+
+def test_the_trainer_mixin_refuses_a_checkpoint_of_another_world(tmp_path):
+    """The mixin's record of the number of processes (or the Trainer's per-process random
+    states) against the resuming world: another number is refused, naming both."""
+    from croupier.integrations.transformers import WORLD_FILE, _check_world
+
+    ckpt = tmp_path / "checkpoint-9"
+    ckpt.mkdir()
+    for rank in range(2):
+        (ckpt / f"rng_state_{rank}.pth").write_bytes(b"")
+    _check_world(str(ckpt), 2)
+    with pytest.raises(ValueError, match="saved on 2 processes, resumed on 3"):
+        _check_world(str(ckpt), 3)
+    (ckpt / WORLD_FILE).write_text('{"num_processes": 4}')
+    with pytest.raises(ValueError, match="saved on 4 processes, resumed on 2"):
+        _check_world(str(ckpt), 2)
+    _check_world(str(tmp_path), 5)  # no record: nothing to compare
