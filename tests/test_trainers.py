@@ -529,7 +529,7 @@ def test_accelerate_saves_the_loader_state_and_refuses_a_count_from_another_worl
     loader.load_state_dict(elastic)
     with pytest.raises(ValueError, match=r"num_processes=2 on 1: .*without skip_first_batches"):
         next(iter(acc.skip_first_batches(loader, 9)))
-    s, loader = prepared()
+    _, loader = prepared()
     loader.load_state_dict(state)  # the same world, 5 batches in
     ids = croupier.DistributedSampler(N, num_replicas=1, rank=0, seed=3).indices().tolist()
     whole = [ids[i : i + 8] for i in range(0, len(ids), 8)]
