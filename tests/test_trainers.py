@@ -504,7 +504,7 @@ def test_accelerate_saves_the_loader_state_and_refuses_a_count_from_another_worl
         s = croupier.DistributedSampler(N, num_replicas=1, rank=0, seed=3)
         return s, prepare(acc, torch.utils.data.DataLoader(Ids(), batch_size=8, sampler=s))
 
-    s, loader = prepared()
+    _, loader = prepared()
     assert loader.use_stateful_dataloader
     it = iter(loader)
     for _ in range(5):
@@ -517,7 +517,7 @@ def test_accelerate_saves_the_loader_state_and_refuses_a_count_from_another_worl
     for _ in range(9 * 8):
         next(old_it)
     elastic = {"epoch": 0, "batches_yielded": 9, "sampler": old.state_dict()}
-    s, loader = prepared()
+    _, loader = prepared()
     loader.load_state_dict(elastic)
     twin = croupier.DistributedSampler(N, num_replicas=1, rank=0, seed=3)
     twin.load_state_dict(old.state_dict())
@@ -525,7 +525,7 @@ def test_accelerate_saves_the_loader_state_and_refuses_a_count_from_another_worl
     assert len(loader) == 9 + 32
     assert [b["ids"].tolist() for b in loader] == [ids[i : i + 8] for i in range(0, len(ids), 8)]
     assert loader.state_dict()["epoch"] == 1
-    s, loader = prepared()
+    _, loader = prepared()
     loader.load_state_dict(elastic)
     with pytest.raises(ValueError, match=r"num_processes=2 on 1: .*without skip_first_batches"):
         next(iter(acc.skip_first_batches(loader, 9)))
