@@ -35,22 +35,27 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(framework: str, out: str, *args: str) -> None:
+def _run(
+    framework: str, out: str, *args: str, world: int = WORLD, env: dict[str, str] | None = None
+) -> None:
+    """Runs a framework's runner on ``world`` processes (``--devices`` for Lightning, which
+    starts its own; torchrun's ``--nproc_per_node`` for the others)."""
     script = os.path.join(HERE, "trainers", f"run_{framework}.py")
     port = str(_port())
     env = {
         **os.environ,
+        **(env or {}),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": port,
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONWARNINGS": "ignore",
     }
-    if framework == "lightning":  # Lightning starts its second process itself
-        cmd = [sys.executable, script]
+    if framework == "lightning":  # Lightning starts its other processes itself
+        cmd = [sys.executable, script, "--devices", str(world)]
     else:
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}",
+            sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
             "--master_addr=127.0.0.1", f"--master_port={port}", script,
         ]  # fmt: skip
     done = subprocess.run(
@@ -138,6 +143,110 @@ def test_a_stopped_run_resumes_exactly(framework, kind, where, extra, tmp_path):
     assert all(len(recorded(out, r)) == trained for r in range(WORLD))
     _run(framework, out, "--kind", kind, "--stage", "part2", *extra)
     _check(kind, out)
+
+
+# Batches each of the 2 ranks trains in the first epoch before the stop: the rest of the
+# epoch (400 - 2 * 9 * 8 = 256 ids) divides by neither 3 ranks nor the batch of 8.
+ELASTIC_STEPS = 9
+ELASTIC = [  # (framework, kind, processes of the resumed run)
+    ("lightning", "loader", 1),
+    ("lightning", "loader", 3),
+    ("accelerate", "distributed", 1),
+    ("accelerate", "distributed", 3),
+    ("transformers", "distributed", 1),
+    ("transformers", "distributed", 3),
+]
+
+
+def _entry_points(tmp_path) -> dict[str, str]:
+    """A ``PYTHONPATH`` under which croupier's entry points, as ``pyproject.toml`` declares
+    them, are installed (croupier on the path as a source tree has none): what an installed
+    croupier gives Lightning."""
+    import tomllib
+
+    with open(os.path.join(os.path.dirname(HERE), "pyproject.toml"), "rb") as f:
+        groups = tomllib.load(f)["project"]["entry-points"]
+    info = tmp_path / "entry_points" / "croupier_entry_points-0.dist-info"
+    info.mkdir(parents=True)
+    metadata = "Metadata-Version: 2.1\nName: croupier-entry-points\nVersion: 0\n"
+    (info / "METADATA").write_text(metadata)
+    (info / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in names.items()) + "\n"
+            for group, names in groups.items()
+        )
+    )
+    path = [str(info.parent), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
+def _rest(kind: str, world: int, rank: int) -> list[list[int]]:
+    """The batches ``rank`` of ``world`` trains in the rest of the first epoch, after WORLD
+    ranks trained ELASTIC_STEPS batches each: the sampler's own elastic resume, batched."""
+    from trainers.common import BATCH, sampler
+
+    old = sampler(kind, WORLD, 0)
+    it = iter(old)
+    for _ in range(ELASTIC_STEPS * BATCH):
+        next(it)
+    new = sampler(kind, world, rank)
+    new.load_state_dict(old.state_dict())
+    ids = list(new)
+    assert len(new) == ELASTIC_STEPS * BATCH + len(ids)  # the len rule
+    return [ids[i : i + BATCH] for i in range(0, len(ids), BATCH)]
+
+
+def _check_elastic(kind: str, out: str, before: list[list[list[int]]], world: int) -> None:
+    """The resumed run on ``world`` ranks trained the rest of the first epoch (every id of it
+    once, but torch's padding of the rest over ``world``), then the second epoch exactly as an
+    uninterrupted run on ``world`` ranks trains it, batch for batch."""
+    from trainers.common import BATCH
+
+    per_epoch = batches_per_epoch(kind, world)
+    rests = []
+    for rank in range(world):
+        got = recorded(out, rank)
+        rest = _rest(kind, world, rank)
+        second = expected(kind, world, rank)[per_epoch:]
+        assert got[: len(rest)] == rest, f"rank {rank}: the rest of the first epoch"
+        assert got[len(rest) :] == second, f"rank {rank}: the second epoch"
+        rests += rest
+    ids = Counter(i for batches in before for b in batches for i in b)
+    ids.update(i for b in rests for i in b)
+    assert set(ids) == set(range(N))  # nothing lost
+    remaining = N - WORLD * ELASTIC_STEPS * BATCH
+    assert sum(ids.values()) - N == -(-remaining // world) * world - remaining  # padding only
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("framework", "kind", "world"), ELASTIC)
+def test_a_run_stopped_mid_epoch_resumes_on_another_number_of_ranks(
+    framework, kind, world, tmp_path
+):
+    """Stopped in the first epoch on 2 ranks and resumed from the framework's checkpoint on 1
+    or 3: the rest of the epoch, then the new world's epochs (Lightning with croupier's
+    callback from its entry point, Accelerate from the loader state ``save_state`` keeps). The
+    HF Trainer counts its progress in optimizer steps of the old world: it is refused."""
+    _needs(framework)
+    if framework == "transformers":
+        pytest.importorskip("accelerate")
+    out = str(tmp_path)
+    extra = ("--elastic",) if framework == "accelerate" else ()
+    env = _entry_points(tmp_path) if framework == "lightning" else None
+    steps = ("--steps", str(ELASTIC_STEPS))
+    _run(framework, out, "--kind", kind, "--stage", "part1", *steps, *extra, env=env)
+    before = [recorded(out, rank) for rank in range(WORLD)]
+    assert [len(b) for b in before] == [ELASTIC_STEPS] * WORLD
+    for rank in range(WORLD):
+        os.remove(os.path.join(out, f"rank{rank}.jsonl"))
+    part2 = ("--kind", kind, "--stage", "part2", *extra)
+    if framework == "transformers":
+        with pytest.raises(AssertionError, match=f"saved on 2 processes, resumed on {world}"):
+            _run(framework, out, *part2, world=world)
+        assert all(recorded(out, rank) == [] for rank in range(world))  # nothing trained
+        return
+    _run(framework, out, *part2, world=world, env=env)
+    _check_elastic(kind, out, before, world)
 
 
 @pytest.mark.slow
@@ -354,3 +463,92 @@ def test_accelerates_wrapper_becomes_a_pass_through_or_is_refused():
         pass_through(DataLoaderDispatcher(torch.utils.data.BatchSampler(s, 8, False)))
     with pytest.raises(TypeError, match="no croupier sampler"):
         pass_through(Loader(torch.utils.data.BatchSampler(range(10), 2, False)))
+
+
+def test_lightning_gets_croupiers_callback_from_its_entry_points():
+    """pyproject.toml registers the callback with both Lightning packages' callbacks_factory
+    groups; the factory gives a Lightning Callback, also importable by its name."""
+    pytest.importorskip("lightning")
+    import lightning.pytorch as pl
+    import tomllib
+
+    from croupier.integrations import lightning as integration
+
+    with open(os.path.join(os.path.dirname(HERE), "pyproject.toml"), "rb") as f:
+        groups = tomllib.load(f)["project"]["entry-points"]
+    assert groups["lightning.pytorch.callbacks_factory"] == {
+        "croupier": "croupier.integrations.lightning:callbacks"
+    }
+    assert "croupier" in groups["pytorch_lightning.callbacks_factory"]
+    (callback,) = integration.callbacks()
+    assert isinstance(callback, pl.Callback)
+    assert isinstance(callback, integration.ElasticResume)
+
+
+def test_accelerate_saves_the_loader_state_and_refuses_a_count_from_another_world():
+    """croupier's prepare makes the prepared loader save croupier's loader state (Accelerate
+    saves it with save_state: use_stateful_dataloader), exact at the batch handed out; a
+    state from 2 ranks restored on 1 continues the epoch (len: the position plus the rest);
+    skip_first_batches with the old world's count is refused, and on the same world it skips
+    from the epoch's start (nothing skipped twice)."""
+    pytest.importorskip("accelerate")
+    from accelerate import Accelerator
+
+    import croupier
+    from croupier.integrations.accelerate import prepare
+    from trainers.common import Ids
+
+    acc = Accelerator(cpu=True)
+
+    def prepared():
+        s = croupier.DistributedSampler(N, num_replicas=1, rank=0, seed=3)
+        return s, prepare(acc, torch.utils.data.DataLoader(Ids(), batch_size=8, sampler=s))
+
+    _, loader = prepared()
+    assert loader.use_stateful_dataloader
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches_yielded"], state["sampler"]["position"]) == (0, 5, 40)
+    del it
+    old = croupier.DistributedSampler(N, num_replicas=2, rank=0, seed=3)
+    old_it = iter(old)
+    for _ in range(9 * 8):
+        next(old_it)
+    elastic = {"epoch": 0, "batches_yielded": 9, "sampler": old.state_dict()}
+    _, loader = prepared()
+    loader.load_state_dict(elastic)
+    twin = croupier.DistributedSampler(N, num_replicas=1, rank=0, seed=3)
+    twin.load_state_dict(old.state_dict())
+    ids = list(twin)
+    assert len(loader) == 9 + 32
+    assert [b["ids"].tolist() for b in loader] == [ids[i : i + 8] for i in range(0, len(ids), 8)]
+    assert loader.state_dict()["epoch"] == 1
+    _, loader = prepared()
+    loader.load_state_dict(elastic)
+    with pytest.raises(ValueError, match=r"num_processes=2 on 1: .*without skip_first_batches"):
+        next(iter(acc.skip_first_batches(loader, 9)))
+    _, loader = prepared()
+    loader.load_state_dict(state)  # the same world, 5 batches in
+    ids = croupier.DistributedSampler(N, num_replicas=1, rank=0, seed=3).indices().tolist()
+    whole = [ids[i : i + 8] for i in range(0, len(ids), 8)]
+    assert [b["ids"].tolist() for b in acc.skip_first_batches(loader, 5)] == whole[5:]
+
+
+def test_the_trainer_mixin_refuses_a_checkpoint_of_another_world(tmp_path):
+    """The mixin's record of the number of processes (or the Trainer's per-process random
+    states) against the resuming world: another number is refused, naming both."""
+    from croupier.integrations.transformers import WORLD_FILE, _check_world
+
+    ckpt = tmp_path / "checkpoint-9"
+    ckpt.mkdir()
+    for rank in range(2):
+        (ckpt / f"rng_state_{rank}.pth").write_bytes(b"")
+    _check_world(str(ckpt), 2)
+    with pytest.raises(ValueError, match="saved on 2 processes, resumed on 3"):
+        _check_world(str(ckpt), 3)
+    (ckpt / WORLD_FILE).write_text('{"num_processes": 4}')
+    with pytest.raises(ValueError, match="saved on 4 processes, resumed on 2"):
+        _check_world(str(ckpt), 2)
+    _check_world(str(tmp_path), 5)  # no record: nothing to compare

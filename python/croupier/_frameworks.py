@@ -28,14 +28,15 @@ __all__ = ["check_not_sharded_again", "refuse_a_sampler"]
 _FRAMES = 6
 # The methods of BatchSamplerShard that iterate the batch sampler it wraps.
 _WRAPPER_METHODS = frozenset({"__iter__", "_iter_with_no_split", "_iter_with_split"})
+# Accelerate's skip_first_batches wraps the batch sampler in SkipBatchSampler, whose __iter__
+# is among those methods: a count of batches from the checkpoint's run is checked there.
 
 
 def check_not_sharded_again(sampler: object) -> None:
     """Raises ``RuntimeError`` when ``sampler`` (with more than one rank) is being iterated by
     Accelerate's ``BatchSamplerShard`` over more than one process: every rank would train on a
-    fraction of its share, silently."""
-    if getattr(sampler, "num_replicas", 1) <= 1:
-        return
+    fraction of its share, silently. Under Accelerate's ``skip_first_batches``, checks its
+    count (:func:`croupier.integrations.accelerate.check_skip`)."""
     try:
         frame = sys._getframe(2)  # above the sampler's own __iter__
     except ValueError:  # called from the top of a stack
@@ -47,8 +48,19 @@ def check_not_sharded_again(sampler: object) -> None:
             frame = frame.f_back  # type: ignore[assignment]
             continue
         owner = frame.f_locals.get("self")
+        if type(owner).__name__ == "SkipBatchSampler":
+            skip = getattr(owner, "skip_batches", 0)
+            if isinstance(skip, int) and skip > 0:
+                from croupier.integrations.accelerate import check_skip
+
+                check_skip(sampler, skip)
+            return
         processes = getattr(owner, "num_processes", 1)
-        if type(owner).__name__ == "BatchSamplerShard" and processes > 1:
+        if (
+            type(owner).__name__ == "BatchSamplerShard"
+            and processes > 1
+            and getattr(sampler, "num_replicas", 1) > 1
+        ):
             raise RuntimeError(
                 f"{type(sampler).__name__} (rank {getattr(sampler, 'rank', '?')} of "
                 f"{getattr(sampler, 'num_replicas', '?')}) is being sharded a second time by "

@@ -176,10 +176,17 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
             # HF Trainer uses to resume) can still select the sampler's epoch through it.
             batches = _EpochBatches(sampler, batch_size, self.drop_last)
             object.__setattr__(self, "batch_sampler", batches)
+        self._start_counting(source, batch_size, self.drop_last)
+
+    def _start_counting(self, source: Any, per_batch: int, drop_last: bool) -> None:
+        """Sets up the count of batches handed out: ``source`` is the sampler whose state is
+        saved, ``per_batch`` its items per batch (1 for a batch sampler) and ``drop_last``
+        whether a short last batch is dropped."""
         #: The sampler whose state is saved: the index sampler or the batch sampler.
         self.source = source
         # Sampler items per batch: indices, or 1 for a batch sampler (its items are batches).
-        self._per_batch = batch_size
+        self._per_batch = per_batch
+        self._drop_last_batch = drop_last
         # The loader starts in the sampler's epoch (one set before the loader was built).
         epoch = getattr(source, "epoch", 0)
         self._epoch_given = epoch if isinstance(epoch, int) else 0
@@ -262,7 +269,7 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         rest = max(len(self.source) - start, 0)
         if self._per_batch == 1:
             return rest
-        return rest // self._per_batch if self.drop_last else -(-rest // self._per_batch)
+        return rest // self._per_batch if self._drop_last_batch else -(-rest // self._per_batch)
 
     def _consume(self, inner: Iterator[Any], count: int) -> Iterator[Any]:
         done = False
@@ -375,7 +382,7 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         if not isinstance(source, StatefulSampler) or source._elastic_of(source.epoch) is None:
             return len(self)
         n, per = source._length, self._per_batch
-        return n // per if self.drop_last else -(-n // per)
+        return n // per if self._drop_last_batch else -(-n // per)
 
     @property
     def _source_replicas(self) -> int | None:
@@ -471,6 +478,16 @@ def _rest_counts_on(sampler_state: Mapping[str, Any], batches: int, per_batch: i
         "position": resumed_at + position,
         "elastic": {**el, "resumed_at": resumed_at},
     }
+
+
+def _count_batches_of(loader: DataLoader, source: Any, per_batch: int, drop_last: bool) -> None:  # type: ignore[type-arg]
+    """Makes ``loader``, a torch ``DataLoader`` built elsewhere (Accelerate's) whose batches
+    are ``source``'s, batched ``per_batch`` at a time (1 for a batch sampler), a
+    :class:`StatefulDataLoader`: it keeps its own batch sampler and options and counts the
+    batches it hands out, so its ``state_dict`` names the next batch training has not seen."""
+    if not isinstance(loader, StatefulDataLoader):
+        loader.__class__ = StatefulDataLoader
+        StatefulDataLoader._start_counting(loader, source, per_batch, drop_last)  # type: ignore[arg-type]
 
 
 def _is_batch_sampler(sampler: object) -> bool:

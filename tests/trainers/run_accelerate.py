@@ -7,7 +7,8 @@ croupier must refuse loudly).
 
 ``part1`` trains ``S`` optimizer steps (of ``A`` batches, under ``accelerator.accumulate``),
 ``save_state`` and stops; ``part2`` ``load_state``s and resumes as
-Accelerate's docs say: ``set_epoch`` and ``skip_first_batches`` for the epoch in progress.
+Accelerate's docs say: ``set_epoch`` and ``skip_first_batches`` for the epoch in progress;
+with ``--elastic`` (any number of processes) it iterates the restored loader instead.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from accelerate import Accelerator
 from croupier.integrations.accelerate import prepare
 from trainers.common import EPOCHS, Recorder, arguments, loader
 
-a = arguments("--plain")
+a = arguments("--plain", "--elastic")
 
 acc = Accelerator(cpu=True, gradient_accumulation_steps=a.accum)
 model = torch.nn.Linear(1, 1)
@@ -40,10 +41,13 @@ state_dir = os.path.join(a.out, "state")
 # Batches trained, and optimizer steps taken (the last of an epoch takes what is left of it).
 done, updates, first_epoch, skip = 0, 0, 0, 0
 if a.stage == "part2":
-    acc.load_state(state_dir)
-    with open(os.path.join(state_dir, "step.json")) as f:
-        done = json.load(f)
-    first_epoch, skip = divmod(done, len(dl))
+    acc.load_state(state_dir)  # the loader's state too (croupier's prepare has it saved)
+    if a.elastic:  # on any number of processes: the restored loader continues the epoch
+        first_epoch = dl.state_dict()["epoch"]
+    else:  # Accelerate's skip by count, on the same number of processes
+        with open(os.path.join(state_dir, "step.json")) as f:
+            done = json.load(f)
+        first_epoch, skip = divmod(done, len(dl))
 
 
 def train() -> bool:

@@ -8,4 +8,6 @@ used:
 
 - :mod:`croupier.integrations.accelerate`: ``prepare(accelerator, *objects)``.
 - :mod:`croupier.integrations.transformers`: ``CroupierTrainerMixin`` for ``Trainer``.
+- :mod:`croupier.integrations.lightning`: ``ElasticResume``, the callback (registered through
+  Lightning's entry points) for a resume from ``ckpt_path`` on another number of devices.
 """

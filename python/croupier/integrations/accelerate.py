@@ -30,7 +30,7 @@ from typing import Any
 
 from croupier.samplers._base import StatefulSampler
 
-__all__ = ["croupier_sampler_of", "pass_through", "prepare"]
+__all__ = ["check_skip", "croupier_sampler_of", "pass_through", "prepare"]
 
 
 def prepare(accelerator: Any, *objects: Any, **kwargs: Any) -> Any:
@@ -85,8 +85,12 @@ def pass_through(loader: Any) -> None:
     shard = getattr(loader, "batch_sampler", None)
     while shard is not None and not _is_shard(shard):
         shard = getattr(shard, "batch_sampler", None)
-    if shard is None:
-        return  # one process: Accelerate did not shard
+    if shard is not None:
+        _shard_pass_through(shard, sampler)
+    _checkpointable(loader, sampler)
+
+
+def _shard_pass_through(shard: Any, sampler: StatefulSampler[Any, Any]) -> None:
     if shard.split_batches:
         raise ValueError(
             "split_batches=True: the loader's batch size would be split between the "
@@ -97,6 +101,68 @@ def pass_through(loader: Any) -> None:
     shard.sampler = (
         sampler  # DataLoaderShard.set_epoch reaches batch_sampler(.batch_sampler).sampler
     )
+
+
+def _checkpointable(loader: Any, sampler: StatefulSampler[Any, Any]) -> None:
+    """Makes the prepared ``loader`` (Accelerate's ``DataLoaderShard``) save and restore
+    croupier's loader state with ``accelerator.save_state``/``load_state``: its inner torch
+    loader counts the batches it hands out (Accelerate snapshots its state before each
+    look-ahead fetch, so the snapshot counts the batches training received), and the loader is
+    flagged as stateful, which is what makes Accelerate save it (``dl_state_dict.bin``)."""
+    base = getattr(loader, "base_dataloader", None)
+    if base is None or not _is_adapter(loader):
+        return  # not Accelerate's DataLoaderShard (a dispatcher was refused above)
+    from croupier.loader import StatefulDataLoader, _count_batches_of
+
+    if not isinstance(base, StatefulDataLoader):
+        inner = base.batch_sampler
+        while _is_shard(inner):
+            inner = inner.batch_sampler
+        if inner is sampler:  # a croupier batch sampler: its items are batches
+            per_batch, drop_last = 1, False
+        else:  # torch's BatchSampler (or a StatefulDataLoader's) over the index sampler
+            per_batch, drop_last = int(inner.batch_size), bool(inner.drop_last)
+        _count_batches_of(base, sampler, per_batch, drop_last)
+    loader.use_stateful_dataloader = True
+    loader.dl_state_dict = base.state_dict()
+    loader.load_state_dict = functools.partial(_load, loader)
+
+
+def _is_adapter(loader: Any) -> bool:
+    return any(c.__name__ == "DataLoaderAdapter" for c in type(loader).__mro__)
+
+
+def _load(loader: Any, state: Any) -> None:
+    """``load_state_dict`` of a prepared croupier loader: restores croupier's loader state (on
+    any number of processes: an elastic resume continues the epoch) and makes the snapshot
+    Accelerate saves, and the loader's epoch, the restored ones."""
+    base = loader.base_dataloader
+    base.load_state_dict(state)
+    loader.dl_state_dict = base.state_dict()
+    loader.iteration = base.epoch  # DataLoaderShard passes its own epoch on at each iteration
+
+
+def check_skip(sampler: Any, skip: int) -> None:
+    """Called when Accelerate's ``skip_first_batches`` (its ``SkipBatchSampler``) starts
+    iterating ``sampler`` to skip ``skip`` batches counted from the epoch's start. The count
+    comes from the run that saved the checkpoint: after a restored loader state of another
+    number of processes it names other batches, so this refuses with the way that is exact.
+    After a restored state of the same world the loader's position is dropped (the skip
+    counts from the epoch's start, Accelerate's meaning), so nothing is skipped twice."""
+    epoch = sampler.epoch
+    el = sampler._elastic_of(epoch)
+    start = sampler._start_position()
+    if el is not None and start == el.resumed_at and start < len(sampler):
+        raise ValueError(
+            f"accelerator.skip_first_batches(loader, {skip}) after a checkpoint of "
+            f"num_processes={el.origin} on {sampler.num_replicas}: the count is in batches of "
+            f"the old world and would skip the wrong samples here. accelerator.load_state "
+            f"restored the loader's own state (croupier's prepare saves it with save_state), "
+            f"which continues the epoch on this world: iterate the loader itself "
+            f"(loader.set_epoch(epoch); for batch in loader: ...) without skip_first_batches"
+        )
+    if start and el is None:
+        sampler.set_skip(0)  # the skip counts from the epoch's start
 
 
 def _is_shard(obj: Any) -> bool:

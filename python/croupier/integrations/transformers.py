@@ -23,6 +23,9 @@ Samplers that are not croupier's go through ``Trainer``'s own path unchanged.
 
 from __future__ import annotations
 
+import glob
+import json
+import os
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -33,11 +36,41 @@ from croupier.samplers._base import BatchSampler, StatefulSampler
 __all__ = ["CroupierTrainerMixin"]
 
 
+#: The file the mixin writes into every checkpoint folder: the number of processes it was
+#: saved on.
+WORLD_FILE = "croupier_world.json"
+
+
 class CroupierTrainerMixin:
     """Mix into a ``transformers.Trainer`` subclass (before ``Trainer``) whose
     ``_get_train_sampler`` returns a croupier sampler: every rank trains on its share of every
     epoch, once, reshuffled each epoch, and a resumed run trains exactly the batches the
-    uninterrupted run would have."""
+    uninterrupted run would have.
+
+    ``resume_from_checkpoint`` must run on the number of processes the checkpoint was saved on:
+    the Trainer derives the epoch and the batches to skip from ``global_step`` and the loader's
+    length, counts of the old world that name other samples on another, so a resume on another
+    number of processes is refused with ``ValueError`` before anything trains."""
+
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        trainer: Any = self
+        checkpoint = resume_from_checkpoint
+        if isinstance(checkpoint, bool) and checkpoint:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            checkpoint = get_last_checkpoint(trainer.args.output_dir)
+        if isinstance(checkpoint, (str, os.PathLike)) and not trainer.args.ignore_data_skip:
+            _check_world(os.fspath(checkpoint), trainer.args.world_size)
+        parent: Any = super()
+        return parent.train(resume_from_checkpoint, *args, **kwargs)
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        trainer: Any = self
+        parent: Any = super()
+        parent._save_rng_state(output_dir)
+        if trainer.args.should_save:
+            with open(os.path.join(output_dir, WORLD_FILE), "w") as f:
+                json.dump({"num_processes": trainer.args.world_size}, f)
 
     def _get_dataloader(
         self,
@@ -106,6 +139,38 @@ class CroupierTrainerMixin:
         loader = trainer.accelerator.prepare(DataLoader(dataset, **params))
         pass_through(loader)
         return loader
+
+
+def _saved_world(checkpoint: str) -> int | None:
+    """The number of processes ``checkpoint`` was saved on: the mixin's record, else the
+    Trainer's random states (one file per process), else unknown."""
+    path = os.path.join(checkpoint, WORLD_FILE)
+    if os.path.isfile(path):
+        with open(path) as f:
+            return int(json.load(f)["num_processes"])
+    per_process = glob.glob(os.path.join(glob.escape(checkpoint), "rng_state_*.pth"))
+    if per_process:
+        return len(per_process)
+    if os.path.isfile(os.path.join(checkpoint, "rng_state.pth")):
+        return 1
+    return None
+
+
+def _check_world(checkpoint: str, world: int) -> None:
+    """Refuses to resume ``checkpoint`` on ``world`` processes if it was saved on another
+    number: the Trainer's skip would name other samples (a silent loss or repeat)."""
+    saved = _saved_world(checkpoint)
+    if saved is None or saved == world:
+        return
+    raise ValueError(
+        f"checkpoint {checkpoint!r} was saved on {saved} processes, resumed on {world}: the "
+        f"Trainer counts the epoch and the batches to skip in optimizer steps of {saved} "
+        "processes, which name other samples here (part of the epoch would be lost or "
+        f"repeated). Resume it on {saved} processes (torchrun --nproc_per_node {saved}), or "
+        "take its weights without its data position (args.ignore_data_skip=True: the "
+        "Trainer then starts an epoch over); croupier's samplers resume elastically "
+        "under Lightning, Accelerate or a loop of your own (docs/trainers.md)"
+    )
 
 
 def _is_hf_dataset(dataset: Any) -> bool:
