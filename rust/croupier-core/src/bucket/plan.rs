@@ -29,6 +29,7 @@
 //! position. A whole epoch computes the permutation of every bucket holding one of its
 //! batches, one bucket at a time.
 
+use crate::cancel::{cancelled, cancelled_error, CHECK_EVERY};
 use crate::deal::elastic::Elastic;
 use crate::deal::layout::{Deal, Layout};
 use crate::deal::rank::{rank_range, Draw};
@@ -262,7 +263,16 @@ impl BucketPlan {
         };
         let max = lengths.par_iter().map(|&l| l.into()).max().unwrap_or(0);
         let ids: Vec<u32> = if max < TABLE_MAX {
-            let table: Vec<u32> = (0..=max).map(bucket_of).collect();
+            let mut table: Vec<u32> = Vec::with_capacity(max as usize + 1);
+            let mut v = 0u64;
+            while v <= max && !cancelled() {
+                let hi = max.min(v + CHECK_EVERY as u64);
+                table.extend((v..=hi).map(bucket_of));
+                v = hi + 1;
+            }
+            if cancelled() {
+                return Err(cancelled_error()); // the caller discards it
+            }
             lengths
                 .par_iter()
                 .map(|&l| table[l.into() as usize])
@@ -316,6 +326,9 @@ impl BucketPlan {
             acc += c;
         }
         starts.push(acc);
+        if cancelled() {
+            return Err(cancelled_error());
+        }
         let at: Vec<u64> = starts[..regular + 1].to_vec();
         let members = if acc <= U32_MAX_LEN {
             Indices::U32(scatter::<u32>(&ids, at)?)
@@ -323,6 +336,9 @@ impl BucketPlan {
             Indices::U64(scatter::<u64>(&ids, at)?)
         };
         drop(ids);
+        if cancelled() {
+            return Err(cancelled_error());
+        }
         let member_lengths = if limits.fill_to_budget && limits.max_tokens.is_some() {
             Some(member_lengths(lengths, &members, &starts)?)
         } else {
@@ -389,6 +405,9 @@ impl BucketPlan {
             .map(|j| {
                 if !self.filled_to_budget(j) {
                     return Ok(self.batch_starts[j + 1] - self.batch_starts[j]);
+                }
+                if cancelled() {
+                    return Err(cancelled_error());
                 }
                 let n = self.members_of(j);
                 let key = Stream::new(0, 0, Purpose::BucketReference, j as u64).next_u64();
@@ -737,6 +756,9 @@ impl BucketPlan {
             if positions.is_empty() {
                 continue;
             }
+            if cancelled() {
+                break; // the caller discards the batches
+            }
             let n = self.starts[j + 1] - self.starts[j];
             // A bucket with more than a few wanted batches is computed whole, once; a few
             // batches are read by random access.
@@ -837,9 +859,14 @@ impl BucketPlan {
     pub(crate) fn gather_members(&self, j: usize, positions: &Indices) -> Indices {
         let base = self.starts[j] as usize;
         fn gather<P: Copy + Into<u64>, M: Copy>(at: &[P], members: &[M], base: usize) -> Vec<M> {
-            at.iter()
-                .map(|&p| members[base + p.into() as usize])
-                .collect()
+            let mut out = Vec::with_capacity(at.len());
+            for piece in at.chunks(CHECK_EVERY) {
+                if cancelled() {
+                    break; // the caller discards the samples
+                }
+                out.extend(piece.iter().map(|&p| members[base + p.into() as usize]));
+            }
+            out
         }
         match (positions, &self.members) {
             (Indices::U32(p), Indices::U32(m)) => Indices::U32(gather(p, m, base)),
@@ -893,10 +920,15 @@ fn to_ids(ids: Indices) -> Vec<u64> {
 fn scatter<T: Index>(ids: &[u32], mut at: Vec<u64>) -> Result<Vec<T>> {
     let mut members = try_with_capacity::<T>("the buckets' members", ids.len() as u64)?;
     members.resize(ids.len(), T::from_u64(0));
-    for (i, &j) in ids.iter().enumerate() {
-        let j = j as usize;
-        members[at[j] as usize] = T::from_u64(i as u64);
-        at[j] += 1;
+    for (c, piece) in ids.chunks(CHECK_EVERY).enumerate() {
+        if cancelled() {
+            break; // the caller discards the members
+        }
+        for (i, &j) in piece.iter().enumerate() {
+            let j = j as usize;
+            members[at[j] as usize] = T::from_u64((c * CHECK_EVERY + i) as u64);
+            at[j] += 1;
+        }
     }
     Ok(members)
 }

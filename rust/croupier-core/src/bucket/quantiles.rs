@@ -51,6 +51,9 @@ pub fn quantile_boundaries<L: Copy + Into<u64> + Send + Sync>(lengths: &[L], k: 
         let mut out = Vec::with_capacity(ranks.len());
         let (mut v, mut below) = (0usize, 0u64);
         for &q in &ranks {
+            if crate::cancel::cancelled() {
+                break; // the caller discards the boundaries
+            }
             while below + hist[v] <= q {
                 below += hist[v];
                 v += 1;
@@ -60,7 +63,10 @@ pub fn quantile_boundaries<L: Copy + Into<u64> + Send + Sync>(lengths: &[L], k: 
         out
     } else {
         let mut sorted: Vec<u64> = lengths.par_iter().map(|&l| l.into()).collect();
-        sorted.par_sort_unstable();
+        crate::cancel::sort_values(&mut sorted);
+        if crate::cancel::cancelled() {
+            return Vec::new(); // the caller discards the boundaries
+        }
         ranks.iter().map(|&q| sorted[q as usize]).collect()
     };
     let mut bounds: Vec<u64> = Vec::with_capacity(values.len());
