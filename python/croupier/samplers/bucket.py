@@ -64,7 +64,7 @@ def _lengths(lengths: object) -> npt.NDArray[Any]:
         low = int(arr.min())
         if low < 0:
             raise ValueError(
-                f"lengths must be in [0, 2**64 - 1], got {low} at index {int(arr.argmin())}"
+                f"lengths must be >= 0 (in [0, 2**64 - 1]), got {low} at index {int(arr.argmin())}"
             )
     if arr.dtype not in (np.uint32, np.uint64):
         arr = arr.astype(np.uint64)
@@ -86,7 +86,8 @@ def _int_lengths(lengths: Sequence[object]) -> npt.NDArray[Any]:
                 f"lengths must hold integers, got {type(x).__name__} at index {i}"
             ) from None
         if not 0 <= v <= U64_MAX:
-            raise ValueError(f"lengths must be in [0, 2**64 - 1], got {v} at index {i}")
+            bound = ">= 0" if v < 0 else "< 2**64"
+            raise ValueError(f"lengths must be {bound} (in [0, 2**64 - 1]), got {v} at index {i}")
         values.append(v)
     return np.array(values, dtype=np.uint64)
 
