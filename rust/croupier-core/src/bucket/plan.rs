@@ -765,6 +765,9 @@ impl BucketPlan {
             if keys.2 && positions.len() as u64 > RANDOM_ACCESS_BATCHES {
                 part.clear();
                 self.bucket_range(j, keys, (0, n), &mut part)?;
+                if cancelled() {
+                    return Err(cancelled_error()); // the order stopped short
+                }
                 for &pos in positions {
                     let (_, a, b) = located[pos];
                     let dst = &mut flat[offsets[pos] as usize..offsets[pos + 1] as usize];
