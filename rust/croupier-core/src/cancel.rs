@@ -143,6 +143,55 @@ pub(crate) fn cancelled_error() -> crate::error::Error {
 /// Steps between two looks at the flag in a long loop.
 pub(crate) const CHECK_EVERY: usize = 1 << 16;
 
+/// The largest of `v` as `u64` (0 when empty), in parallel pieces of [`CHECK_EVERY`], each
+/// looking at the flag first (a cancelled call's answer is meaningless).
+pub(crate) fn par_max<L: Copy + Into<u64> + Sync>(v: &[L]) -> u64 {
+    use rayon::prelude::*;
+    v.par_chunks(CHECK_EVERY)
+        .map(|c| {
+            if cancelled() {
+                return 0;
+            }
+            c.iter().map(|&l| l.into()).max().unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The smallest of `v` as `u64` (0 when empty), as [`par_max`].
+pub(crate) fn par_min<L: Copy + Into<u64> + Sync>(v: &[L]) -> u64 {
+    use rayon::prelude::*;
+    v.par_chunks(CHECK_EVERY)
+        .map(|c| {
+            if cancelled() {
+                return 0;
+            }
+            c.iter().map(|&l| l.into()).min().unwrap_or(u64::MAX)
+        })
+        .min()
+        .unwrap_or(0)
+}
+
+/// `f` of every element of `v`, in parallel pieces of `piece`, each looking at the flag
+/// first (a cancelled call's pieces are left at `T::default()`).
+pub(crate) fn par_map<L, T, F>(v: &[L], piece: usize, f: F) -> Vec<T>
+where
+    L: Copy + Sync,
+    T: Copy + Default + Send,
+    F: Fn(L) -> T + Sync,
+{
+    use rayon::prelude::*;
+    let mut out = vec![T::default(); v.len()];
+    out.par_chunks_mut(piece)
+        .zip(v.par_chunks(piece))
+        .for_each(|(o, i)| {
+            if !cancelled() {
+                o.iter_mut().zip(i).for_each(|(a, &b)| *a = f(b));
+            }
+        });
+    out
+}
+
 /// Elements up to which [`sort_by_key`] is one call of the standard library's stable sort
 /// (about 10 ms at most between two looks at the flag).
 const SORT_AT_ONCE: usize = 1 << 18;

@@ -144,13 +144,16 @@ where
     L: Copy + Into<u64> + Send + Sync,
     F: Fn(u64) -> bool + Sync,
 {
-    let max = lengths.par_iter().map(|&l| l.into()).max().unwrap_or(0);
+    let max = crate::cancel::par_max(lengths);
     let (values, counts): (Vec<u64>, Vec<u64>) = if max < HISTOGRAM_MAX {
         let hist = lengths
             .par_chunks(1 << 16)
             .fold(
                 || vec![0u64; (max + 1) as usize],
                 |mut h, chunk| {
+                    if crate::cancel::cancelled() {
+                        return h; // the caller discards the histogram
+                    }
                     for &x in chunk {
                         h[x.into() as usize] += 1;
                     }

@@ -111,6 +111,9 @@ impl Budget {
         let mean = full.iter().sum::<f64>() / full.len() as f64;
         let var = full.iter().map(|s| (s - mean) * (s - mean)).sum::<f64>() / full.len() as f64;
         let margin = (2.0 * (b as f64).sqrt() * var.sqrt() / mean).ceil() as u64 + 1;
+        if cancelled() {
+            return b; // the caller discards the target
+        }
         let fewest = self.cuts(&longest_first(reference)).len() as u64 - 1;
         (b + margin).max(fewest).min(n)
     }

@@ -29,7 +29,7 @@
 //! position. A whole epoch computes the permutation of every bucket holding one of its
 //! batches, one bucket at a time.
 
-use crate::cancel::{cancelled, cancelled_error, CHECK_EVERY};
+use crate::cancel::{cancelled, cancelled_error, par_map, par_max, CHECK_EVERY};
 use crate::deal::elastic::Elastic;
 use crate::deal::layout::{Deal, Layout};
 use crate::deal::rank::{rank_range, Draw};
@@ -261,7 +261,7 @@ impl BucketPlan {
                 _ => boundaries.partition_point(|&b| b <= len) as u32,
             }
         };
-        let max = lengths.par_iter().map(|&l| l.into()).max().unwrap_or(0);
+        let max = par_max(lengths);
         let ids: Vec<u32> = if max < TABLE_MAX {
             let mut table: Vec<u32> = Vec::with_capacity(max as usize + 1);
             let mut v = 0u64;
@@ -273,12 +273,9 @@ impl BucketPlan {
             if cancelled() {
                 return Err(cancelled_error()); // the caller discards it
             }
-            lengths
-                .par_iter()
-                .map(|&l| table[l.into() as usize])
-                .collect()
+            par_map(lengths, CHECK_EVERY, |l| table[l.into() as usize])
         } else {
-            lengths.par_iter().map(|&l| bucket_of(l.into())).collect()
+            par_map(lengths, CHECK_EVERY, |l| bucket_of(l.into()))
         };
         let (counts, longest) = ids
             .par_chunks(1 << 16)
@@ -286,6 +283,9 @@ impl BucketPlan {
             .fold(
                 || (vec![0u64; regular + 1], vec![0u64; regular + 1]),
                 |(mut c, mut m), (ids, lens)| {
+                    if cancelled() {
+                        return (c, m); // the caller discards the counts
+                    }
                     for (&j, &len) in ids.iter().zip(lens) {
                         c[j as usize] += 1;
                         m[j as usize] = m[j as usize].max(len.into());
@@ -374,6 +374,9 @@ impl BucketPlan {
         let digest = lengths
             .par_chunks(1 << 16)
             .map(|c| {
+                if cancelled() {
+                    return 0; // the caller discards the digest
+                }
                 c.iter()
                     .fold(0x6c65_6e67_7468_7300u64, |h, &x| fold(h, x.into()))
             })
@@ -413,7 +416,15 @@ impl BucketPlan {
                 let key = Stream::new(0, 0, Purpose::BucketReference, j as u64).next_u64();
                 let layout = Layout::new(n, 1, false)?;
                 let positions = rank_range(&layout, 0, Draw::keyed(key), 0..n)?;
-                Ok(budget.target(&self.gather_lengths(j, &positions)))
+                if cancelled() {
+                    return Err(cancelled_error());
+                }
+                let lengths = self.gather_lengths(j, &positions);
+                drop(positions);
+                if cancelled() {
+                    return Err(cancelled_error());
+                }
+                Ok(budget.target(&lengths))
             })
             .collect()
     }
@@ -844,10 +855,7 @@ impl BucketPlan {
             lens: &[L],
             base: usize,
         ) -> Vec<u64> {
-            at.par_iter()
-                .with_min_len(1 << 14)
-                .map(|&p| lens[base + p.into() as usize].into())
-                .collect()
+            par_map(at, 1 << 14, |p| lens[base + p.into() as usize].into())
         }
         match (positions, self.member_lengths.as_ref()) {
             (Indices::U32(p), Some(Indices::U32(l))) => gather(p, l, base),
@@ -893,20 +901,28 @@ fn member_lengths<L: Copy + Into<u64> + Send + Sync>(
         }
     };
     let n = starts[starts.len() - 1];
-    let max = lengths.par_iter().map(|&l| l.into()).max().unwrap_or(0);
+    let max = par_max(lengths);
+    // In pieces, each looking at the flag first.
+    fn fill<T: Copy + Send>(v: &mut [T], at: impl Fn(usize) -> T + Sync) {
+        v.par_chunks_mut(CHECK_EVERY)
+            .enumerate()
+            .for_each(|(c, piece)| {
+                if !cancelled() {
+                    for (i, slot) in piece.iter_mut().enumerate() {
+                        *slot = at(c * CHECK_EVERY + i);
+                    }
+                }
+            });
+    }
     Ok(if max <= u64::from(u32::MAX) {
         let mut v = try_with_capacity::<u32>("the members' lengths", n)?;
-        (0..n as usize)
-            .into_par_iter()
-            .map(|k| lengths[member(k)].into() as u32)
-            .collect_into_vec(&mut v);
+        v.resize(n as usize, 0);
+        fill(&mut v, |k| lengths[member(k)].into() as u32);
         Indices::U32(v)
     } else {
         let mut v = try_with_capacity::<u64>("the members' lengths", n)?;
-        (0..n as usize)
-            .into_par_iter()
-            .map(|k| lengths[member(k)].into())
-            .collect_into_vec(&mut v);
+        v.resize(n as usize, 0);
+        fill(&mut v, |k| lengths[member(k)].into());
         Indices::U64(v)
     })
 }

@@ -26,14 +26,17 @@ pub fn quantile_boundaries<L: Copy + Into<u64> + Send + Sync>(lengths: &[L], k: 
     let ranks: Vec<u64> = (1..k)
         .map(|j| (u128::from(j) * u128::from(n) / u128::from(k)) as u64)
         .collect();
-    let max = lengths.par_iter().map(|&l| l.into()).max().unwrap_or(0);
-    let min = lengths.par_iter().map(|&l| l.into()).min().unwrap_or(0);
+    let max = crate::cancel::par_max(lengths);
+    let min = crate::cancel::par_min(lengths);
     let values: Vec<u64> = if max < HISTOGRAM_MAX {
         let hist = lengths
             .par_chunks(1 << 16)
             .fold(
                 || vec![0u64; (max + 1) as usize],
                 |mut h, chunk| {
+                    if crate::cancel::cancelled() {
+                        return h; // the caller discards the histogram
+                    }
                     for &x in chunk {
                         h[x.into() as usize] += 1;
                     }
