@@ -331,3 +331,56 @@ def test_sequential_bucket_batch_sizes_beyond_the_core_are_refused(value):
             )  # fmt: skip
     s = SequentialBucketSampler(_nemo_dataset([3, 4]), base_batch_size=2**63 - 1, drop_last=False)
     assert [len(b) for b in s] == [3, 4] or [len(b) for b in s] == [4, 3]
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [2**63, 1],  # numpy holds this list as float64 (rounded)
+        [2**64 - 1, 3, 2**63 + 1],  # and this one too
+        np.array([2**64 - 1, 3, 2**63 + 1], dtype=object),
+    ],
+)
+def test_lengths_as_python_ints_up_to_2_64_are_accepted_like_a_uint64_array(lengths):
+    """A list of Python ints up to 2**64 - 1 is the uint64 array of the same values."""
+    from croupier import BucketBatchSampler
+
+    as_array = np.array([int(x) for x in lengths], dtype=np.uint64)
+    got = BucketBatchSampler(lengths, batch_size=2, buckets=2)
+    want = BucketBatchSampler(as_array, batch_size=2, buckets=2)
+    assert got.boundaries == want.boundaries
+    assert got.state_dict() == want.state_dict()  # the lengths' digest included
+    assert [list(b) for b in got] == [list(b) for b in want]
+
+
+@pytest.mark.parametrize(
+    ("lengths", "exc", "message"),
+    [
+        (
+            [-1, 2**63],
+            ValueError,
+            r"lengths must be >= 0 \(in \[0, 2\*\*64 - 1\]\), got -1 at index 0",
+        ),
+        ([3, -5], ValueError, r"lengths must be >= 0 \(in \[0, 2\*\*64 - 1\]\), got -5 at index 1"),
+        (np.array([3, -5]), ValueError, r"lengths must be >= 0 \(in \[0, 2\*\*64 - 1\]\), got -5"),
+        (
+            [1, 2**64],
+            ValueError,
+            r"lengths must be < 2\*\*64 \(in \[0, 2\*\*64 - 1\]\), got 18446744073709551616",
+        ),
+        ([2**63, 1.5], TypeError, "lengths must hold integers, got float at index 1"),
+        ([1.5, 2], TypeError, "lengths must hold integers, got float at index 0"),
+        ([True, False], TypeError, "lengths must hold integers, got dtype bool"),
+        ([2**63, None], TypeError, "lengths must hold integers, got NoneType at index 1"),
+        (["1", "2"], TypeError, "lengths must hold integers"),
+        ([2**63, "1"], TypeError, "lengths must hold integers"),
+        ([[1], [2, 3]], TypeError, "lengths must hold integers, got list at index 0"),
+        ([[1, 2], [3, 4]], ValueError, "lengths must be 1-D"),
+        (np.array([1.0, 2.0]), TypeError, "lengths must hold integers, got dtype float64"),
+    ],
+)
+def test_bad_lengths_are_refused_with_the_argument_and_its_range(lengths, exc, message):
+    from croupier import BucketBatchSampler
+
+    with pytest.raises(exc, match=message):
+        BucketBatchSampler(lengths, batch_size=2)

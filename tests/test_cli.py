@@ -100,6 +100,27 @@ def test_bad_output_folders_are_refused(capsys, tmp_path):
         _refused(capsys, ["bench", "--out", str(locked)], "the folder is not writable")
 
 
+def test_an_output_folder_that_cannot_be_made_or_written_is_refused_before_any_work(
+    capsys, tmp_path, monkeypatch
+):
+    """Permissions do not tell (root passes them): the folder is made and written to first,
+    and left as it was; no measurement runs."""
+    import croupier.bench._runner as runner
+
+    def one(*args, **kwargs):
+        raise AssertionError("a measurement ran")
+
+    monkeypatch.setattr(runner, "_one", one)
+    bench = ["bench", "--n", "1e5", "--systems", "croupier"]
+    _refused(capsys, [*bench, "--out", "/proc/nope"], "--out /proc/nope: cannot create the folder")
+    _refused(capsys, [*bench, "--out", "/proc/nope/deeper"], "cannot create the folder")
+    _refused(capsys, [*bench, "--out", "/proc"], "--out /proc: cannot write in the folder")
+    # A folder that can be made is made and removed again by the check, parents included.
+    monkeypatch.setattr(cli, "_bench", lambda args, argv: cli._out_dir(args.out, "bench") and 0)
+    assert cli.main([*bench, "--out", str(tmp_path / "a" / "b")]) == 0
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_demo_takes_sizes_and_ranks_as_bench_does(capsys):
     assert cli.main(["demo", "--n", "1e5", "--ranks", "4", "--rank", "3", "--count", "3"]) == 0
     out = capsys.readouterr().out

@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -113,7 +114,41 @@ def _out_dir(text: str, stem: str) -> Path:
         target = out / f"{stem}{ext}"
         if target.exists() and not target.is_file():
             raise _UsageError(f"--out {text}: {target} is in the way (not a file)")
+    _probe(out, text)
     return out
+
+
+def _probe(out: Path, text: str) -> None:
+    """Creates ``out`` (and its missing parents) and a file in it, then removes all of that:
+    permissions alone do not tell (root passes every ``os.access`` check, yet cannot create
+    a folder in ``/proc`` or write on a read-only file system)."""
+    missing = []
+    p = out
+    while not p.exists() and p.parent != p:
+        missing.append(p)
+        p = p.parent
+    made: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            try:
+                folder.mkdir()
+            except OSError as e:
+                raise _UsageError(
+                    f"--out {text}: cannot create the folder ({e.strerror or e})"
+                ) from None
+            made.append(folder)
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".croupier-probe.", dir=out)
+        except OSError as e:
+            raise _UsageError(
+                f"--out {text}: cannot write in the folder ({e.strerror or e})"
+            ) from None
+        os.close(fd)
+        os.unlink(probe)
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 # -- demo -------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ module checks arguments and keeps the configuration for checkpoints.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,7 +42,18 @@ def _lengths(lengths: object) -> npt.NDArray[Any]:
         raise TypeError(
             f"lengths must be a 1-D integer numpy array or sequence, got {type(lengths).__name__}"
         )
-    arr = np.asarray(lengths)
+    try:
+        arr: npt.NDArray[Any] | None = np.asarray(lengths)
+    except (ValueError, TypeError, OverflowError):
+        arr = None  # ragged or mixed: checked element by element below
+    # numpy holds a list with ints past int64 as float64 (rounded) or object: those, and
+    # lists numpy cannot hold, are read element by element as Python ints.
+    if (
+        arr is None
+        or arr.dtype.kind == "O"
+        or (arr.dtype.kind == "f" and not isinstance(lengths, np.ndarray))
+    ):
+        arr = _int_lengths(lengths)  # type: ignore[arg-type]
     if arr.ndim != 1:
         raise ValueError(f"lengths must be 1-D, got shape {arr.shape}")
     if arr.size == 0:
@@ -51,10 +63,33 @@ def _lengths(lengths: object) -> npt.NDArray[Any]:
     if arr.dtype.kind == "i":
         low = int(arr.min())
         if low < 0:
-            raise ValueError(f"lengths must be >= 0, got {low} at index {int(arr.argmin())}")
+            raise ValueError(
+                f"lengths must be >= 0 (in [0, 2**64 - 1]), got {low} at index {int(arr.argmin())}"
+            )
     if arr.dtype not in (np.uint32, np.uint64):
         arr = arr.astype(np.uint64)
     return np.ascontiguousarray(arr)
+
+
+def _int_lengths(lengths: Sequence[object]) -> npt.NDArray[Any]:
+    """``lengths`` (a sequence, or an object array) as ``uint64``, element by element: each an
+    integer (``bool`` and floats refused, as :func:`croupier._validate.as_int` refuses them)
+    in ``[0, 2**64 - 1]``."""
+    values = []
+    for i, x in enumerate(lengths):
+        if isinstance(x, (bool, np.bool_)):
+            raise TypeError(f"lengths must hold integers, got bool at index {i}")
+        try:
+            v = operator.index(x)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(
+                f"lengths must hold integers, got {type(x).__name__} at index {i}"
+            ) from None
+        if not 0 <= v <= U64_MAX:
+            bound = ">= 0" if v < 0 else "< 2**64"
+            raise ValueError(f"lengths must be {bound} (in [0, 2**64 - 1]), got {v} at index {i}")
+        values.append(v)
+    return np.array(values, dtype=np.uint64)
 
 
 def _frozen(flat: npt.NDArray[Any], offsets: npt.NDArray[Any]) -> Batches:

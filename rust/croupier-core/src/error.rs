@@ -22,6 +22,10 @@ pub enum Error {
         /// Requested size in bytes.
         bytes: u128,
     },
+    /// The call was abandoned ([`crate::Cancel`]): a stage that looked at the raised flag
+    /// stopped there. The caller that raised the flag discards it.
+    #[error("the call was cancelled")]
+    Cancelled,
 }
 
 /// Result with the core's [`Error`].

@@ -8,7 +8,11 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::config::{config, Config};
-use crate::runtime::{core, detached, sized, to_numpy};
+use crate::runtime::{core, long, sized_long, to_numpy};
+
+/// Samples from which building a plan, or an epoch's plan, runs interruptibly (tens of
+/// milliseconds and more; Ctrl-C is heard within a few milliseconds of the core's next look).
+const LONG_FROM: u64 = 1 << 20;
 
 config! {
     /// How samples are grouped and batched (`Buckets(lengths, **config)`).
@@ -130,16 +134,17 @@ impl Buckets {
         let config = BucketsConfig::from_kwargs(config, "Buckets")?;
         let limits = config.limits();
         let (boundaries, num_buckets) = (config.boundaries, config.num_buckets);
-        // Copied out of the borrowed numpy memory while attached; the work runs detached.
+        // Copied out of the borrowed numpy memory while attached; the work runs detached,
+        // interruptibly over many lengths.
         if let Ok(arr) = lengths.extract::<numpy::PyReadonlyArray1<'_, u32>>() {
             let lengths: Vec<u32> = arr.as_array().to_vec();
-            return detached(py, move || {
+            return long(py, lengths.len() as u64 >= LONG_FROM, move || {
                 Self::build(&lengths, boundaries, num_buckets, limits)
             });
         }
         if let Ok(arr) = lengths.extract::<numpy::PyReadonlyArray1<'_, u64>>() {
             let lengths: Vec<u64> = arr.as_array().to_vec();
-            return detached(py, move || {
+            return long(py, lengths.len() as u64 >= LONG_FROM, move || {
                 Self::build(&lengths, boundaries, num_buckets, limits)
             });
         }
@@ -197,10 +202,13 @@ impl Buckets {
         let (rank_deal, draw) = (d.deal(), d.draw(epoch));
         let bytes = self.plan.range_bytes(start, stop);
         let plan = std::sync::Arc::clone(&self.plan);
-        let (flat, offsets) = sized(py, bytes, "this rank's batches", move || match el {
-            None => plan.rank_batches_range(rank_deal, draw, start..stop),
-            Some(el) => plan.elastic_batches_range(&el, rank_deal.rank, draw, start..stop),
-        })?;
+        // Buckets computed whole: interruptible over many samples, whatever the batches.
+        let long = plan.len() >= LONG_FROM;
+        let (flat, offsets) =
+            sized_long(py, bytes, "this rank's batches", long, move || match el {
+                None => plan.rank_batches_range(rank_deal, draw, start..stop),
+                Some(el) => plan.elastic_batches_range(&el, rank_deal.rank, draw, start..stop),
+            })?;
         Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
     }
 
@@ -237,13 +245,20 @@ impl Buckets {
         } else {
             0
         };
-        let batches = sized(py, bytes, "the epoch's bucket orders", move || {
-            if keep {
-                croupier_core::bucket::EpochBatches::new(&plan, draw)
-            } else {
-                croupier_core::bucket::EpochBatches::lazy(&plan, draw)
-            }
-        })?;
+        let long_anyway = plan.len() >= LONG_FROM;
+        let batches = sized_long(
+            py,
+            bytes,
+            "the epoch's bucket orders",
+            long_anyway,
+            move || {
+                if keep {
+                    croupier_core::bucket::EpochBatches::new(&plan, draw)
+                } else {
+                    croupier_core::bucket::EpochBatches::lazy(&plan, draw)
+                }
+            },
+        )?;
         Ok(BucketEpoch {
             plan: std::sync::Arc::clone(&self.plan),
             batches: std::sync::Arc::new(batches),
@@ -371,10 +386,13 @@ impl BucketEpoch {
             std::sync::Arc::clone(&self.plan),
             std::sync::Arc::clone(&self.batches),
         );
-        let (flat, offsets) = sized(py, bytes, "this rank's batches", move || match el {
-            None => batches.range(&plan, deal, start..stop),
-            Some(el) => batches.elastic_range(&plan, &el, deal.rank, start..stop),
-        })?;
+        // Without kept orders a read cuts its buckets: interruptible over many samples.
+        let long = plan.len() >= LONG_FROM;
+        let (flat, offsets) =
+            sized_long(py, bytes, "this rank's batches", long, move || match el {
+                None => batches.range(&plan, deal, start..stop),
+                Some(el) => batches.elastic_range(&plan, &el, deal.rank, start..stop),
+            })?;
         Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))
     }
 }

@@ -6,7 +6,7 @@ use pyo3::types::PyDict;
 
 use crate::config::{config, Config};
 use crate::order::Order;
-use crate::runtime::{core, sized, to_numpy};
+use crate::runtime::{core, sized_long, to_numpy};
 use croupier_core::mix::Interleaving;
 
 /// One phase of a mixture as Python passes it: `(start, nominal_length, weights,
@@ -186,7 +186,10 @@ impl Mixture {
         let stop = stop.unwrap_or(self.mixture.len());
         let bytes = self.mixture.range_bytes(start, stop);
         let mixture = std::sync::Arc::clone(&self.mixture);
-        let out = sized(py, bytes, "this rank's mixture indices", move || {
+        // A balanced interleave replays its sequence up to `start` the first time (seconds at
+        // 1e9): interruptible whatever the size.
+        let long = self.balanced();
+        let out = sized_long(py, bytes, "this rank's mixture indices", long, move || {
             mixture.range(epoch, start, stop)
         })?;
         Ok(to_numpy(py, out))
@@ -215,10 +218,11 @@ impl Mixture {
         let stop = stop.unwrap_or(el.num_samples());
         let bytes = self.mixture.elastic_range_bytes(&el, start, stop);
         let mixture = std::sync::Arc::clone(&self.mixture);
-        let out = sized(
+        let out = sized_long(
             py,
             bytes,
             "this rank's mixture indices after a change of world size",
+            self.balanced(),
             move || mixture.elastic_range(&el, rank, epoch, start, stop),
         )?;
         Ok(to_numpy(py, out))
@@ -252,5 +256,12 @@ impl Mixture {
             self.mixture.len(),
             self.phases.len(),
         )
+    }
+}
+
+impl Mixture {
+    /// Whether the phases are interleaved by the balanced sequence.
+    fn balanced(&self) -> bool {
+        self.config.interleave == "balanced"
     }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use croupier_core::{Error, Indices};
 use numpy::IntoPyArray;
-use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyKeyboardInterrupt, PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 /// Core errors as Python exceptions: bad arguments are `ValueError`, unallocatable buffers
@@ -19,6 +19,9 @@ impl From<CoreError> for PyErr {
         match e.0 {
             Error::OutOfRange { .. } => PyValueError::new_err(e.0.to_string()),
             Error::Alloc { .. } => PyMemoryError::new_err(e.0.to_string()),
+            // Only a call whose flag was raised (Ctrl-C) stops so, and its caller raises the
+            // signal handler's exception instead; never seen otherwise.
+            Error::Cancelled => PyKeyboardInterrupt::new_err(e.0.to_string()),
         }
     }
 }
@@ -105,8 +108,32 @@ pub(crate) fn sized<T: Send + 'static>(
     what: &str,
     work: impl FnOnce() -> Result<T, Error> + Send + 'static,
 ) -> PyResult<T> {
+    sized_long(py, bytes, what, false, work)
+}
+
+/// [`sized`] for a call that may run long whatever its buffer (`long`: a balanced mixture's
+/// replay of its sequence up to a resume position), interruptible then as a large call is.
+pub(crate) fn sized_long<T: Send + 'static>(
+    py: Python<'_>,
+    bytes: u64,
+    what: &str,
+    long_anyway: bool,
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> PyResult<T> {
     check_memory(bytes, what)?;
-    if bytes < INTERRUPTIBLE_FROM {
+    long(py, long_anyway || bytes >= INTERRUPTIBLE_FROM, work)
+}
+
+/// [`detached`] for a call that holds no large buffer but may run long (a bucket plan built
+/// over millions of lengths, a whole epoch's plan, a balanced mixture's replay): with `long`,
+/// interruptible as [`sized`]'s large calls are (a thread and a thread pool of the call's
+/// own, about a tenth of a millisecond); without, as [`detached`].
+pub(crate) fn long<T: Send + 'static>(
+    py: Python<'_>,
+    long: bool,
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> PyResult<T> {
+    if !long {
         return detached(py, work);
     }
     let threads = pool()?.current_num_threads();

@@ -7,7 +7,7 @@ use pyo3::types::PyDict;
 
 use crate::config::{config, Config};
 use crate::order::Order;
-use crate::runtime::{core, sized, to_numpy};
+use crate::runtime::{core, sized_long, to_numpy};
 
 config! {
     /// How the buckets are dealt (`SequentialBuckets(buckets, sizes, **config)`).
@@ -96,7 +96,9 @@ impl SequentialBuckets {
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
         let bytes = self.inner.range_bytes();
         let inner = std::sync::Arc::clone(&self.inner);
-        let (flat, offsets) = sized(py, bytes, "this rank's batches", move || {
+        // Buckets shuffled whole: interruptible over many samples, whatever the batches.
+        let long = inner.range_bytes() / 8 >= 1 << 20; // the samples
+        let (flat, offsets) = sized_long(py, bytes, "this rank's batches", long, move || {
             inner.range(seed, epoch, start, stop)
         })?;
         Ok((to_numpy(py, flat), offsets.into_pyarray(py).into_any()))

@@ -22,6 +22,7 @@
 //! levels, and the program would cost `k V log V`).
 
 use super::quantiles::quantile_boundaries;
+use crate::cancel::{cancelled, CHECK_EVERY};
 use rayon::prelude::*;
 
 /// Distinct lengths the program runs over at most.
@@ -73,6 +74,9 @@ where
     let mut splits: Vec<Vec<u32>> = Vec::with_capacity(k);
     splits.push(vec![0; n + 1]);
     for layer in 1..k {
+        if cancelled() {
+            return Vec::new(); // the caller discards the boundaries
+        }
         let mut cur = vec![u128::MAX; n + 1];
         let mut arg = vec![0u32; n + 1];
         // Exactly layer + 1 buckets over the first i levels: i >= layer + 1, split j >= layer.
@@ -140,13 +144,16 @@ where
     L: Copy + Into<u64> + Send + Sync,
     F: Fn(u64) -> bool + Sync,
 {
-    let max = lengths.par_iter().map(|&l| l.into()).max().unwrap_or(0);
+    let max = crate::cancel::par_max(lengths);
     let (values, counts): (Vec<u64>, Vec<u64>) = if max < HISTOGRAM_MAX {
         let hist = lengths
             .par_chunks(1 << 16)
             .fold(
                 || vec![0u64; (max + 1) as usize],
                 |mut h, chunk| {
+                    if crate::cancel::cancelled() {
+                        return h; // the caller discards the histogram
+                    }
                     for &x in chunk {
                         h[x.into() as usize] += 1;
                     }
@@ -171,9 +178,12 @@ where
             .map(|&l| l.into())
             .filter(|&l| keep(l))
             .collect();
-        sorted.par_sort_unstable();
+        crate::cancel::sort_values(&mut sorted);
         let mut out: (Vec<u64>, Vec<u64>) = (Vec::new(), Vec::new());
-        for v in sorted {
+        for (i, v) in sorted.into_iter().enumerate() {
+            if i % CHECK_EVERY == 0 && cancelled() {
+                break; // the caller discards the levels
+            }
             if out.0.last() == Some(&v) {
                 *out.1.last_mut().expect("a level") += 1;
             } else {

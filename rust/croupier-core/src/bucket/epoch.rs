@@ -31,6 +31,7 @@
 
 use super::fill::Budget;
 use super::plan::BucketPlan;
+use crate::cancel::{cancelled, cancelled_error, CHECK_EVERY};
 use crate::deal::elastic::Elastic;
 use crate::deal::layout::{Deal, Layout};
 use crate::deal::rank::{rank_range, Draw};
@@ -187,8 +188,12 @@ impl EpochBatches {
             ));
         }
         let counts = plan.global_bucket_batches();
+        let runs = Runs::new(&counts, draw);
+        if cancelled() {
+            return Err(cancelled_error());
+        }
         Ok(EpochBatches {
-            runs: Runs::new(&counts, draw),
+            runs,
             draw,
             kept: None,
         })
@@ -289,6 +294,9 @@ impl EpochBatches {
                 Ok((j, out, sizes))
             })
             .collect::<Result<_>>()?;
+        if cancelled() {
+            return Err(cancelled_error());
+        }
         let mut size = vec![0u64; located.len()];
         for (j, _, sizes) in &pieces {
             for (&k, &s) in by_bucket[*j].iter().zip(sizes) {
@@ -336,10 +344,23 @@ fn cut_buckets(plan: &BucketPlan, draw: EpochDraw, buckets: &[usize]) -> Result<
 /// Bucket `j`'s epoch: its order, cut into its target number of batches.
 fn cut_bucket(plan: &BucketPlan, budget: &Budget, j: usize, draw: EpochDraw) -> Result<Cut> {
     let n = plan.members_of(j);
+    // Each stage looks at the flag first: a stage stopped early leaves its output meaningless.
+    let stage = || {
+        if cancelled() {
+            Err(cancelled_error())
+        } else {
+            Ok(())
+        }
+    };
+    stage()?;
     let mut positions = plan.bucket_positions(j, draw.keys(), 0..n)?;
+    stage()?;
     let cuts = if plan.filled_to_budget(j) {
-        let (cuts, reorder) =
-            budget.exact_cuts(&plan.gather_lengths(j, &positions), plan.target(j));
+        let lengths = plan.gather_lengths(j, &positions);
+        stage()?;
+        let (cuts, reorder) = budget.exact_cuts(&lengths, plan.target(j));
+        drop(lengths);
+        stage()?;
         if let Some(order) = reorder {
             let old = positions.to_u64_vec();
             positions = Indices::U64(order.iter().map(|&k| old[k as usize]).collect());
@@ -354,6 +375,7 @@ fn cut_bucket(plan: &BucketPlan, budget: &Budget, j: usize, draw: EpochDraw) -> 
         (0..=plan.target(j)).map(|i| (i * size).min(n)).collect()
     };
     let samples = plan.gather_members(j, &positions);
+    stage()?;
     Ok(Cut { samples, cuts })
 }
 
@@ -420,6 +442,9 @@ fn shuffled_runs(counts: &[u64], draw: EpochDraw) -> Vec<Run> {
             Stream::new(draw.seed, draw.epoch, Purpose::BucketRuns, class),
         );
         for s in 0..acc {
+            if s % CHECK_EVERY as u64 == 0 && cancelled() {
+                break; // the caller discards the runs
+            }
             let id = order.at(s);
             let j = ends.partition_point(|&e| e <= id);
             runs.push(Run {
@@ -444,7 +469,7 @@ fn shuffled_runs(counts: &[u64], draw: EpochDraw) -> Vec<Run> {
         size /= 2;
         class += 1;
     }
-    debug_assert_eq!(next, counts);
+    debug_assert!(cancelled() || next == counts);
     runs
 }
 

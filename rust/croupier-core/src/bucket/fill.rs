@@ -16,6 +16,7 @@
 //! epochs) or, when the greedy cut makes more, by sorting the order within windows first.
 
 use super::plan::Limits;
+use crate::cancel::{cancelled, CHECK_EVERY};
 
 /// A batch's limits in integer arithmetic: costs are scaled by `q` with a quadratic term.
 #[derive(Debug, Clone, Copy)]
@@ -59,7 +60,16 @@ impl Budget {
         let mut start = 0usize;
         let limit = self.tokens.unwrap_or(u128::MAX);
         let size = self.batch_size.min(n as u64) as usize;
+        let mut look = CHECK_EVERY;
         while start < n {
+            if start >= look {
+                if cancelled() {
+                    // The caller discards the cuts: one last batch to the end keeps them whole.
+                    cuts.push(n as u64);
+                    break;
+                }
+                look = start + CHECK_EVERY;
+            }
             let mut longest = 0u128;
             let mut c = 0usize;
             while start + c < n && c < size {
@@ -101,6 +111,9 @@ impl Budget {
         let mean = full.iter().sum::<f64>() / full.len() as f64;
         let var = full.iter().map(|s| (s - mean) * (s - mean)).sum::<f64>() / full.len() as f64;
         let margin = (2.0 * (b as f64).sqrt() * var.sqrt() / mean).ceil() as u64 + 1;
+        if cancelled() {
+            return b; // the caller discards the target
+        }
         let fewest = self.cuts(&longest_first(reference)).len() as u64 - 1;
         (b + margin).max(fewest).min(n)
     }
@@ -121,12 +134,15 @@ impl Budget {
             loop {
                 let mut order: Vec<u64> = (0..n as u64).collect();
                 for chunk in order.chunks_mut(window) {
+                    if cancelled() {
+                        break; // the caller discards the order
+                    }
                     // Stable: ties keep their order.
-                    chunk.sort_by_key(|&k| std::cmp::Reverse(lens[k as usize]));
+                    crate::cancel::sort_by_key(chunk, |&k| std::cmp::Reverse(lens[k as usize]));
                 }
                 let sorted: Vec<u64> = order.iter().map(|&k| lens[k as usize]).collect();
                 cuts = self.cuts(&sorted);
-                if cuts.len() as u64 - 1 <= target || window >= n {
+                if cuts.len() as u64 - 1 <= target || window >= n || cancelled() {
                     reorder = Some(order);
                     break;
                 }
@@ -134,7 +150,7 @@ impl Budget {
             }
         }
         let mut need = target.saturating_sub(cuts.len() as u64 - 1);
-        while need > 0 {
+        while need > 0 && !cancelled() {
             let before = need;
             let mut halves: Vec<u64> = Vec::with_capacity(cuts.len() + need as usize);
             halves.push(*cuts.last().expect("an end"));
@@ -170,8 +186,13 @@ fn longest_first(lens: &[u64]) -> Vec<u64> {
         .fold((u64::MAX, 0), |(lo, hi), &l| (lo.min(l), hi.max(l)));
     if hi - lo < 1 << 20 {
         let mut counts = vec![0u32; (hi - lo + 1) as usize];
-        for &l in lens {
-            counts[(l - lo) as usize] += 1;
+        for piece in lens.chunks(CHECK_EVERY) {
+            if cancelled() {
+                break; // the caller discards the order
+            }
+            for &l in piece {
+                counts[(l - lo) as usize] += 1;
+            }
         }
         let mut out = Vec::with_capacity(lens.len());
         for (v, &c) in counts.iter().enumerate().rev() {
@@ -180,7 +201,7 @@ fn longest_first(lens: &[u64]) -> Vec<u64> {
         return out;
     }
     let mut sorted = lens.to_vec();
-    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    crate::cancel::sort_by_key(&mut sorted, |&l| std::cmp::Reverse(l));
     sorted
 }
 

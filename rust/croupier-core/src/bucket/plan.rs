@@ -29,6 +29,7 @@
 //! position. A whole epoch computes the permutation of every bucket holding one of its
 //! batches, one bucket at a time.
 
+use crate::cancel::{cancelled, cancelled_error, par_map, par_max, CHECK_EVERY};
 use crate::deal::elastic::Elastic;
 use crate::deal::layout::{Deal, Layout};
 use crate::deal::rank::{rank_range, Draw};
@@ -260,15 +261,21 @@ impl BucketPlan {
                 _ => boundaries.partition_point(|&b| b <= len) as u32,
             }
         };
-        let max = lengths.par_iter().map(|&l| l.into()).max().unwrap_or(0);
+        let max = par_max(lengths);
         let ids: Vec<u32> = if max < TABLE_MAX {
-            let table: Vec<u32> = (0..=max).map(bucket_of).collect();
-            lengths
-                .par_iter()
-                .map(|&l| table[l.into() as usize])
-                .collect()
+            let mut table: Vec<u32> = Vec::with_capacity(max as usize + 1);
+            let mut v = 0u64;
+            while v <= max && !cancelled() {
+                let hi = max.min(v + CHECK_EVERY as u64);
+                table.extend((v..=hi).map(bucket_of));
+                v = hi + 1;
+            }
+            if cancelled() {
+                return Err(cancelled_error()); // the caller discards it
+            }
+            par_map(lengths, CHECK_EVERY, |l| table[l.into() as usize])
         } else {
-            lengths.par_iter().map(|&l| bucket_of(l.into())).collect()
+            par_map(lengths, CHECK_EVERY, |l| bucket_of(l.into()))
         };
         let (counts, longest) = ids
             .par_chunks(1 << 16)
@@ -276,6 +283,9 @@ impl BucketPlan {
             .fold(
                 || (vec![0u64; regular + 1], vec![0u64; regular + 1]),
                 |(mut c, mut m), (ids, lens)| {
+                    if cancelled() {
+                        return (c, m); // the caller discards the counts
+                    }
                     for (&j, &len) in ids.iter().zip(lens) {
                         c[j as usize] += 1;
                         m[j as usize] = m[j as usize].max(len.into());
@@ -316,6 +326,9 @@ impl BucketPlan {
             acc += c;
         }
         starts.push(acc);
+        if cancelled() {
+            return Err(cancelled_error());
+        }
         let at: Vec<u64> = starts[..regular + 1].to_vec();
         let members = if acc <= U32_MAX_LEN {
             Indices::U32(scatter::<u32>(&ids, at)?)
@@ -323,6 +336,9 @@ impl BucketPlan {
             Indices::U64(scatter::<u64>(&ids, at)?)
         };
         drop(ids);
+        if cancelled() {
+            return Err(cancelled_error());
+        }
         let member_lengths = if limits.fill_to_budget && limits.max_tokens.is_some() {
             Some(member_lengths(lengths, &members, &starts)?)
         } else {
@@ -358,6 +374,9 @@ impl BucketPlan {
         let digest = lengths
             .par_chunks(1 << 16)
             .map(|c| {
+                if cancelled() {
+                    return 0; // the caller discards the digest
+                }
                 c.iter()
                     .fold(0x6c65_6e67_7468_7300u64, |h, &x| fold(h, x.into()))
             })
@@ -390,11 +409,22 @@ impl BucketPlan {
                 if !self.filled_to_budget(j) {
                     return Ok(self.batch_starts[j + 1] - self.batch_starts[j]);
                 }
+                if cancelled() {
+                    return Err(cancelled_error());
+                }
                 let n = self.members_of(j);
                 let key = Stream::new(0, 0, Purpose::BucketReference, j as u64).next_u64();
                 let layout = Layout::new(n, 1, false)?;
                 let positions = rank_range(&layout, 0, Draw::keyed(key), 0..n)?;
-                Ok(budget.target(&self.gather_lengths(j, &positions)))
+                if cancelled() {
+                    return Err(cancelled_error());
+                }
+                let lengths = self.gather_lengths(j, &positions);
+                drop(positions);
+                if cancelled() {
+                    return Err(cancelled_error());
+                }
+                Ok(budget.target(&lengths))
             })
             .collect()
     }
@@ -754,12 +784,18 @@ impl BucketPlan {
             if positions.is_empty() {
                 continue;
             }
+            if cancelled() {
+                break; // the caller discards the batches
+            }
             let n = self.starts[j + 1] - self.starts[j];
             // A bucket with more than a few wanted batches is computed whole, once; a few
             // batches are read by random access.
             if keys.2 && positions.len() as u64 > RANDOM_ACCESS_BATCHES {
                 part.clear();
                 self.bucket_range(j, keys, (0, n), &mut part)?;
+                if cancelled() {
+                    return Err(cancelled_error()); // the order stopped short
+                }
                 for &pos in positions {
                     let (_, a, b) = located[pos];
                     let dst = &mut flat[offsets[pos] as usize..offsets[pos + 1] as usize];
@@ -836,10 +872,7 @@ impl BucketPlan {
             lens: &[L],
             base: usize,
         ) -> Vec<u64> {
-            at.par_iter()
-                .with_min_len(1 << 14)
-                .map(|&p| lens[base + p.into() as usize].into())
-                .collect()
+            par_map(at, 1 << 14, |p| lens[base + p.into() as usize].into())
         }
         match (positions, self.member_lengths.as_ref()) {
             (Indices::U32(p), Some(Indices::U32(l))) => gather(p, l, base),
@@ -854,9 +887,14 @@ impl BucketPlan {
     pub(crate) fn gather_members(&self, j: usize, positions: &Indices) -> Indices {
         let base = self.starts[j] as usize;
         fn gather<P: Copy + Into<u64>, M: Copy>(at: &[P], members: &[M], base: usize) -> Vec<M> {
-            at.iter()
-                .map(|&p| members[base + p.into() as usize])
-                .collect()
+            let mut out = Vec::with_capacity(at.len());
+            for piece in at.chunks(CHECK_EVERY) {
+                if cancelled() {
+                    break; // the caller discards the samples
+                }
+                out.extend(piece.iter().map(|&p| members[base + p.into() as usize]));
+            }
+            out
         }
         match (positions, &self.members) {
             (Indices::U32(p), Indices::U32(m)) => Indices::U32(gather(p, m, base)),
@@ -880,20 +918,28 @@ fn member_lengths<L: Copy + Into<u64> + Send + Sync>(
         }
     };
     let n = starts[starts.len() - 1];
-    let max = lengths.par_iter().map(|&l| l.into()).max().unwrap_or(0);
+    let max = par_max(lengths);
+    // In pieces, each looking at the flag first.
+    fn fill<T: Copy + Send>(v: &mut [T], at: impl Fn(usize) -> T + Sync) {
+        v.par_chunks_mut(CHECK_EVERY)
+            .enumerate()
+            .for_each(|(c, piece)| {
+                if !cancelled() {
+                    for (i, slot) in piece.iter_mut().enumerate() {
+                        *slot = at(c * CHECK_EVERY + i);
+                    }
+                }
+            });
+    }
     Ok(if max <= u64::from(u32::MAX) {
         let mut v = try_with_capacity::<u32>("the members' lengths", n)?;
-        (0..n as usize)
-            .into_par_iter()
-            .map(|k| lengths[member(k)].into() as u32)
-            .collect_into_vec(&mut v);
+        v.resize(n as usize, 0);
+        fill(&mut v, |k| lengths[member(k)].into() as u32);
         Indices::U32(v)
     } else {
         let mut v = try_with_capacity::<u64>("the members' lengths", n)?;
-        (0..n as usize)
-            .into_par_iter()
-            .map(|k| lengths[member(k)].into())
-            .collect_into_vec(&mut v);
+        v.resize(n as usize, 0);
+        fill(&mut v, |k| lengths[member(k)].into());
         Indices::U64(v)
     })
 }
@@ -910,10 +956,15 @@ fn to_ids(ids: Indices) -> Vec<u64> {
 fn scatter<T: Index>(ids: &[u32], mut at: Vec<u64>) -> Result<Vec<T>> {
     let mut members = try_with_capacity::<T>("the buckets' members", ids.len() as u64)?;
     members.resize(ids.len(), T::from_u64(0));
-    for (i, &j) in ids.iter().enumerate() {
-        let j = j as usize;
-        members[at[j] as usize] = T::from_u64(i as u64);
-        at[j] += 1;
+    for (c, piece) in ids.chunks(CHECK_EVERY).enumerate() {
+        if cancelled() {
+            break; // the caller discards the members
+        }
+        for (i, &j) in piece.iter().enumerate() {
+            let j = j as usize;
+            members[at[j] as usize] = T::from_u64((c * CHECK_EVERY + i) as u64);
+            at[j] += 1;
+        }
     }
     Ok(members)
 }

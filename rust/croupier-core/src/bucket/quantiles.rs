@@ -26,14 +26,17 @@ pub fn quantile_boundaries<L: Copy + Into<u64> + Send + Sync>(lengths: &[L], k: 
     let ranks: Vec<u64> = (1..k)
         .map(|j| (u128::from(j) * u128::from(n) / u128::from(k)) as u64)
         .collect();
-    let max = lengths.par_iter().map(|&l| l.into()).max().unwrap_or(0);
-    let min = lengths.par_iter().map(|&l| l.into()).min().unwrap_or(0);
+    let max = crate::cancel::par_max(lengths);
+    let min = crate::cancel::par_min(lengths);
     let values: Vec<u64> = if max < HISTOGRAM_MAX {
         let hist = lengths
             .par_chunks(1 << 16)
             .fold(
                 || vec![0u64; (max + 1) as usize],
                 |mut h, chunk| {
+                    if crate::cancel::cancelled() {
+                        return h; // the caller discards the histogram
+                    }
                     for &x in chunk {
                         h[x.into() as usize] += 1;
                     }
@@ -51,6 +54,9 @@ pub fn quantile_boundaries<L: Copy + Into<u64> + Send + Sync>(lengths: &[L], k: 
         let mut out = Vec::with_capacity(ranks.len());
         let (mut v, mut below) = (0usize, 0u64);
         for &q in &ranks {
+            if crate::cancel::cancelled() {
+                break; // the caller discards the boundaries
+            }
             while below + hist[v] <= q {
                 below += hist[v];
                 v += 1;
@@ -60,7 +66,10 @@ pub fn quantile_boundaries<L: Copy + Into<u64> + Send + Sync>(lengths: &[L], k: 
         out
     } else {
         let mut sorted: Vec<u64> = lengths.par_iter().map(|&l| l.into()).collect();
-        sorted.par_sort_unstable();
+        crate::cancel::sort_values(&mut sorted);
+        if crate::cancel::cancelled() {
+            return Vec::new(); // the caller discards the boundaries
+        }
         ranks.iter().map(|&q| sorted[q as usize]).collect()
     };
     let mut bounds: Vec<u64> = Vec::with_capacity(values.len());

@@ -335,12 +335,18 @@ impl SequentialBuckets {
             SeqOrder::Fast => None,
         };
         let order = self.bucket_order(seed, epoch, &mut gen)?;
+        if crate::cancel::cancelled() {
+            return Err(crate::cancel::cancelled_error());
+        }
         let mut flat = try_with_capacity::<T>("a rank's batches", 0)?;
         let mut offsets = vec![0u64];
         let mut at = 0u64; // the rank's batch number where the current bucket starts
         for j in order {
             if at >= stop {
                 break;
+            }
+            if crate::cancel::cancelled() {
+                return Err(crate::cancel::cancelled_error());
             }
             let nb = self.bucket_batches(j);
             let (lo, hi) = (start.max(at), stop.min(at + nb));

@@ -27,6 +27,7 @@
 //! epoch of many positions costs one sequential pass to reach its end. The sequence has no
 //! randomness: it is the same every epoch (as Megatron's is), only the passes change.
 
+use crate::cancel::cancelled;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Mutex;
@@ -213,12 +214,20 @@ impl Balanced {
 
     /// The counts before leaf `l` (after `l * leaf` positions), replaying the leaves not
     /// reached before.
+    ///
+    /// The replay looks at the cancellation flag before each leaf (a leaf is a few
+    /// milliseconds of it): once raised, it stops, keeps only the boundaries it completed,
+    /// and returns the last of them (a meaningless answer, which the cancelled caller
+    /// discards).
     pub(crate) fn before_leaf(&self, l: u64) -> Vec<u64> {
         let mut known = self
             .boundaries
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         while (known.len() as u64) <= l {
+            if cancelled() {
+                return known.last().expect("boundary 0").clone();
+            }
             let at = known.len() as u64 - 1;
             let start = known.last().expect("boundary 0").clone();
             let mut edf = Edf::new(&self.counts, self.m, start, at * self.leaf);
@@ -237,6 +246,11 @@ impl Balanced {
         let before = self.before_leaf(l);
         let lo = l * self.leaf;
         let len = self.leaf.min(self.m - lo) as usize;
+        if cancelled() {
+            // The replay stopped short: a sequence of the right length that the cancelled
+            // caller discards (the first dataset's first occurrence throughout).
+            return (vec![0; len], vec![0; len]);
+        }
         let mut edf = Edf::new(&self.counts, self.m, before, lo);
         let (mut ds, mut occ) = (Vec::with_capacity(len), Vec::with_capacity(len));
         for _ in 0..len {
@@ -251,6 +265,9 @@ impl Balanced {
     pub(crate) fn prefix(&self, q: u64, into: &mut [u64]) {
         let l = q / self.leaf;
         let before = self.before_leaf(l.min(self.m.div_ceil(self.leaf)));
+        if cancelled() {
+            return; // the replay stopped short; the cancelled caller discards the counts
+        }
         let mut edf = Edf::new(&self.counts, self.m, before, l * self.leaf);
         for _ in l * self.leaf..q {
             edf.step();
