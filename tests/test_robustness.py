@@ -145,7 +145,7 @@ def test_concurrent_use_from_threads_gives_the_serial_results():
         (
             "croupier.BucketBatchSampler(np.ones(2 * 10**7, np.uint32), batch_size=1,"
             " num_replicas=1, rank=0).batches()",
-            "this rank's batches",
+            "the epoch's bucket orders",
         ),
     ],
 )

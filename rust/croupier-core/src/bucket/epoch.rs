@@ -167,14 +167,10 @@ impl EpochBatches {
         let kept = plan
             .len()
             .saturating_mul(width)
-            .saturating_add(plan.batches().saturating_mul(8));
-        let largest = (0..plan.bucket_count())
-            .map(|j| plan.members_of(j))
-            .max()
-            .unwrap_or(0);
-        let at_once = (rayon::current_num_threads() as u64).min(plan.bucket_count() as u64);
+            .saturating_add(plan.batches().saturating_add(plan.bucket_count() as u64) * 8);
+        let at_once = rayon::current_num_threads() as u64;
         runs.saturating_add(kept)
-            .saturating_add(largest.saturating_mul(32).saturating_mul(at_once))
+            .saturating_add(plan.cut_scratch_bytes(at_once))
     }
 
     /// The plan of the epoch without cutting any bucket: each read cuts the buckets its

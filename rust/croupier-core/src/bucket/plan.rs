@@ -556,17 +556,33 @@ impl BucketPlan {
         // each bucket's batches, then copies them into place), a few words of bookkeeping per
         // batch, and the buckets cut at once (one per thread), each its order, its members'
         // lengths and its cuts (at most 32 bytes a member, with a reordering copy).
-        let largest = (0..self.sizes.len())
-            .map(|j| self.starts[j + 1] - self.starts[j])
-            .max()
-            .unwrap_or(0);
-        let at_once = (rayon::current_num_threads() as u64)
-            .min(self.sizes.len() as u64)
-            .min(batches);
+        let at_once = (rayon::current_num_threads() as u64).min(batches);
         output
             .saturating_mul(2)
             .saturating_add(batches.saturating_mul(48))
-            .saturating_add(largest.saturating_mul(32).saturating_mul(at_once))
+            .saturating_add(self.cut_scratch_bytes(at_once))
+    }
+
+    /// Bytes of the scratch of cutting `at_once` buckets at the same time (the largest ones):
+    /// each its order, and for a bucket filled to the budget its members' lengths and a
+    /// reordering copy.
+    pub(crate) fn cut_scratch_bytes(&self, at_once: u64) -> u64 {
+        let width = if self.n <= U32_MAX_LEN { 4 } else { 8 };
+        let mut per_bucket: Vec<u64> = (0..self.sizes.len())
+            .map(|j| {
+                let per_member = if self.filled_to_budget(j) {
+                    2 * width + 16
+                } else {
+                    width
+                };
+                self.members_of(j).saturating_mul(per_member)
+            })
+            .collect();
+        per_bucket.sort_unstable_by(|a, b| b.cmp(a));
+        per_bucket
+            .iter()
+            .take(at_once as usize)
+            .fold(0u64, |acc, &b| acc.saturating_add(b))
     }
 
     /// Per bucket: `(members, batch size, batches, longest sample)`; the last bucket holds the
