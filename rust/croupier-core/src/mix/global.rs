@@ -15,6 +15,10 @@
 //!   ([`Interleave::leaf_perm`]). Slot `s` of dataset `d`'s run is its occurrence
 //!   `before_d + s - start_d`, where `before_d` counts `d` in the earlier leaves and phases.
 //!   So occurrences follow time from leaf to leaf and are in a random order inside a leaf.
+//!   A phase cut inside a leaf by the next one (a schedule, or weights changed at a resume)
+//!   keeps that order for the leaf's positions before the cut, so a cut never changes what
+//!   comes before it; the leaf's occurrences no position before the cut holds are the next
+//!   phase's first draws of their datasets ([`StreamAt`]), so nothing is lost or repeated.
 //! - **balanced**: the quota sequence of [`crate::mix::balanced`] (every prefix within one
 //!   sample of its share), occurrences in time order.
 //! - without shuffling (uniform): the phase's datasets one after another, in dataset order.
@@ -104,6 +108,48 @@ pub(crate) struct Global {
     pub(crate) seed: u64,
 }
 
+/// Where every dataset's stream stands at the start of a phase: the occurrences an earlier
+/// phase left unread (`holes`, increasing), then every occurrence from `next` on.
+///
+/// The phase's draws of dataset `d` are counted from 0 ("virtual" occurrences): draw `v` reads
+/// occurrence `holes[d][v]` while there are holes, then `next[d] + v - holes[d].len()`. Holes
+/// come from a uniform shuffled phase cut inside a leaf by the next phase: the leaf's
+/// positions before the cut keep the occurrences they hold in the uncut phase (slot order, so
+/// a resume that changes the weights there never changes what was already yielded), and the
+/// occurrences of the leaf that no position before the cut read are the next phase's first.
+/// All holes are below `next`, so draws read occurrences in increasing order.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamAt {
+    next: Vec<u64>,
+    holes: Vec<Vec<u64>>,
+}
+
+impl StreamAt {
+    fn start(datasets: usize) -> Self {
+        StreamAt {
+            next: vec![0; datasets],
+            holes: vec![Vec::new(); datasets],
+        }
+    }
+
+    /// The occurrence of dataset `d` its phase's draw `v` reads.
+    #[inline]
+    fn occurrence(&self, d: usize, v: u64) -> u64 {
+        let h = &self.holes[d];
+        if v < h.len() as u64 {
+            h[v as usize]
+        } else {
+            self.next[d] + (v - h.len() as u64)
+        }
+    }
+
+    /// Whether dataset `d`'s draws `[v, v + c)` read more than one pass of its `n` samples.
+    #[inline]
+    fn crosses_pass(&self, d: usize, v: u64, c: u64, n: u64) -> bool {
+        c > 0 && self.occurrence(d, v) / n != self.occurrence(d, v + c - 1) / n
+    }
+}
+
 /// A rank's positions `g0, g0 + step, …` (`count` of them) inside leaves `[l0, l1)` of one
 /// phase, written at `at` in the output.
 #[derive(Debug, Clone, Copy)]
@@ -114,8 +160,8 @@ struct Unit {
     count: u64,
 }
 
-/// Where a unit starts: every dataset's stream position at its first leaf, and (uniform,
-/// shuffled) the counts of its leaves.
+/// Where a unit starts: every dataset's draws in its phase before its first leaf (virtual
+/// occurrences, see [`StreamAt`]), and (uniform, shuffled) the counts of its leaves.
 struct UnitInput {
     before: Vec<u64>,
     leaves: Vec<Counts>,
@@ -139,6 +185,8 @@ enum Timed {
 struct Passes<'a> {
     global: &'a Global,
     epoch: u64,
+    /// Where the phase's streams start.
+    at: &'a StreamAt,
     /// Every permutation built, with its dataset's offset.
     arena: Vec<RandomAccessPermutation>,
     arena_offset: Vec<u64>,
@@ -153,17 +201,19 @@ struct Passes<'a> {
 }
 
 impl<'a> Passes<'a> {
-    /// The passes of a unit whose datasets' streams start at `before` (no occurrence it
-    /// reads is earlier).
-    fn new(global: &'a Global, epoch: u64, before: &[u64]) -> Self {
+    /// The passes of a unit of a phase whose streams start at `at`, the unit's first draws
+    /// being `before` (virtual: no occurrence it reads is earlier).
+    fn new(global: &'a Global, epoch: u64, at: &'a StreamAt, before: &[u64]) -> Self {
         let first_pass = before
             .iter()
             .zip(&global.sizes)
-            .map(|(&b, &n)| b.checked_div(n).unwrap_or(0))
+            .enumerate()
+            .map(|(d, (&b, &n))| at.occurrence(d, b).checked_div(n).unwrap_or(0))
             .collect();
         Passes {
             global,
             epoch,
+            at,
             arena: Vec::new(),
             arena_offset: Vec::new(),
             first_pass,
@@ -197,13 +247,15 @@ impl<'a> Passes<'a> {
         at
     }
 
-    /// Occurrence `j` of dataset `d`, for each `(d, j)` of `dj`, as global indices into `out`.
-    fn write<T: Index>(&mut self, dj: &[(u32, u64)], out: &mut [T]) {
+    /// The phase's draw `v` of dataset `d` (the occurrence [`StreamAt::occurrence`] says),
+    /// for each `(d, v)` of `dv`, as global indices into `out`.
+    fn write<T: Index>(&mut self, dv: &[(u32, u64)], out: &mut [T]) {
         let g = self.global;
+        let at = self.at;
         if !g.shuffle {
-            for (o, &(d, j)) in out.iter_mut().zip(dj) {
+            for (o, &(d, v)) in out.iter_mut().zip(dv) {
                 let d = d as usize;
-                *o = T::from_u64(g.offsets[d] + j % g.sizes[d]);
+                *o = T::from_u64(g.offsets[d] + at.occurrence(d, v) % g.sizes[d]);
             }
             return;
         }
@@ -214,14 +266,15 @@ impl<'a> Passes<'a> {
         );
         which.clear();
         pos.clear();
-        for &(d, j) in dj {
+        for &(d, v) in dv {
             let n = g.sizes[d as usize];
+            let j = at.occurrence(d as usize, v);
             let (pass, within) = (j / n, j % n);
             which.push(self.permutation(d, pass));
             pos.push(within);
         }
         vals.clear();
-        vals.resize(dj.len(), 0);
+        vals.resize(dv.len(), 0);
         at_many(&self.arena, &which, &pos, &mut vals);
         for ((o, &v), &a) in out.iter_mut().zip(&vals).zip(&which) {
             *o = T::from_u64(self.arena_offset[a as usize] + v);
@@ -343,6 +396,83 @@ impl Global {
         }
     }
 
+    /// Where every dataset's stream stands at the start of phases `0..=last` in `epoch`.
+    pub(crate) fn streams(&self, epoch: u64, last: usize) -> Vec<StreamAt> {
+        let mut out = Vec::with_capacity(last + 1);
+        out.push(StreamAt::start(self.sizes.len()));
+        for i in 0..last {
+            let next = self.after(epoch, i, &out[i]);
+            out.push(next);
+        }
+        out
+    }
+
+    /// Where the streams stand after phase `i`, whose streams started at `at`: every draw
+    /// the phase made up to its end is read, and the occurrences it left unread (in a leaf
+    /// the next phase cuts, those of its slots no position before the cut holds; and holes
+    /// it never reached) are the next phase's first.
+    fn after(&self, epoch: u64, i: usize, at: &StreamAt) -> StreamAt {
+        let ph = &self.phases[i];
+        let datasets = self.sizes.len();
+        // Per dataset: the phase read its draws [0, v0), and in a cut leaf read in slot order
+        // some of [v0, x) (`read`, by slot).
+        let mut v0 = vec![0u64; datasets];
+        self.add_effective(epoch, i, &mut v0);
+        let mut partial: Vec<Option<(u64, u64, u64)>> = vec![None; datasets];
+        let mut read: Vec<bool> = Vec::new();
+        let q = ph.end - ph.start;
+        let nominal: u64 = ph.counts.iter().sum();
+        if self.shuffle && ph.balanced.is_none() && q < nominal {
+            let il = self.interleave(epoch, ph);
+            let l = q / il.leaf();
+            let (lo, hi) = il.leaf_range(l);
+            if q > lo {
+                let mut before = vec![0u64; datasets];
+                let counts = il
+                    .leaf_counts((l, l + 1), &mut before)
+                    .pop()
+                    .expect("one leaf");
+                let marked = self.marked(&counts, (at, &before));
+                if marked.iter().any(|&m| !m) {
+                    let mut slots = vec![0u64; (q - lo) as usize];
+                    il.leaf_perm(l).fill_strided(&mut slots, 0, hi - lo, 0, 1);
+                    read = vec![false; (hi - lo) as usize];
+                    slots.iter().for_each(|&s| read[s as usize] = true);
+                    let mut first = 0u64;
+                    for (&(d, c), &m) in counts.iter().zip(&marked) {
+                        let d = d as usize;
+                        if !m {
+                            v0[d] = before[d];
+                            partial[d] = Some((before[d], first, c));
+                        }
+                        first += c;
+                    }
+                }
+            }
+        }
+        let mut next = Vec::with_capacity(datasets);
+        let mut holes = Vec::with_capacity(datasets);
+        for d in 0..datasets {
+            let h = at.holes[d].len() as u64;
+            let mut unread = Vec::new();
+            let mut x = v0[d];
+            if let Some((b, first, c)) = partial[d] {
+                let slots = &read[first as usize..(first + c) as usize];
+                unread.extend(
+                    (0..c)
+                        .filter(|&k| !slots[k as usize])
+                        .map(|k| at.occurrence(d, b + k)),
+                );
+                x = b + c;
+            }
+            let y = x.max(h);
+            unread.extend((x..y).map(|v| at.occurrence(d, v)));
+            next.push(at.next[d] + (y - h));
+            holes.push(unread);
+        }
+        StreamAt { next, holes }
+    }
+
     /// The rank's positions `[start, stop)` of the positions `[offset, offset + len)` dealt to
     /// `w` ranks with torch's striding and wrap-around padding (see the module docs). An empty
     /// buffer when the call is cancelled (the caller discards it).
@@ -367,15 +497,7 @@ impl Global {
         }
         let units = self.units((offset, len), (rank, w), (start, stop));
         let last_phase = units.iter().map(|u| u.phase).max().unwrap_or(0);
-        // Where every dataset's stream stands at the start of each phase the range meets.
-        let mut stream_at = Vec::with_capacity(last_phase + 1);
-        let mut at = vec![0u64; self.sizes.len()];
-        for i in 0..=last_phase {
-            stream_at.push(at.clone());
-            if i < last_phase {
-                self.add_effective(epoch, i, &mut at);
-            }
-        }
+        let stream_at = self.streams(epoch, last_phase);
         let inputs = self.unit_inputs(epoch, &units, &stream_at);
         let mut pieces: Vec<&mut [T]> = Vec::with_capacity(units.len());
         let mut rest: &mut [T] = &mut out;
@@ -386,7 +508,7 @@ impl Global {
         }
         let work = |((u, input), piece): ((&Unit, &UnitInput), &mut [T])| {
             if !cancelled() {
-                self.fill_unit(epoch, u, w, input, piece);
+                self.fill_unit(epoch, u, w, (&stream_at[u.phase], input), piece);
             }
         };
         if units.len() == 1 {
@@ -404,7 +526,8 @@ impl Global {
     /// the uniform shuffled interleave, the counts of its leaves, from one walk of each
     /// phase's tree over the leaves the units meet (the walk costs a draw per dataset and
     /// node: one per call, not one per unit).
-    fn unit_inputs(&self, epoch: u64, units: &[Unit], stream_at: &[Vec<u64>]) -> Vec<UnitInput> {
+    fn unit_inputs(&self, epoch: u64, units: &[Unit], stream_at: &[StreamAt]) -> Vec<UnitInput> {
+        let zeros = vec![0u64; self.sizes.len()];
         let mut inputs = Vec::with_capacity(units.len());
         let mut i = 0;
         while i < units.len() {
@@ -422,14 +545,14 @@ impl Global {
             let run = &units[i..j];
             if !self.shuffle || ph.balanced.is_some() {
                 inputs.extend(run.iter().map(|_| UnitInput {
-                    before: stream_at[phase].clone(),
+                    before: zeros.clone(),
                     leaves: Vec::new(),
                     timed: Vec::new(),
                 }));
             } else {
                 let lmin = run[0].leaves.0;
                 let lmax = run.iter().map(|u| u.leaves.1).max().unwrap_or(lmin);
-                let mut before = stream_at[phase].clone();
+                let mut before = zeros.clone();
                 let il = self.interleave(epoch, ph);
                 let leaves = il.leaf_counts((lmin, lmax), &mut before);
                 // Every leaf's starting streams, then each leaf's time order, in parallel,
@@ -444,7 +567,8 @@ impl Global {
                     .into_par_iter()
                     .map(|l| {
                         let k = (l - lmin) as usize;
-                        Arc::new(self.timed(&il, ph, l, &leaves[k], &starts[k]))
+                        let at = &stream_at[phase];
+                        Arc::new(self.timed(&il, ph, l, &leaves[k], (at, &starts[k])))
                     })
                     .collect();
                 for u in run {
@@ -461,29 +585,36 @@ impl Global {
         inputs
     }
 
-    /// Leaf `l`'s time order where it is needed: for the datasets whose occurrences in the
-    /// leaf cross a pass boundary (or all of them, in a leaf a later phase cuts, whose used
-    /// positions must be a prefix). For the others slot order is as good (one pass, so no
-    /// repeat) and costs nothing. When the marked datasets hold more than a sixteenth of the
-    /// leaf, one pass over its positions ranks every occurrence; otherwise their slots'
-    /// positions come from the permutation's inverse, sorted.
+    /// Which entries of a leaf's `counts` are read in time order: the datasets whose
+    /// occurrences in the leaf (its draws from `before`, in streams starting at `at`) cross a
+    /// pass boundary. For the others slot order is as good (one pass, so no repeat) and costs
+    /// nothing. A later phase cutting the leaf changes nothing here: what its positions before
+    /// the cut read never depends on where (or whether) the phase is cut, and the occurrences
+    /// they leave unread go to the next phase ([`StreamAt`]).
+    fn marked(&self, counts: &Counts, (at, before): (&StreamAt, &[u64])) -> Vec<bool> {
+        counts
+            .iter()
+            .map(|&(d, c)| {
+                let d = d as usize;
+                at.crosses_pass(d, before[d], c, self.sizes[d])
+            })
+            .collect()
+    }
+
+    /// Leaf `l`'s time order where it is needed ([`Global::marked`]). When the marked
+    /// datasets hold more than a sixteenth of the leaf, one pass over its positions ranks
+    /// every occurrence; otherwise their slots' positions come from the permutation's
+    /// inverse, sorted. Only the positions a later phase leaves to the leaf are ranked.
     fn timed(
         &self,
         il: &Interleave,
         ph: &GlobalPhase,
         l: u64,
         counts: &Counts,
-        before: &[u64],
+        streams: (&StreamAt, &[u64]),
     ) -> Timed {
         let (lo, hi) = il.leaf_range(l);
-        let cut = ph.end - ph.start < hi;
-        let marked: Vec<bool> = counts
-            .iter()
-            .map(|&(d, c)| {
-                let (b, n) = (before[d as usize], self.sizes[d as usize]);
-                cut || b / n != (b + c - 1) / n
-            })
-            .collect();
+        let marked = self.marked(counts, streams);
         let table = SlotTable::new(counts, hi - lo);
         let slots_marked: u64 = (0..marked.len())
             .filter(|&e| marked[e])
@@ -604,10 +735,17 @@ impl Global {
     }
 
     /// One unit's values into `out`.
-    fn fill_unit<T: Index>(&self, epoch: u64, u: &Unit, w: u64, input: &UnitInput, out: &mut [T]) {
+    fn fill_unit<T: Index>(
+        &self,
+        epoch: u64,
+        u: &Unit,
+        w: u64,
+        (at, input): (&StreamAt, &UnitInput),
+        out: &mut [T],
+    ) {
         let stream_at = &input.before;
         let ph = &self.phases[u.phase];
-        let mut passes = Passes::new(self, epoch, &input.before);
+        let mut passes = Passes::new(self, epoch, at, &input.before);
         if let Some(b) = &ph.balanced {
             let leaf = b.leaf();
             let mut done = 0usize;
@@ -845,6 +983,88 @@ mod tests {
                         let mut p = pass.to_vec();
                         p.sort_unstable();
                         assert_eq!(p, (offsets[d]..offsets[d] + n).collect::<Vec<_>>());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The whole global sequence (one rank) of the phases cut at `cuts`, each later phase
+    /// running to the end of the epoch with its own weights (a weight change at a resume).
+    fn cut_at(cuts: &[u64], shuffle: bool, il: Interleaving) -> Vec<u64> {
+        let t: u64 = SIZES.iter().sum();
+        let weights = [
+            vec![1.0, 1.0, 2.0, 0.5, 0.0],
+            vec![3.0, 0.0, 1.0, 0.0, 1.0],
+            vec![0.0, 5.0, 1.0, 1.0, 1.0],
+            vec![1.0, 1.0, 1.0, 1.0, 1.0],
+        ];
+        let mut phases = vec![PhaseSpec {
+            start: 0,
+            length: t,
+            weights: weights[0].clone(),
+            temperature: 1.0,
+        }];
+        for (k, &c) in cuts.iter().enumerate() {
+            phases.push(PhaseSpec {
+                start: c,
+                length: t - c,
+                weights: weights[(k + 1) % weights.len()].clone(),
+                temperature: 1.0,
+            });
+        }
+        let config = MixtureConfig {
+            deal: Deal {
+                num_replicas: 1,
+                rank: 0,
+                drop_last: false,
+            },
+            shuffle,
+            seed: 5,
+            interleave: il,
+            ..MixtureConfig::default()
+        };
+        let m = Mixture::new(&SIZES, &phases, &config).unwrap();
+        m.range(2, 0, m.len()).unwrap().to_u64_vec()
+    }
+
+    #[test]
+    fn a_cut_changes_nothing_before_it_and_passes_stay_whole() {
+        // Cuts inside leaves (4,096 positions in tests): one, two in one leaf, three in a
+        // row, and cuts between which the oversampled datasets (7 and 1 samples) run many
+        // passes; each phase's weights differ from the one before.
+        let offsets: Vec<u64> = SIZES
+            .iter()
+            .scan(0, |a, &n| {
+                *a += n;
+                Some(*a - n)
+            })
+            .collect();
+        let dataset = |v: u64| offsets.partition_point(|&o| o <= v) - 1;
+        let cases: [&[u64]; 5] = [
+            &[5_000],
+            &[5_000, 5_100],
+            &[1, 2, 3],
+            &[4_096 * 3 + 17, 4_096 * 3 + 18, 100_000],
+            &[70_001, 70_002, 70_003],
+        ];
+        for (shuffle, il) in KINDS {
+            for cuts in cases {
+                let seq = cut_at(cuts, shuffle, il);
+                // What a resume at each cut already yielded: the sequence without that cut.
+                for k in 0..cuts.len() {
+                    let before = cut_at(&cuts[..k], shuffle, il);
+                    let c = cuts[k] as usize;
+                    assert_eq!(seq[..c], before[..c], "{cuts:?} cut {k} {il:?} {shuffle}");
+                }
+                // Every pass of every dataset whole, in time order.
+                for (d, &n) in SIZES.iter().enumerate() {
+                    let vs: Vec<u64> = seq.iter().copied().filter(|&v| dataset(v) == d).collect();
+                    for pass in vs.chunks(n as usize) {
+                        let mut p = pass.to_vec();
+                        p.sort_unstable();
+                        p.dedup();
+                        assert_eq!(p.len(), pass.len(), "dataset {d} {cuts:?} {il:?} {shuffle}");
                     }
                 }
             }
