@@ -6,7 +6,7 @@ use pyo3::types::PyDict;
 
 use crate::config::{config, Config};
 use crate::order::Order;
-use crate::runtime::{core, sized, to_numpy};
+use crate::runtime::{core, sized_long, to_numpy};
 use croupier_core::mix::Interleaving;
 
 /// One phase of a mixture as Python passes it: `(start, nominal_length, weights,
@@ -185,8 +185,9 @@ impl Mixture {
     ) -> PyResult<Bound<'py, PyAny>> {
         let stop = stop.unwrap_or(self.mixture.len());
         let bytes = self.mixture.range_bytes(start, stop);
+        let long = self.mixture.is_long(start, stop);
         let mixture = std::sync::Arc::clone(&self.mixture);
-        let out = sized(py, bytes, "this rank's mixture indices", move || {
+        let out = sized_long(py, bytes, long, "this rank's mixture indices", move || {
             mixture.range(epoch, start, stop)
         })?;
         Ok(to_numpy(py, out))
@@ -214,14 +215,24 @@ impl Mixture {
         let el = core(self.mixture.elastic(offset, num_replicas, drop_last))?;
         let stop = stop.unwrap_or(el.num_samples());
         let bytes = self.mixture.elastic_range_bytes(&el, start, stop);
+        let long = self.mixture.is_long(start, stop);
         let mixture = std::sync::Arc::clone(&self.mixture);
-        let out = sized(
+        let out = sized_long(
             py,
             bytes,
+            long,
             "this rank's mixture indices after a change of world size",
             move || mixture.elastic_range(&el, rank, epoch, start, stop),
         )?;
         Ok(to_numpy(py, out))
+    }
+
+    /// Bytes an `indices` call of `[start, stop)` (default: to the end) holds at its peak:
+    /// the estimate the memory check uses.
+    #[pyo3(signature = (start=0, stop=None))]
+    fn range_bytes(&self, start: u64, stop: Option<u64>) -> u64 {
+        self.mixture
+            .range_bytes(start, stop.unwrap_or(self.mixture.len()))
     }
 
     /// Where an `indices` call starting at `start` should stop to hand out its first index

@@ -105,8 +105,20 @@ pub(crate) fn sized<T: Send + 'static>(
     what: &str,
     work: impl FnOnce() -> Result<T, Error> + Send + 'static,
 ) -> PyResult<T> {
+    sized_long(py, bytes, false, what, work)
+}
+
+/// [`sized`] for a call that may take long while holding little (`long`: a mixture of many
+/// datasets walks their trees): it runs interruptibly whatever `bytes` is.
+pub(crate) fn sized_long<T: Send + 'static>(
+    py: Python<'_>,
+    bytes: u64,
+    long: bool,
+    what: &str,
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> PyResult<T> {
     check_memory(bytes, what)?;
-    if bytes < INTERRUPTIBLE_FROM {
+    if bytes < INTERRUPTIBLE_FROM && !long {
         return detached(py, work);
     }
     let threads = pool()?.current_num_threads();

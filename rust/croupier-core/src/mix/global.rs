@@ -40,8 +40,6 @@
 //! [`RandomAccessPermutation::fill_strided`] does), a table lookup of the slot's dataset, and
 //! the pass's permutation at the occurrence. Nothing depends on the number of threads.
 
-use std::sync::Arc;
-
 use rayon::prelude::*;
 
 use crate::cancel::cancelled;
@@ -162,12 +160,17 @@ struct Unit {
 
 /// Where a unit starts: every dataset's draws in its phase before its first leaf (virtual
 /// occurrences, see [`StreamAt`]), and (uniform, shuffled) the counts of its leaves.
-struct UnitInput {
-    before: Vec<u64>,
-    leaves: Vec<Counts>,
+#[derive(Clone, Copy)]
+struct UnitInput<'a> {
+    before: &'a [u64],
+    leaves: &'a [Counts],
     /// Per leaf of `leaves`: the time order of the occurrences that need it.
-    timed: Vec<Arc<Timed>>,
+    timed: &'a [Timed],
 }
+
+/// Leaves of a phase held at a time by a uniform shuffled fill (their counts, starting draws
+/// and time orders); a unit spans at most this many.
+const WINDOW_LEAVES: u64 = 4;
 
 /// Where a leaf's occurrences of a dataset are put in time order (see [`Global::timed`]).
 enum Timed {
@@ -498,7 +501,6 @@ impl Global {
         let units = self.units((offset, len), (rank, w), (start, stop));
         let last_phase = units.iter().map(|u| u.phase).max().unwrap_or(0);
         let stream_at = self.streams(epoch, last_phase);
-        let inputs = self.unit_inputs(epoch, &units, &stream_at);
         let mut pieces: Vec<&mut [T]> = Vec::with_capacity(units.len());
         let mut rest: &mut [T] = &mut out;
         for u in &units {
@@ -506,33 +508,16 @@ impl Global {
             pieces.push(piece);
             rest = tail;
         }
-        let work = |((u, input), piece): ((&Unit, &UnitInput), &mut [T])| {
-            if !cancelled() {
-                self.fill_unit(epoch, u, w, (&stream_at[u.phase], input), piece);
-            }
-        };
-        if units.len() == 1 {
-            units.iter().zip(&inputs).zip(pieces).for_each(work);
-        } else {
-            units.par_iter().zip(&inputs).zip(pieces).for_each(work);
-        }
-        if cancelled() {
-            return Ok(Vec::new());
-        }
-        Ok(out)
-    }
-
-    /// What each unit starts from: the datasets' stream positions at its first leaf and, in
-    /// the uniform shuffled interleave, the counts of its leaves, from one walk of each
-    /// phase's tree over the leaves the units meet (the walk costs a draw per dataset and
-    /// node: one per call, not one per unit).
-    fn unit_inputs(&self, epoch: u64, units: &[Unit], stream_at: &[StreamAt]) -> Vec<UnitInput> {
         let zeros = vec![0u64; self.sizes.len()];
-        let mut inputs = Vec::with_capacity(units.len());
+        let mut pieces = pieces.into_iter();
         let mut i = 0;
         while i < units.len() {
+            if cancelled() {
+                return Ok(Vec::new());
+            }
             let phase = units[i].phase;
             let ph = &self.phases[phase];
+            let at = &stream_at[phase];
             // A run of units in one phase, their leaves increasing (the wrapped position of
             // the padding, at the end, starts a run of its own).
             let mut j = i + 1;
@@ -543,46 +528,127 @@ impl Global {
                 j += 1;
             }
             let run = &units[i..j];
+            let run_pieces: Vec<&mut [T]> = pieces.by_ref().take(j - i).collect();
             if !self.shuffle || ph.balanced.is_some() {
-                inputs.extend(run.iter().map(|_| UnitInput {
-                    before: zeros.clone(),
-                    leaves: Vec::new(),
-                    timed: Vec::new(),
-                }));
+                let input = UnitInput {
+                    before: &zeros,
+                    leaves: &[],
+                    timed: &[],
+                };
+                self.fill_units(epoch, w, at, run, run_pieces, |_| input);
             } else {
-                let lmin = run[0].leaves.0;
-                let lmax = run.iter().map(|u| u.leaves.1).max().unwrap_or(lmin);
-                let mut before = zeros.clone();
-                let il = self.interleave(epoch, ph);
-                let leaves = il.leaf_counts((lmin, lmax), &mut before);
-                // Every leaf's starting streams, then each leaf's time order, in parallel,
-                // once per call (units share a leaf when one holds many of the rank's
-                // positions).
-                let mut starts = Vec::with_capacity(leaves.len());
-                for counts in &leaves {
-                    starts.push(before.clone());
-                    counts.iter().for_each(|&(d, c)| before[d as usize] += c);
-                }
-                let timed: Vec<Arc<Timed>> = (lmin..lmax)
-                    .into_par_iter()
-                    .map(|l| {
-                        let k = (l - lmin) as usize;
-                        let at = &stream_at[phase];
-                        Arc::new(self.timed(&il, ph, l, &leaves[k], (at, &starts[k])))
-                    })
-                    .collect();
-                for u in run {
-                    let (a, b) = ((u.leaves.0 - lmin) as usize, (u.leaves.1 - lmin) as usize);
-                    inputs.push(UnitInput {
-                        before: starts[a].clone(),
-                        leaves: leaves[a..b].to_vec(),
-                        timed: timed[a..b].to_vec(),
-                    });
-                }
+                self.fill_run(epoch, w, (ph, at), run, run_pieces);
             }
             i = j;
         }
-        inputs
+        if cancelled() {
+            return Ok(Vec::new());
+        }
+        Ok(out)
+    }
+
+    /// Fills `units` into `pieces`, in parallel, each from the input `input_of` gives it.
+    fn fill_units<'a, T: Index>(
+        &self,
+        epoch: u64,
+        w: u64,
+        at: &StreamAt,
+        units: &[Unit],
+        pieces: Vec<&mut [T]>,
+        input_of: impl Fn(&Unit) -> UnitInput<'a> + Sync,
+    ) {
+        let work = |(u, piece): (&Unit, &mut [T])| {
+            if !cancelled() {
+                self.fill_unit(epoch, u, w, (at, &input_of(u)), piece);
+            }
+        };
+        if units.len() == 1 {
+            units.iter().zip(pieces).for_each(work);
+        } else {
+            units.par_iter().zip(pieces).for_each(work);
+        }
+    }
+
+    /// Fills a run of units of one uniform shuffled phase, a window of leaves at a time: the
+    /// phase's tree is walked once for the run, leaf after leaf ([`LeafWalk`]), and only the
+    /// window's leaves (their counts, starting draws and time orders) are held, so the
+    /// scratch is bounded whatever the range's length.
+    fn fill_run<T: Index>(
+        &self,
+        epoch: u64,
+        w: u64,
+        (ph, at): (&GlobalPhase, &StreamAt),
+        run: &[Unit],
+        pieces: Vec<&mut [T]>,
+    ) {
+        let il = self.interleave(epoch, ph);
+        let lmin = run[0].leaves.0;
+        let lmax = run.iter().map(|u| u.leaves.1).max().unwrap_or(lmin);
+        let mut walk = il.leaf_walk((lmin, lmax), self.sizes.len());
+        // The window's leaves [first, first + counts.len()).
+        let mut first = lmin;
+        let mut counts: Vec<Counts> = Vec::new();
+        let mut starts: Vec<Vec<u64>> = Vec::new();
+        let mut timed: Vec<Timed> = Vec::new();
+        let mut pieces = pieces.into_iter();
+        let mut k = 0;
+        while k < run.len() {
+            if cancelled() {
+                return;
+            }
+            // The next window: units whose leaves fit in WINDOW_LEAVES from the first's (at
+            // least one unit).
+            let l0 = run[k].leaves.0;
+            let mut e = k + 1;
+            while e < run.len() && run[e].leaves.1 - l0 <= WINDOW_LEAVES {
+                e += 1;
+            }
+            let l1 = run[k..e].iter().map(|u| u.leaves.1).max().unwrap_or(l0);
+            // Drop the leaves before the window (walking past any the run skips), read those
+            // it adds.
+            let held_end = first + counts.len() as u64;
+            if l0 >= held_end {
+                counts.clear();
+                starts.clear();
+                timed.clear();
+                for _ in held_end..l0 {
+                    walk.next();
+                }
+            } else {
+                let drop = (l0 - first) as usize;
+                counts.drain(..drop);
+                starts.drain(..drop);
+                timed.drain(..drop);
+            }
+            first = l0;
+            let have = first + counts.len() as u64;
+            let mut fresh = Vec::with_capacity((l1 - have) as usize);
+            for _ in have..l1 {
+                let (l, c, b) = walk.next().expect("the walk reaches every leaf of the run");
+                debug_assert_eq!(l, have + fresh.len() as u64);
+                fresh.push((l, c, b));
+            }
+            let new_timed: Vec<Timed> = fresh
+                .par_iter()
+                .map(|(l, c, b)| self.timed(&il, ph, *l, c, (at, b)))
+                .collect();
+            for ((_, c, b), t) in fresh.into_iter().zip(new_timed) {
+                counts.push(c);
+                starts.push(b);
+                timed.push(t);
+            }
+            let window_pieces: Vec<&mut [T]> = pieces.by_ref().take(e - k).collect();
+            let (counts, starts, timed) = (&counts, &starts, &timed);
+            self.fill_units(epoch, w, at, &run[k..e], window_pieces, |u| {
+                let (a, b) = ((u.leaves.0 - first) as usize, (u.leaves.1 - first) as usize);
+                UnitInput {
+                    before: &starts[a],
+                    leaves: &counts[a..b],
+                    timed: &timed[a..b],
+                }
+            });
+            k = e;
+        }
     }
 
     /// Which entries of a leaf's `counts` are read in time order: the datasets whose
@@ -702,7 +768,7 @@ impl Global {
             let b = ph.leaf();
             let leaves = (ph.end - ph.start).div_ceil(b);
             let l0 = (g - ph.start) / b;
-            let per_unit = (UNIT.saturating_mul(w) / b).max(1);
+            let per_unit = (UNIT.saturating_mul(w) / b).clamp(1, WINDOW_LEAVES);
             let l1 = (l0 + per_unit).min(leaves);
             let span_end = (ph.start + l1 * b).min(ph.end);
             // At most UNIT positions: a leaf holding more of them (few ranks) is cut into
@@ -740,12 +806,12 @@ impl Global {
         epoch: u64,
         u: &Unit,
         w: u64,
-        (at, input): (&StreamAt, &UnitInput),
+        (at, input): (&StreamAt, &UnitInput<'_>),
         out: &mut [T],
     ) {
         let stream_at = &input.before;
         let ph = &self.phases[u.phase];
-        let mut passes = Passes::new(self, epoch, at, &input.before);
+        let mut passes = Passes::new(self, epoch, at, input.before);
         if let Some(b) = &ph.balanced {
             let leaf = b.leaf();
             let mut done = 0usize;
@@ -790,7 +856,7 @@ impl Global {
         }
         let il = self.interleave(epoch, ph);
         let mut before = stream_at.to_vec();
-        let leaves = &input.leaves;
+        let leaves = input.leaves;
         let mut slots: Vec<u64> = Vec::new();
         let mut dj: Vec<(u32, u64)> = Vec::new();
         let (mut done, mut p) = (0usize, u.g0 - ph.start);
@@ -807,7 +873,7 @@ impl Global {
                 // pass boundary (or all of them, in a leaf a later phase cuts, whose used
                 // positions are a prefix): their slots' positions, sorted. For the others slot
                 // order is as good (one pass, so no repeat) and costs nothing.
-                let timed = &*input.timed[k];
+                let timed = &input.timed[k];
                 dj.clear();
                 dj.extend(
                     slots
@@ -837,18 +903,45 @@ impl Global {
         }
     }
 
-    /// Bytes a [`Global::fill`] of `count` positions holds at its peak: the output, and per
-    /// thread a leaf's slots or balanced sequence, plus the balanced phases' boundary counts.
+    /// Bytes a [`Global::fill`] of `count` positions holds at its peak: the output, plus a
+    /// scratch bounded whatever `count` is (it grows with the datasets and the leaf, not the
+    /// positions): every phase's stream starts (and a cut leaf's holes), the uniform
+    /// interleave's window of leaves (counts, starting draws and time orders, the ones being
+    /// ranked with their slots, and the walk's pending nodes), per thread a unit's passes
+    /// (every pass it meets, at most one per position plus one per dataset) and a leaf's slots
+    /// or balanced sequence, plus the balanced phases' boundary counts. An estimate, to
+    /// refuse what cannot fit before any work.
     pub(crate) fn fill_bytes(&self, count: u64, total: u64) -> u64 {
         let threads = rayon::current_num_threads() as u64;
+        let d = self.sizes.len() as u64;
         let leaf = global_leaf_size(self.sizes.len());
         let boundaries: u64 = self
             .phases
             .iter()
             .filter(|p| p.balanced.is_some())
-            .map(|p| (p.end - p.start).div_ceil(leaf) * 8 * self.sizes.len() as u64)
+            .map(|p| (p.end - p.start).div_ceil(leaf) * 8 * d)
             .sum();
-        count.saturating_mul(index_bytes(total)) + threads * leaf * 12 + boundaries
+        let cut: u64 = self
+            .phases
+            .iter()
+            .filter(|p| p.end - p.start < p.counts.iter().sum::<u64>())
+            .count() as u64;
+        let streams = self.phases.len() as u64 * d * 32 + cut * leaf * 9;
+        let positions = self.phases.last().map_or(0, |p| p.end);
+        let levels = u64::from(64 - (positions / leaf + 1).leading_zeros()) + 1;
+        // A call meets at most one leaf per position.
+        let touched = WINDOW_LEAVES.min(count.max(1));
+        let window =
+            touched * (d * 24 + leaf * 4) + threads.min(touched) * leaf * 16 + levels * d * 32;
+        let pass = std::mem::size_of::<RandomAccessPermutation>() as u64 + 8;
+        let unit = UNIT.min(count.max(1));
+        let scratch = if boundaries > 0 { leaf * 12 } else { unit * 32 };
+        let per_thread = d * 48 + (unit + d.min(count.max(1))) * (pass + 24) + scratch;
+        count.saturating_mul(index_bytes(total))
+            + streams
+            + window
+            + threads * per_thread
+            + boundaries
     }
 }
 
