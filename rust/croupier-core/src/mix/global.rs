@@ -250,6 +250,19 @@ impl<'a> Passes<'a> {
         at
     }
 
+    /// [`Passes::write`] a few thousand at a time, stopping early once the call is cancelled
+    /// (a draw of an oversampled dataset often builds its pass's permutation: a unit can take
+    /// a tenth of a second).
+    fn write_all<T: Index>(&mut self, dv: &[(u32, u64)], out: &mut [T]) {
+        const STEP: usize = 4096;
+        for (dv, out) in dv.chunks(STEP).zip(out.chunks_mut(STEP)) {
+            if cancelled() {
+                return;
+            }
+            self.write(dv, out);
+        }
+    }
+
     /// The phase's draw `v` of dataset `d` (the occurrence [`StreamAt::occurrence`] says),
     /// for each `(d, v)` of `dv`, as global indices into `out`.
     fn write<T: Index>(&mut self, dv: &[(u32, u64)], out: &mut [T]) {
@@ -830,7 +843,7 @@ impl Global {
                     dj.push((d, stream_at[d as usize] + occ[i]));
                     p += w;
                 }
-                passes.write(&dj, &mut out[done..done + dj.len()]);
+                passes.write_all(&dj, &mut out[done..done + dj.len()]);
                 done += dj.len();
             }
             return;
@@ -851,7 +864,7 @@ impl Global {
                     (d as u32, stream_at[d] + p - starts[d])
                 })
                 .collect();
-            passes.write(&dj, out);
+            passes.write_all(&dj, out);
             return;
         }
         let il = self.interleave(epoch, ph);
@@ -870,9 +883,7 @@ impl Global {
                 perm.fill_strided(&mut slots, 0, hi - lo, p - lo, w);
                 let table = SlotTable::new(counts, hi - lo);
                 // Occurrences in time order for the datasets whose occurrences here cross a
-                // pass boundary (or all of them, in a leaf a later phase cuts, whose used
-                // positions are a prefix): their slots' positions, sorted. For the others slot
-                // order is as good (one pass, so no repeat) and costs nothing.
+                // pass boundary ([`Global::marked`]); slot order for the others.
                 let timed = &input.timed[k];
                 dj.clear();
                 dj.extend(
@@ -895,7 +906,7 @@ impl Global {
                             (d, before[d as usize] + within)
                         }),
                 );
-                passes.write(&dj, &mut out[done..done + here]);
+                passes.write_all(&dj, &mut out[done..done + here]);
                 done += here;
                 p += here as u64 * w;
             }
