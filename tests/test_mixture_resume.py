@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from croupier import MixtureSampler, _core
@@ -298,8 +298,23 @@ def _play(cfg: Config, steps: list[tuple[Any, ...]], first_world: int) -> None:
         np.testing.assert_array_equal(h, ref_next[at])
 
 
+def _issue(sizes: list[int], steps: list[tuple[Any, ...]], interleave: str = "uniform") -> Any:
+    cfg = Config(sizes, [1] * len(sizes), "global", interleave, True, True, 0, 0)
+    return (cfg, steps)
+
+
 @settings(max_examples=60, deadline=None)
 @given(data=scenarios("global"), first_world=st.integers(1, 4))
+# The issue's cases: a skip, then a same-world load, each followed by new weights.
+@example(data=_issue([3], [(0.34, "skip", 1, "update", [1])]), first_world=1)
+@example(data=_issue([10, 10], [(0.5, "load", 2, "update", [1, 3])]), first_world=2)
+@example(
+    data=_issue([10, 10], [(0.3, "load", 1, "schedule", ([1, 1], 0.6, [0, 1]))]), first_world=1
+)
+@example(
+    data=_issue([10, 10], [(0.4, "elastic", 3, "none", None), (0.3, "load", 3, "update", [2, 1])]),
+    first_world=2,
+)
 def test_a_resumed_global_epoch_with_weight_changes_is_the_uninterrupted_one(data, first_world):
     cfg, steps = data
     _play(cfg, steps, first_world)
