@@ -332,6 +332,9 @@ class Mixture:
     ) -> _Indices:
         """New rank ``rank``'s positions ``[start, stop)`` of such a rest. Every keyword is
         required."""
+    def range_bytes(self, start: int = 0, stop: int | None = None) -> int:
+        """Bytes an :meth:`indices` call of ``[start, stop)`` (default: to the end) holds at
+        its peak: the estimate the memory check uses."""
     def first_stop(self, start: int) -> int:
         """Where an :meth:`indices` call starting at ``start`` should stop to hand out its
         first index soonest."""

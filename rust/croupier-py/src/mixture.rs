@@ -185,10 +185,12 @@ impl Mixture {
     ) -> PyResult<Bound<'py, PyAny>> {
         let stop = stop.unwrap_or(self.mixture.len());
         let bytes = self.mixture.range_bytes(start, stop);
+        let long = self.mixture.is_long(start, stop);
         let mixture = std::sync::Arc::clone(&self.mixture);
         // A balanced interleave replays its sequence up to `start` the first time (seconds at
-        // 1e9): interruptible whatever the size.
-        let long = self.balanced();
+        // 1e9), and a mixture of many datasets walks their trees: interruptible whatever the
+        // size.
+        let long = long || self.balanced();
         let out = sized_long(py, bytes, "this rank's mixture indices", long, move || {
             mixture.range(epoch, start, stop)
         })?;
@@ -217,15 +219,24 @@ impl Mixture {
         let el = core(self.mixture.elastic(offset, num_replicas, drop_last))?;
         let stop = stop.unwrap_or(el.num_samples());
         let bytes = self.mixture.elastic_range_bytes(&el, start, stop);
+        let long = self.mixture.is_long(start, stop);
         let mixture = std::sync::Arc::clone(&self.mixture);
         let out = sized_long(
             py,
             bytes,
             "this rank's mixture indices after a change of world size",
-            self.balanced(),
+            long || self.balanced(),
             move || mixture.elastic_range(&el, rank, epoch, start, stop),
         )?;
         Ok(to_numpy(py, out))
+    }
+
+    /// Bytes an `indices` call of `[start, stop)` (default: to the end) holds at its peak:
+    /// the estimate the memory check uses.
+    #[pyo3(signature = (start=0, stop=None))]
+    fn range_bytes(&self, start: u64, stop: Option<u64>) -> u64 {
+        self.mixture
+            .range_bytes(start, stop.unwrap_or(self.mixture.len()))
     }
 
     /// Where an `indices` call starting at `start` should stop to hand out its first index

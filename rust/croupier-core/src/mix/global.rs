@@ -15,6 +15,10 @@
 //!   ([`Interleave::leaf_perm`]). Slot `s` of dataset `d`'s run is its occurrence
 //!   `before_d + s - start_d`, where `before_d` counts `d` in the earlier leaves and phases.
 //!   So occurrences follow time from leaf to leaf and are in a random order inside a leaf.
+//!   A phase cut inside a leaf by the next one (a schedule, or weights changed at a resume)
+//!   keeps that order for the leaf's positions before the cut, so a cut never changes what
+//!   comes before it; the leaf's occurrences no position before the cut holds are the next
+//!   phase's first draws of their datasets ([`StreamAt`]), so nothing is lost or repeated.
 //! - **balanced**: the quota sequence of [`crate::mix::balanced`] (every prefix within one
 //!   sample of its share), occurrences in time order.
 //! - without shuffling (uniform): the phase's datasets one after another, in dataset order.
@@ -35,8 +39,6 @@
 //! then per leaf the permutation at the rank's strided positions (16 at a time, as
 //! [`RandomAccessPermutation::fill_strided`] does), a table lookup of the slot's dataset, and
 //! the pass's permutation at the occurrence. Nothing depends on the number of threads.
-
-use std::sync::Arc;
 
 use rayon::prelude::*;
 
@@ -104,6 +106,48 @@ pub(crate) struct Global {
     pub(crate) seed: u64,
 }
 
+/// Where every dataset's stream stands at the start of a phase: the occurrences an earlier
+/// phase left unread (`holes`, increasing), then every occurrence from `next` on.
+///
+/// The phase's draws of dataset `d` are counted from 0 ("virtual" occurrences): draw `v` reads
+/// occurrence `holes[d][v]` while there are holes, then `next[d] + v - holes[d].len()`. Holes
+/// come from a uniform shuffled phase cut inside a leaf by the next phase: the leaf's
+/// positions before the cut keep the occurrences they hold in the uncut phase (slot order, so
+/// a resume that changes the weights there never changes what was already yielded), and the
+/// occurrences of the leaf that no position before the cut read are the next phase's first.
+/// All holes are below `next`, so draws read occurrences in increasing order.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamAt {
+    next: Vec<u64>,
+    holes: Vec<Vec<u64>>,
+}
+
+impl StreamAt {
+    fn start(datasets: usize) -> Self {
+        StreamAt {
+            next: vec![0; datasets],
+            holes: vec![Vec::new(); datasets],
+        }
+    }
+
+    /// The occurrence of dataset `d` its phase's draw `v` reads.
+    #[inline]
+    fn occurrence(&self, d: usize, v: u64) -> u64 {
+        let h = &self.holes[d];
+        if v < h.len() as u64 {
+            h[v as usize]
+        } else {
+            self.next[d] + (v - h.len() as u64)
+        }
+    }
+
+    /// Whether dataset `d`'s draws `[v, v + c)` read more than one pass of its `n` samples.
+    #[inline]
+    fn crosses_pass(&self, d: usize, v: u64, c: u64, n: u64) -> bool {
+        c > 0 && self.occurrence(d, v) / n != self.occurrence(d, v + c - 1) / n
+    }
+}
+
 /// A rank's positions `g0, g0 + step, …` (`count` of them) inside leaves `[l0, l1)` of one
 /// phase, written at `at` in the output.
 #[derive(Debug, Clone, Copy)]
@@ -114,14 +158,19 @@ struct Unit {
     count: u64,
 }
 
-/// Where a unit starts: every dataset's stream position at its first leaf, and (uniform,
-/// shuffled) the counts of its leaves.
-struct UnitInput {
-    before: Vec<u64>,
-    leaves: Vec<Counts>,
+/// Where a unit starts: every dataset's draws in its phase before its first leaf (virtual
+/// occurrences, see [`StreamAt`]), and (uniform, shuffled) the counts of its leaves.
+#[derive(Clone, Copy)]
+struct UnitInput<'a> {
+    before: &'a [u64],
+    leaves: &'a [Counts],
     /// Per leaf of `leaves`: the time order of the occurrences that need it.
-    timed: Vec<Arc<Timed>>,
+    timed: &'a [Timed],
 }
+
+/// Leaves of a phase held at a time by a uniform shuffled fill (their counts, starting draws
+/// and time orders); a unit spans at most this many.
+const WINDOW_LEAVES: u64 = 4;
 
 /// Where a leaf's occurrences of a dataset are put in time order (see [`Global::timed`]).
 enum Timed {
@@ -139,6 +188,8 @@ enum Timed {
 struct Passes<'a> {
     global: &'a Global,
     epoch: u64,
+    /// Where the phase's streams start.
+    at: &'a StreamAt,
     /// Every permutation built, with its dataset's offset.
     arena: Vec<RandomAccessPermutation>,
     arena_offset: Vec<u64>,
@@ -153,17 +204,19 @@ struct Passes<'a> {
 }
 
 impl<'a> Passes<'a> {
-    /// The passes of a unit whose datasets' streams start at `before` (no occurrence it
-    /// reads is earlier).
-    fn new(global: &'a Global, epoch: u64, before: &[u64]) -> Self {
+    /// The passes of a unit of a phase whose streams start at `at`, the unit's first draws
+    /// being `before` (virtual: no occurrence it reads is earlier).
+    fn new(global: &'a Global, epoch: u64, at: &'a StreamAt, before: &[u64]) -> Self {
         let first_pass = before
             .iter()
             .zip(&global.sizes)
-            .map(|(&b, &n)| b.checked_div(n).unwrap_or(0))
+            .enumerate()
+            .map(|(d, (&b, &n))| at.occurrence(d, b).checked_div(n).unwrap_or(0))
             .collect();
         Passes {
             global,
             epoch,
+            at,
             arena: Vec::new(),
             arena_offset: Vec::new(),
             first_pass,
@@ -197,13 +250,28 @@ impl<'a> Passes<'a> {
         at
     }
 
-    /// Occurrence `j` of dataset `d`, for each `(d, j)` of `dj`, as global indices into `out`.
-    fn write<T: Index>(&mut self, dj: &[(u32, u64)], out: &mut [T]) {
+    /// [`Passes::write`] a few thousand at a time, stopping early once the call is cancelled
+    /// (a draw of an oversampled dataset often builds its pass's permutation: a unit can take
+    /// a tenth of a second).
+    fn write_all<T: Index>(&mut self, dv: &[(u32, u64)], out: &mut [T]) {
+        const STEP: usize = 4096;
+        for (dv, out) in dv.chunks(STEP).zip(out.chunks_mut(STEP)) {
+            if cancelled() {
+                return;
+            }
+            self.write(dv, out);
+        }
+    }
+
+    /// The phase's draw `v` of dataset `d` (the occurrence [`StreamAt::occurrence`] says),
+    /// for each `(d, v)` of `dv`, as global indices into `out`.
+    fn write<T: Index>(&mut self, dv: &[(u32, u64)], out: &mut [T]) {
         let g = self.global;
+        let at = self.at;
         if !g.shuffle {
-            for (o, &(d, j)) in out.iter_mut().zip(dj) {
+            for (o, &(d, v)) in out.iter_mut().zip(dv) {
                 let d = d as usize;
-                *o = T::from_u64(g.offsets[d] + j % g.sizes[d]);
+                *o = T::from_u64(g.offsets[d] + at.occurrence(d, v) % g.sizes[d]);
             }
             return;
         }
@@ -214,14 +282,15 @@ impl<'a> Passes<'a> {
         );
         which.clear();
         pos.clear();
-        for &(d, j) in dj {
+        for &(d, v) in dv {
             let n = g.sizes[d as usize];
+            let j = at.occurrence(d as usize, v);
             let (pass, within) = (j / n, j % n);
             which.push(self.permutation(d, pass));
             pos.push(within);
         }
         vals.clear();
-        vals.resize(dj.len(), 0);
+        vals.resize(dv.len(), 0);
         at_many(&self.arena, &which, &pos, &mut vals);
         for ((o, &v), &a) in out.iter_mut().zip(&vals).zip(&which) {
             *o = T::from_u64(self.arena_offset[a as usize] + v);
@@ -343,6 +412,83 @@ impl Global {
         }
     }
 
+    /// Where every dataset's stream stands at the start of phases `0..=last` in `epoch`.
+    pub(crate) fn streams(&self, epoch: u64, last: usize) -> Vec<StreamAt> {
+        let mut out = Vec::with_capacity(last + 1);
+        out.push(StreamAt::start(self.sizes.len()));
+        for i in 0..last {
+            let next = self.after(epoch, i, &out[i]);
+            out.push(next);
+        }
+        out
+    }
+
+    /// Where the streams stand after phase `i`, whose streams started at `at`: every draw
+    /// the phase made up to its end is read, and the occurrences it left unread (in a leaf
+    /// the next phase cuts, those of its slots no position before the cut holds; and holes
+    /// it never reached) are the next phase's first.
+    fn after(&self, epoch: u64, i: usize, at: &StreamAt) -> StreamAt {
+        let ph = &self.phases[i];
+        let datasets = self.sizes.len();
+        // Per dataset: the phase read its draws [0, v0), and in a cut leaf read in slot order
+        // some of [v0, x) (`read`, by slot).
+        let mut v0 = vec![0u64; datasets];
+        self.add_effective(epoch, i, &mut v0);
+        let mut partial: Vec<Option<(u64, u64, u64)>> = vec![None; datasets];
+        let mut read: Vec<bool> = Vec::new();
+        let q = ph.end - ph.start;
+        let nominal: u64 = ph.counts.iter().sum();
+        if self.shuffle && ph.balanced.is_none() && q < nominal {
+            let il = self.interleave(epoch, ph);
+            let l = q / il.leaf();
+            let (lo, hi) = il.leaf_range(l);
+            if q > lo {
+                let mut before = vec![0u64; datasets];
+                let counts = il
+                    .leaf_counts((l, l + 1), &mut before)
+                    .pop()
+                    .expect("one leaf");
+                let marked = self.marked(&counts, (at, &before));
+                if marked.iter().any(|&m| !m) {
+                    let mut slots = vec![0u64; (q - lo) as usize];
+                    il.leaf_perm(l).fill_strided(&mut slots, 0, hi - lo, 0, 1);
+                    read = vec![false; (hi - lo) as usize];
+                    slots.iter().for_each(|&s| read[s as usize] = true);
+                    let mut first = 0u64;
+                    for (&(d, c), &m) in counts.iter().zip(&marked) {
+                        let d = d as usize;
+                        if !m {
+                            v0[d] = before[d];
+                            partial[d] = Some((before[d], first, c));
+                        }
+                        first += c;
+                    }
+                }
+            }
+        }
+        let mut next = Vec::with_capacity(datasets);
+        let mut holes = Vec::with_capacity(datasets);
+        for d in 0..datasets {
+            let h = at.holes[d].len() as u64;
+            let mut unread = Vec::new();
+            let mut x = v0[d];
+            if let Some((b, first, c)) = partial[d] {
+                let slots = &read[first as usize..(first + c) as usize];
+                unread.extend(
+                    (0..c)
+                        .filter(|&k| !slots[k as usize])
+                        .map(|k| at.occurrence(d, b + k)),
+                );
+                x = b + c;
+            }
+            let y = x.max(h);
+            unread.extend((x..y).map(|v| at.occurrence(d, v)));
+            next.push(at.next[d] + (y - h));
+            holes.push(unread);
+        }
+        StreamAt { next, holes }
+    }
+
     /// The rank's positions `[start, stop)` of the positions `[offset, offset + len)` dealt to
     /// `w` ranks with torch's striding and wrap-around padding (see the module docs). An empty
     /// buffer when the call is cancelled (the caller discards it).
@@ -367,16 +513,7 @@ impl Global {
         }
         let units = self.units((offset, len), (rank, w), (start, stop));
         let last_phase = units.iter().map(|u| u.phase).max().unwrap_or(0);
-        // Where every dataset's stream stands at the start of each phase the range meets.
-        let mut stream_at = Vec::with_capacity(last_phase + 1);
-        let mut at = vec![0u64; self.sizes.len()];
-        for i in 0..=last_phase {
-            stream_at.push(at.clone());
-            if i < last_phase {
-                self.add_effective(epoch, i, &mut at);
-            }
-        }
-        let inputs = self.unit_inputs(epoch, &units, &stream_at);
+        let stream_at = self.streams(epoch, last_phase);
         let mut pieces: Vec<&mut [T]> = Vec::with_capacity(units.len());
         let mut rest: &mut [T] = &mut out;
         for u in &units {
@@ -384,32 +521,16 @@ impl Global {
             pieces.push(piece);
             rest = tail;
         }
-        let work = |((u, input), piece): ((&Unit, &UnitInput), &mut [T])| {
-            if !cancelled() {
-                self.fill_unit(epoch, u, w, input, piece);
-            }
-        };
-        if units.len() == 1 {
-            units.iter().zip(&inputs).zip(pieces).for_each(work);
-        } else {
-            units.par_iter().zip(&inputs).zip(pieces).for_each(work);
-        }
-        if cancelled() {
-            return Ok(Vec::new());
-        }
-        Ok(out)
-    }
-
-    /// What each unit starts from: the datasets' stream positions at its first leaf and, in
-    /// the uniform shuffled interleave, the counts of its leaves, from one walk of each
-    /// phase's tree over the leaves the units meet (the walk costs a draw per dataset and
-    /// node: one per call, not one per unit).
-    fn unit_inputs(&self, epoch: u64, units: &[Unit], stream_at: &[Vec<u64>]) -> Vec<UnitInput> {
-        let mut inputs = Vec::with_capacity(units.len());
+        let zeros = vec![0u64; self.sizes.len()];
+        let mut pieces = pieces.into_iter();
         let mut i = 0;
         while i < units.len() {
+            if cancelled() {
+                return Ok(Vec::new());
+            }
             let phase = units[i].phase;
             let ph = &self.phases[phase];
+            let at = &stream_at[phase];
             // A run of units in one phase, their leaves increasing (the wrapped position of
             // the padding, at the end, starts a run of its own).
             let mut j = i + 1;
@@ -420,70 +541,159 @@ impl Global {
                 j += 1;
             }
             let run = &units[i..j];
+            let run_pieces: Vec<&mut [T]> = pieces.by_ref().take(j - i).collect();
             if !self.shuffle || ph.balanced.is_some() {
-                inputs.extend(run.iter().map(|_| UnitInput {
-                    before: stream_at[phase].clone(),
-                    leaves: Vec::new(),
-                    timed: Vec::new(),
-                }));
+                let input = UnitInput {
+                    before: &zeros,
+                    leaves: &[],
+                    timed: &[],
+                };
+                self.fill_units(epoch, w, at, run, run_pieces, |_| input);
             } else {
-                let lmin = run[0].leaves.0;
-                let lmax = run.iter().map(|u| u.leaves.1).max().unwrap_or(lmin);
-                let mut before = stream_at[phase].clone();
-                let il = self.interleave(epoch, ph);
-                let leaves = il.leaf_counts((lmin, lmax), &mut before);
-                // Every leaf's starting streams, then each leaf's time order, in parallel,
-                // once per call (units share a leaf when one holds many of the rank's
-                // positions).
-                let mut starts = Vec::with_capacity(leaves.len());
-                for counts in &leaves {
-                    starts.push(before.clone());
-                    counts.iter().for_each(|&(d, c)| before[d as usize] += c);
-                }
-                let timed: Vec<Arc<Timed>> = (lmin..lmax)
-                    .into_par_iter()
-                    .map(|l| {
-                        let k = (l - lmin) as usize;
-                        Arc::new(self.timed(&il, ph, l, &leaves[k], &starts[k]))
-                    })
-                    .collect();
-                for u in run {
-                    let (a, b) = ((u.leaves.0 - lmin) as usize, (u.leaves.1 - lmin) as usize);
-                    inputs.push(UnitInput {
-                        before: starts[a].clone(),
-                        leaves: leaves[a..b].to_vec(),
-                        timed: timed[a..b].to_vec(),
-                    });
-                }
+                self.fill_run(epoch, w, (ph, at), run, run_pieces);
             }
             i = j;
         }
-        inputs
+        if cancelled() {
+            return Ok(Vec::new());
+        }
+        Ok(out)
     }
 
-    /// Leaf `l`'s time order where it is needed: for the datasets whose occurrences in the
-    /// leaf cross a pass boundary (or all of them, in a leaf a later phase cuts, whose used
-    /// positions must be a prefix). For the others slot order is as good (one pass, so no
-    /// repeat) and costs nothing. When the marked datasets hold more than a sixteenth of the
-    /// leaf, one pass over its positions ranks every occurrence; otherwise their slots'
-    /// positions come from the permutation's inverse, sorted.
+    /// Fills `units` into `pieces`, in parallel, each from the input `input_of` gives it.
+    fn fill_units<'a, T: Index>(
+        &self,
+        epoch: u64,
+        w: u64,
+        at: &StreamAt,
+        units: &[Unit],
+        pieces: Vec<&mut [T]>,
+        input_of: impl Fn(&Unit) -> UnitInput<'a> + Sync,
+    ) {
+        let work = |(u, piece): (&Unit, &mut [T])| {
+            if !cancelled() {
+                self.fill_unit(epoch, u, w, (at, &input_of(u)), piece);
+            }
+        };
+        if units.len() == 1 {
+            units.iter().zip(pieces).for_each(work);
+        } else {
+            units.par_iter().zip(pieces).for_each(work);
+        }
+    }
+
+    /// Fills a run of units of one uniform shuffled phase, a window of leaves at a time: the
+    /// phase's tree is walked once for the run, leaf after leaf ([`LeafWalk`]), and only the
+    /// window's leaves (their counts, starting draws and time orders) are held, so the
+    /// scratch is bounded whatever the range's length.
+    fn fill_run<T: Index>(
+        &self,
+        epoch: u64,
+        w: u64,
+        (ph, at): (&GlobalPhase, &StreamAt),
+        run: &[Unit],
+        pieces: Vec<&mut [T]>,
+    ) {
+        let il = self.interleave(epoch, ph);
+        let lmin = run[0].leaves.0;
+        let lmax = run.iter().map(|u| u.leaves.1).max().unwrap_or(lmin);
+        let mut walk = il.leaf_walk((lmin, lmax), self.sizes.len());
+        // The window's leaves [first, first + counts.len()).
+        let mut first = lmin;
+        let mut counts: Vec<Counts> = Vec::new();
+        let mut starts: Vec<Vec<u64>> = Vec::new();
+        let mut timed: Vec<Timed> = Vec::new();
+        let mut pieces = pieces.into_iter();
+        let mut k = 0;
+        while k < run.len() {
+            if cancelled() {
+                return;
+            }
+            // The next window: units whose leaves fit in WINDOW_LEAVES from the first's (at
+            // least one unit).
+            let l0 = run[k].leaves.0;
+            let mut e = k + 1;
+            while e < run.len() && run[e].leaves.1 - l0 <= WINDOW_LEAVES {
+                e += 1;
+            }
+            let l1 = run[k..e].iter().map(|u| u.leaves.1).max().unwrap_or(l0);
+            // Drop the leaves before the window (walking past any the run skips), read those
+            // it adds.
+            let held_end = first + counts.len() as u64;
+            if l0 >= held_end {
+                counts.clear();
+                starts.clear();
+                timed.clear();
+                for _ in held_end..l0 {
+                    walk.next();
+                }
+            } else {
+                let drop = (l0 - first) as usize;
+                counts.drain(..drop);
+                starts.drain(..drop);
+                timed.drain(..drop);
+            }
+            first = l0;
+            let have = first + counts.len() as u64;
+            let mut fresh = Vec::with_capacity((l1 - have) as usize);
+            for _ in have..l1 {
+                let (l, c, b) = walk.next().expect("the walk reaches every leaf of the run");
+                debug_assert_eq!(l, have + fresh.len() as u64);
+                fresh.push((l, c, b));
+            }
+            let new_timed: Vec<Timed> = fresh
+                .par_iter()
+                .map(|(l, c, b)| self.timed(&il, ph, *l, c, (at, b)))
+                .collect();
+            for ((_, c, b), t) in fresh.into_iter().zip(new_timed) {
+                counts.push(c);
+                starts.push(b);
+                timed.push(t);
+            }
+            let window_pieces: Vec<&mut [T]> = pieces.by_ref().take(e - k).collect();
+            let (counts, starts, timed) = (&counts, &starts, &timed);
+            self.fill_units(epoch, w, at, &run[k..e], window_pieces, |u| {
+                let (a, b) = ((u.leaves.0 - first) as usize, (u.leaves.1 - first) as usize);
+                UnitInput {
+                    before: &starts[a],
+                    leaves: &counts[a..b],
+                    timed: &timed[a..b],
+                }
+            });
+            k = e;
+        }
+    }
+
+    /// Which entries of a leaf's `counts` are read in time order: the datasets whose
+    /// occurrences in the leaf (its draws from `before`, in streams starting at `at`) cross a
+    /// pass boundary. For the others slot order is as good (one pass, so no repeat) and costs
+    /// nothing. A later phase cutting the leaf changes nothing here: what its positions before
+    /// the cut read never depends on where (or whether) the phase is cut, and the occurrences
+    /// they leave unread go to the next phase ([`StreamAt`]).
+    fn marked(&self, counts: &Counts, (at, before): (&StreamAt, &[u64])) -> Vec<bool> {
+        counts
+            .iter()
+            .map(|&(d, c)| {
+                let d = d as usize;
+                at.crosses_pass(d, before[d], c, self.sizes[d])
+            })
+            .collect()
+    }
+
+    /// Leaf `l`'s time order where it is needed ([`Global::marked`]). When the marked
+    /// datasets hold more than a sixteenth of the leaf, one pass over its positions ranks
+    /// every occurrence; otherwise their slots' positions come from the permutation's
+    /// inverse, sorted. Only the positions a later phase leaves to the leaf are ranked.
     fn timed(
         &self,
         il: &Interleave,
         ph: &GlobalPhase,
         l: u64,
         counts: &Counts,
-        before: &[u64],
+        streams: (&StreamAt, &[u64]),
     ) -> Timed {
         let (lo, hi) = il.leaf_range(l);
-        let cut = ph.end - ph.start < hi;
-        let marked: Vec<bool> = counts
-            .iter()
-            .map(|&(d, c)| {
-                let (b, n) = (before[d as usize], self.sizes[d as usize]);
-                cut || b / n != (b + c - 1) / n
-            })
-            .collect();
+        let marked = self.marked(counts, streams);
         let table = SlotTable::new(counts, hi - lo);
         let slots_marked: u64 = (0..marked.len())
             .filter(|&e| marked[e])
@@ -571,7 +781,7 @@ impl Global {
             let b = ph.leaf();
             let leaves = (ph.end - ph.start).div_ceil(b);
             let l0 = (g - ph.start) / b;
-            let per_unit = (UNIT.saturating_mul(w) / b).max(1);
+            let per_unit = (UNIT.saturating_mul(w) / b).clamp(1, WINDOW_LEAVES);
             let l1 = (l0 + per_unit).min(leaves);
             let span_end = (ph.start + l1 * b).min(ph.end);
             // At most UNIT positions: a leaf holding more of them (few ranks) is cut into
@@ -604,10 +814,17 @@ impl Global {
     }
 
     /// One unit's values into `out`.
-    fn fill_unit<T: Index>(&self, epoch: u64, u: &Unit, w: u64, input: &UnitInput, out: &mut [T]) {
+    fn fill_unit<T: Index>(
+        &self,
+        epoch: u64,
+        u: &Unit,
+        w: u64,
+        (at, input): (&StreamAt, &UnitInput<'_>),
+        out: &mut [T],
+    ) {
         let stream_at = &input.before;
         let ph = &self.phases[u.phase];
-        let mut passes = Passes::new(self, epoch, &input.before);
+        let mut passes = Passes::new(self, epoch, at, input.before);
         if let Some(b) = &ph.balanced {
             let leaf = b.leaf();
             let mut done = 0usize;
@@ -626,7 +843,7 @@ impl Global {
                     dj.push((d, stream_at[d as usize] + occ[i]));
                     p += w;
                 }
-                passes.write(&dj, &mut out[done..done + dj.len()]);
+                passes.write_all(&dj, &mut out[done..done + dj.len()]);
                 done += dj.len();
             }
             return;
@@ -647,12 +864,12 @@ impl Global {
                     (d as u32, stream_at[d] + p - starts[d])
                 })
                 .collect();
-            passes.write(&dj, out);
+            passes.write_all(&dj, out);
             return;
         }
         let il = self.interleave(epoch, ph);
         let mut before = stream_at.to_vec();
-        let leaves = &input.leaves;
+        let leaves = input.leaves;
         let mut slots: Vec<u64> = Vec::new();
         let mut dj: Vec<(u32, u64)> = Vec::new();
         let (mut done, mut p) = (0usize, u.g0 - ph.start);
@@ -666,10 +883,8 @@ impl Global {
                 perm.fill_strided(&mut slots, 0, hi - lo, p - lo, w);
                 let table = SlotTable::new(counts, hi - lo);
                 // Occurrences in time order for the datasets whose occurrences here cross a
-                // pass boundary (or all of them, in a leaf a later phase cuts, whose used
-                // positions are a prefix): their slots' positions, sorted. For the others slot
-                // order is as good (one pass, so no repeat) and costs nothing.
-                let timed = &*input.timed[k];
+                // pass boundary ([`Global::marked`]); slot order for the others.
+                let timed = &input.timed[k];
                 dj.clear();
                 dj.extend(
                     slots
@@ -691,7 +906,7 @@ impl Global {
                             (d, before[d as usize] + within)
                         }),
                 );
-                passes.write(&dj, &mut out[done..done + here]);
+                passes.write_all(&dj, &mut out[done..done + here]);
                 done += here;
                 p += here as u64 * w;
             }
@@ -699,18 +914,45 @@ impl Global {
         }
     }
 
-    /// Bytes a [`Global::fill`] of `count` positions holds at its peak: the output, and per
-    /// thread a leaf's slots or balanced sequence, plus the balanced phases' boundary counts.
+    /// Bytes a [`Global::fill`] of `count` positions holds at its peak: the output, plus a
+    /// scratch bounded whatever `count` is (it grows with the datasets and the leaf, not the
+    /// positions): every phase's stream starts (and a cut leaf's holes), the uniform
+    /// interleave's window of leaves (counts, starting draws and time orders, the ones being
+    /// ranked with their slots, and the walk's pending nodes), per thread a unit's passes
+    /// (every pass it meets, at most one per position plus one per dataset) and a leaf's slots
+    /// or balanced sequence, plus the balanced phases' boundary counts. An estimate, to
+    /// refuse what cannot fit before any work.
     pub(crate) fn fill_bytes(&self, count: u64, total: u64) -> u64 {
         let threads = rayon::current_num_threads() as u64;
+        let d = self.sizes.len() as u64;
         let leaf = global_leaf_size(self.sizes.len());
         let boundaries: u64 = self
             .phases
             .iter()
             .filter(|p| p.balanced.is_some())
-            .map(|p| (p.end - p.start).div_ceil(leaf) * 8 * self.sizes.len() as u64)
+            .map(|p| (p.end - p.start).div_ceil(leaf) * 8 * d)
             .sum();
-        count.saturating_mul(index_bytes(total)) + threads * leaf * 12 + boundaries
+        let cut: u64 = self
+            .phases
+            .iter()
+            .filter(|p| p.end - p.start < p.counts.iter().sum::<u64>())
+            .count() as u64;
+        let streams = self.phases.len() as u64 * d * 32 + cut * leaf * 9;
+        let positions = self.phases.last().map_or(0, |p| p.end);
+        let levels = u64::from(64 - (positions / leaf + 1).leading_zeros()) + 1;
+        // A call meets at most one leaf per position.
+        let touched = WINDOW_LEAVES.min(count.max(1));
+        let window =
+            touched * (d * 24 + leaf * 4) + threads.min(touched) * leaf * 16 + levels * d * 32;
+        let pass = std::mem::size_of::<RandomAccessPermutation>() as u64 + 8;
+        let unit = UNIT.min(count.max(1));
+        let scratch = if boundaries > 0 { leaf * 12 } else { unit * 32 };
+        let per_thread = d * 48 + (unit + d.min(count.max(1))) * (pass + 24) + scratch;
+        count.saturating_mul(index_bytes(total))
+            + streams
+            + window
+            + threads * per_thread
+            + boundaries
     }
 }
 
@@ -845,6 +1087,88 @@ mod tests {
                         let mut p = pass.to_vec();
                         p.sort_unstable();
                         assert_eq!(p, (offsets[d]..offsets[d] + n).collect::<Vec<_>>());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The whole global sequence (one rank) of the phases cut at `cuts`, each later phase
+    /// running to the end of the epoch with its own weights (a weight change at a resume).
+    fn cut_at(cuts: &[u64], shuffle: bool, il: Interleaving) -> Vec<u64> {
+        let t: u64 = SIZES.iter().sum();
+        let weights = [
+            vec![1.0, 1.0, 2.0, 0.5, 0.0],
+            vec![3.0, 0.0, 1.0, 0.0, 1.0],
+            vec![0.0, 5.0, 1.0, 1.0, 1.0],
+            vec![1.0, 1.0, 1.0, 1.0, 1.0],
+        ];
+        let mut phases = vec![PhaseSpec {
+            start: 0,
+            length: t,
+            weights: weights[0].clone(),
+            temperature: 1.0,
+        }];
+        for (k, &c) in cuts.iter().enumerate() {
+            phases.push(PhaseSpec {
+                start: c,
+                length: t - c,
+                weights: weights[(k + 1) % weights.len()].clone(),
+                temperature: 1.0,
+            });
+        }
+        let config = MixtureConfig {
+            deal: Deal {
+                num_replicas: 1,
+                rank: 0,
+                drop_last: false,
+            },
+            shuffle,
+            seed: 5,
+            interleave: il,
+            ..MixtureConfig::default()
+        };
+        let m = Mixture::new(&SIZES, &phases, &config).unwrap();
+        m.range(2, 0, m.len()).unwrap().to_u64_vec()
+    }
+
+    #[test]
+    fn a_cut_changes_nothing_before_it_and_passes_stay_whole() {
+        // Cuts inside leaves (4,096 positions in tests): one, two in one leaf, three in a
+        // row, and cuts between which the oversampled datasets (7 and 1 samples) run many
+        // passes; each phase's weights differ from the one before.
+        let offsets: Vec<u64> = SIZES
+            .iter()
+            .scan(0, |a, &n| {
+                *a += n;
+                Some(*a - n)
+            })
+            .collect();
+        let dataset = |v: u64| offsets.partition_point(|&o| o <= v) - 1;
+        let cases: [&[u64]; 5] = [
+            &[5_000],
+            &[5_000, 5_100],
+            &[1, 2, 3],
+            &[4_096 * 3 + 17, 4_096 * 3 + 18, 100_000],
+            &[70_001, 70_002, 70_003],
+        ];
+        for (shuffle, il) in KINDS {
+            for cuts in cases {
+                let seq = cut_at(cuts, shuffle, il);
+                // What a resume at each cut already yielded: the sequence without that cut.
+                for k in 0..cuts.len() {
+                    let before = cut_at(&cuts[..k], shuffle, il);
+                    let c = cuts[k] as usize;
+                    assert_eq!(seq[..c], before[..c], "{cuts:?} cut {k} {il:?} {shuffle}");
+                }
+                // Every pass of every dataset whole, in time order.
+                for (d, &n) in SIZES.iter().enumerate() {
+                    let vs: Vec<u64> = seq.iter().copied().filter(|&v| dataset(v) == d).collect();
+                    for pass in vs.chunks(n as usize) {
+                        let mut p = pass.to_vec();
+                        p.sort_unstable();
+                        p.dedup();
+                        assert_eq!(p.len(), pass.len(), "dataset {d} {cuts:?} {il:?} {shuffle}");
                     }
                 }
             }

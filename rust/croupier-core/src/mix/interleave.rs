@@ -21,6 +21,7 @@
 //! length, so every rank interleaves independently and a phase cut short by a later schedule
 //! keeps its order up to the cut.
 
+use crate::cancel::cancelled;
 use crate::draw::cell_rng::CellRng;
 use crate::draw::hypergeom::hypergeometric;
 use crate::draw::keyed::keyed_xoshiro;
@@ -150,11 +151,20 @@ impl Interleave {
         let mut draws = (mid - a) * self.leaf;
         let mut rng = CellRng::for_cell(self.base, a, b, 0, 0);
         let (mut left, mut right) = (Counts::new(), Counts::new());
-        for &(d, c) in node {
+        // A node of many datasets takes a while (about 2 µs a draw): once the call is
+        // cancelled the rest is split greedily, still a valid split (so nothing downstream
+        // trips over it), and the caller discards the result.
+        let mut stopped = false;
+        for (k, &(d, c)) in node.iter().enumerate() {
+            if k % 1024 == 1023 && !stopped {
+                stopped = cancelled();
+            }
             let x = if draws == 0 {
                 0
             } else if draws == pop {
                 c
+            } else if stopped {
+                c.min(draws)
             } else {
                 hypergeometric(&mut rng, pop, c, draws)
             };
@@ -214,6 +224,24 @@ impl Interleave {
         self.walk((mid, b), right, (l0, l1), before, out);
     }
 
+    /// The leaves `[l0, l1)` one after another, each with its counts and the counts of all
+    /// positions before it (by dataset, `datasets` of them): what [`Interleave::leaf_counts`]
+    /// gives, the same draws, but holding only the walk's pending nodes (one per tree level)
+    /// instead of every leaf of the range.
+    pub(crate) fn leaf_walk(&self, (l0, l1): (u64, u64), datasets: usize) -> LeafWalk<'_> {
+        let stack = if l0 < l1 {
+            vec![((0, self.leaves()), self.counts.clone())]
+        } else {
+            Vec::new()
+        };
+        LeafWalk {
+            il: self,
+            stack,
+            range: (l0, l1),
+            before: vec![0; datasets],
+        }
+    }
+
     /// Leaf `l`'s sequence, as indices into its `counts` (which must be the leaf's).
     pub(crate) fn leaf_order(&self, l: u64, counts: &Counts) -> Vec<u32> {
         let (lo, hi) = self.leaf_range(l);
@@ -247,6 +275,47 @@ impl Interleave {
         for e in &self.leaf_order(l, &leaf)[..(q - lo) as usize] {
             into[leaf[*e as usize].0 as usize] += 1;
         }
+    }
+}
+
+/// The leaves of a range of an [`Interleave`], in order (see [`Interleave::leaf_walk`]).
+pub(crate) struct LeafWalk<'a> {
+    il: &'a Interleave,
+    /// Nodes still to visit, the next on top: `((a, b), counts)`.
+    stack: Vec<((u64, u64), Counts)>,
+    range: (u64, u64),
+    before: Vec<u64>,
+}
+
+impl Iterator for LeafWalk<'_> {
+    /// `(leaf, its counts, the counts before it)`.
+    type Item = (u64, Counts, Vec<u64>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (l0, l1) = self.range;
+        while let Some(((a, b), node)) = self.stack.pop() {
+            if b <= l0 {
+                for (d, c) in node {
+                    self.before[d as usize] += c;
+                }
+                continue;
+            }
+            if a >= l1 {
+                continue;
+            }
+            if b - a == 1 {
+                let before = self.before.clone();
+                for &(d, c) in &node {
+                    self.before[d as usize] += c;
+                }
+                return Some((a, node, before));
+            }
+            let mid = a + (b - a) / 2;
+            let (left, right) = self.il.split_left(a, b, &node);
+            self.stack.push(((mid, b), right));
+            self.stack.push(((a, mid), left));
+        }
+        None
     }
 }
 
@@ -285,6 +354,22 @@ mod tests {
                 want[x as usize] += 1;
             }
             assert_eq!(got, want, "prefix {q}");
+        }
+    }
+
+    #[test]
+    fn the_leaf_walk_gives_what_leaf_counts_gives() {
+        let counts = [70_000u64, 0, 3, 131_072, 1];
+        let il = Interleave::new(&counts, (1, 2), 0, 0);
+        for (l0, l1) in [(0u64, 4u64), (1, 3), (2, 2), (3, 4)] {
+            let mut before = vec![0u64; 5];
+            let leaves = il.leaf_counts((l0, l1), &mut before);
+            let walked: Vec<_> = il.leaf_walk((l0, l1), 5).collect();
+            assert_eq!(walked.len(), leaves.len());
+            for (k, (l, c, b)) in walked.into_iter().enumerate() {
+                assert_eq!((l, &c, &b), (l0 + k as u64, &leaves[k], &before));
+                c.iter().for_each(|&(d, x)| before[d as usize] += x);
+            }
         }
     }
 

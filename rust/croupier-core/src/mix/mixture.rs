@@ -555,6 +555,23 @@ impl Mixture {
             + threads * leaf * 8
     }
 
+    /// Whether a range `[start, stop)` may take long (a tenth of a second or more) while its
+    /// buffers are small: many positions, or many datasets (whose interleave trees cost a
+    /// draw per dataset and node). The bindings run such calls interruptibly.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::{Mixture, MixtureConfig, PhaseSpec};
+    ///
+    /// let phase = PhaseSpec { start: 0, length: 150, weights: vec![2.0, 1.0], temperature: 1.0 };
+    /// let m = Mixture::new(&[100, 50], &[phase], &MixtureConfig::default()).unwrap();
+    /// assert!(!m.is_long(0, m.len()));
+    /// ```
+    pub fn is_long(&self, start: u64, stop: u64) -> bool {
+        stop.saturating_sub(start) >= 1 << 20 || self.datasets() >= 1 << 12
+    }
+
     /// Bytes a [`Mixture::elastic_range`] of `[start, stop)` holds at its peak: the output
     /// (`u64` per position) and one old rank's range, about as long scaled by the worlds'
     /// sizes, with its own working memory ([`Mixture::range_bytes`]).
