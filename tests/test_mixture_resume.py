@@ -133,7 +133,12 @@ class Run:
     samplers: list[MixtureSampler]
     offset: int
     iters: list[Any] = field(default_factory=list)
-    taken: int = 0
+    taken: int = 0  # items of the rest each rank yielded
+    base: int = 0  # the rank's position where the rest began (a loaded elastic position)
+
+    def left(self) -> int:
+        """Items of the rest each rank has still to yield (``len`` counts the base too)."""
+        return len(self.samplers[0]) - self.base - self.taken
 
     @property
     def world(self) -> int:
@@ -210,13 +215,12 @@ def _play(cfg: Config, steps: list[tuple[Any, ...]], first_world: int) -> None:
     if cfg.order == "global":
         end = min(end, sum(cfg.sizes))
     for frac, how, world, change, what in steps:
-        left = len(run.samplers[0]) - run.taken
-        take(int(left * frac))
+        take(int(run.left() * frac))
         at = run.taken
         if how == "skip" or (how == "load" and world == run.world) or world == run.world:
             if how == "skip":
                 for s in run.samplers:
-                    s.set_skip(at)
+                    s.set_skip(run.base + at)
             else:
                 states = [s.state_dict() for s in run.samplers]
                 fresh = [cfg.sampler(run.world, r) for r in range(run.world)]
@@ -232,11 +236,13 @@ def _play(cfg: Config, steps: list[tuple[Any, ...]], first_world: int) -> None:
             for s in fresh:
                 s.load_state_dict(states[0])
             run = Run(cfg, fresh, consumed)
+            run.base = fresh[0].state_dict()["position"]
+            assert len(fresh[0]) == run.base + len(fresh[0].indices())  # the len rule
             max_world = max(max_world, world)
             same = False
             if consumed >= end or len(fresh[0]) == 0:
                 # The epoch is done (drop_last may have cut an elastic rest's tail).
-                run.taken = len(fresh[0])
+                run.taken = run.left()
                 elastic = elastic or consumed > 0
                 break
             if consumed == 0:
@@ -270,10 +276,10 @@ def _play(cfg: Config, steps: list[tuple[Any, ...]], first_world: int) -> None:
                 s.set_schedule(entries)
         schedule = entries
         in_epoch = same and not elastic and (run.offset == 0 or unit is None)
-        if in_epoch and pos < (end if unit is None else len(run.samplers[0])):
+        if in_epoch and pos < (end if unit is None else run.base + run.taken + run.left()):
             phases = _spliced(phases, entries, pos, length)
     # The rest of the epoch.
-    take(len(run.samplers[0]) - run.taken)
+    take(run.left())
     ref = _reference(cfg, phases, ref_world)
     real = {g: v for g, v in got.items() if g < end}
     assert sorted(real) == list(range(len(real))), "positions skipped"
