@@ -1,0 +1,265 @@
+"""Reference model of ``croupier.MixtureSampler`` (orders "global" and "fast", both
+interleaves), with its mid-epoch mutations ``update_weights`` and ``set_schedule``.
+
+Encodes (docs/samplers.md, the class docstring, docs/checkpointing.md):
+
+- Dealing, positions, ``len``, loads and elastic resume as every sampler (:mod:`models.world`):
+  the global order is one sequence of ``sum(sizes)`` positions for every world size; the fast
+  order is each rank's own sequence, the epoch's order being the first world's ranks'
+  sequences interleaved (position t of every rank, rank after rank).
+- Phases: a schedule ``[(start, weights, temperature), ...]`` cuts the epoch (global positions
+  in the global order, rank positions in the fast one) into phases; phase ``k`` holds dataset
+  ``i`` exactly ``c_i`` times, the largest remainder of ``p_i * n_k`` (``p_i`` proportional to
+  ``w_i ** (1 / T)``) over its length ``n_k`` (over the global sequence in the global order, on
+  every rank in the fast order).
+- Passes: each dataset is read pass after pass, every pass a permutation of the dataset (no
+  sample twice within a pass; an oversampled dataset starts a fresh pass only when the
+  current one is used up); streams go on across phase boundaries.
+- Changes (``update_weights``, ``set_schedule``) apply from the next iteration: from position
+  0 it is the schedule's phases; an iteration resuming mid-epoch (after ``set_skip`` or a load
+  on the same world) keeps the phases before the resume position and the new schedule applies
+  from it (global order: ``position * W``, the phase in force there starting at it); an
+  iteration already running keeps its phases, and a checkpoint taken meanwhile resumes it
+  unchanged (the change waits for the iteration after); after an elastic load the change
+  applies from the next epoch. A new epoch (``set_epoch`` to another) uses the schedule in
+  force. In the fast order a load on another world size moves schedule starts in proportion
+  (``start * new_len // old_len``, a phase left empty dropped).
+- Interrupted and resumed equals uninterrupted: the epoch's sequence is a function of
+  ``(seed, epoch)`` and its phase history only. The oracle for it is a fresh sampler of the
+  first world (``num_replicas=1`` in the global order), driven through the same changes at the
+  same positions on one sampler, with no state transfer and no other world; every sequence it
+  gives is checked against the counts and the passes above before the model uses it (so a
+  defect of that path is caught, not copied).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from models.world import WorldModel, WorldState, interleave
+
+Entry = tuple[int, tuple[float, ...], float]
+Schedule = tuple[Entry, ...]
+History = tuple[Schedule, tuple[tuple[int, Schedule], ...]]  # fresh schedule, then splices
+
+
+def probabilities(weights: tuple[float, ...], temperature: float) -> list[float]:
+    scaled = [w ** (1.0 / temperature) if w > 0 else 0.0 for w in weights]
+    total = sum(scaled)
+    return [w / total for w in scaled]
+
+
+def check_largest_remainder(counts: list[int], probs: list[float], length: int) -> None:
+    """``counts`` is a largest-remainder rounding of ``probs * length`` (any tie-break)."""
+    assert sum(counts) == length, (counts, length)
+    exact = [p * length for p in probs]
+    eps = 1e-6
+    for c, x in zip(counts, exact, strict=True):
+        assert x - 1 + eps < c < x + 1 - eps or abs(c - x) < eps, (counts, exact)
+    up = [x - int(x) for c, x in zip(counts, exact, strict=True) if c > int(x + eps)]
+    down = [x - int(x) for c, x in zip(counts, exact, strict=True) if c <= int(x + eps)]
+    if up and down:
+        assert min(up) >= max(down) - eps, ("not the largest remainders", counts, exact)
+
+
+def fresh_phases(schedule: Schedule, positions: int) -> list[tuple[int, int, Entry]]:
+    ends = [e[0] for e in schedule[1:]] + [positions]
+    return [(e[0], end - e[0], e) for e, end in zip(schedule, ends, strict=True)]
+
+
+def splice(phases: list[tuple[int, int, Entry]], at: int, schedule: Schedule, positions: int):
+    kept = [p for p in phases if p[0] < at]
+    current = max((e for e in schedule if e[0] <= at), key=lambda e: e[0])
+    new = [(at, current[1], current[2]), *(e for e in schedule if e[0] > at)]
+    return kept + fresh_phases(tuple(new), positions)
+
+
+def phases_of(history: History, positions: int) -> list[tuple[int, int, Entry]]:
+    phases = fresh_phases(history[0], positions)
+    for at, schedule in history[1]:
+        phases = splice(phases, at, schedule, positions)
+    return phases
+
+
+class MixtureModel(WorldModel):
+    def __init__(
+        self,
+        sizes: list[int],
+        weights: list[float],
+        world: int,
+        *,
+        seed: int,
+        shuffle: bool,
+        drop_last: bool,
+        temperature: float,
+        order: str,
+        interleave: str,
+    ) -> None:
+        self.sizes = tuple(sizes)
+        self.cs = [0]
+        for n in sizes:
+            self.cs.append(self.cs[-1] + n)
+        self.seed, self.shuffle, self.temperature = seed, shuffle, temperature
+        self.order, self.interleave = order, interleave
+        self.drop_last = drop_last
+        self._initial: Schedule = ((0, tuple(float(w) for w in weights), float(temperature)),)
+        super().__init__(world, drop_last)
+        self.state.extra = {"schedule": self._initial, "pending": False, "continuing": False}
+
+    # -- positions ------------------------------------------------------------------------
+
+    def positions(self, world: int) -> int:
+        """What schedules count: the global sequence (global), a rank's sequence (fast)."""
+        if self.order == "global":
+            return sum(self.sizes)
+        if self.drop_last:
+            return sum(n // world for n in self.sizes)
+        return sum(-(-n // world) for n in self.sizes)
+
+    def unit(self) -> int:
+        return self.world if self.order == "global" else 1
+
+    def schedule(self) -> Schedule:
+        return self.state.extra.get("schedule", self._initial) if hasattr(self, "state") else (
+            self._initial
+        )
+
+    # -- the order ------------------------------------------------------------------------
+
+    def fresh_extra(self, epoch: int, world: int) -> History:
+        return (self.schedule(), ())
+
+    def order_of(self, epoch: int, origin: int, extra: History) -> tuple[int, ...]:
+        if self.order == "global":
+            (seq,) = _oracle(self._key(), epoch, 1, extra)
+            self.check_sequence(list(seq), extra, self.positions(1), passes=True)
+            m = len(seq)
+            return seq[: (m // origin) * origin] if self.drop_last else seq
+        ranks = _oracle(self._key(), epoch, origin, extra)
+        for seq in ranks:
+            self.check_sequence(list(seq), extra, self.positions(origin), passes=False)
+        return tuple(interleave([list(s) for s in ranks]))
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.sizes, self.seed, self.shuffle, self.drop_last, self.order, self.interleave)
+
+    def dataset_of(self, index: int) -> int:
+        for i in range(len(self.sizes)):
+            if self.cs[i] <= index < self.cs[i + 1]:
+                return i
+        raise AssertionError(f"index {index} outside the datasets")
+
+    def check_sequence(self, seq: list[int], history: History, positions: int, passes: bool):
+        assert len(seq) == positions, (len(seq), positions)
+        phases = phases_of(history, positions)
+        for k, (start, length, entry) in enumerate(phases):
+            end = phases[k + 1][0] if k + 1 < len(phases) else positions
+            if start + length != end:
+                continue  # a phase cut short by a later change: only its prefix is yielded
+            counts = [0] * len(self.sizes)
+            for v in seq[start:end]:
+                counts[self.dataset_of(v)] += 1
+            check_largest_remainder(counts, probabilities(entry[1], entry[2]), length)
+        if passes:
+            for i, n in enumerate(self.sizes):
+                stream = [v - self.cs[i] for v in seq if self.cs[i] <= v < self.cs[i + 1]]
+                for p in range(0, len(stream), n):
+                    chunk = stream[p : p + n]
+                    assert len(set(chunk)) == len(chunk), (
+                        f"dataset {i}: a sample twice within pass {p // n}: {stream}"
+                    )
+
+    # -- operations -----------------------------------------------------------------------
+
+    def on_iteration(self, start: int) -> None:
+        s, ex = self.state, self.state.extra
+        ex["from_load"] = False
+        seg = s.seg
+        if seg.origin != self.world or seg.offset > 0 or seg.base > 0:
+            ex["continuing"] = False
+            return  # an elastic rest keeps its first world's phases
+        if start == 0:
+            history: History = (self.schedule(), ())
+            ex["pending"] = False
+        elif ex["continuing"]:
+            history = seg.extra
+        elif ex["pending"]:
+            history = (seg.extra[0], (*seg.extra[1], (start * self.unit(), self.schedule())))
+            ex["pending"] = False
+        else:
+            history = seg.extra
+        ex["continuing"] = False
+        if history != seg.extra:
+            s.seg = type(seg)(seg.epoch, self.order_of(seg.epoch, self.world, history),
+                              seg.origin, extra=history)
+
+    def set_schedule(self, schedule: Schedule) -> None:
+        ex = self.state.extra
+        ex["schedule"] = schedule
+        ex["pending"] = True
+        ex["continuing"] = False
+        if ex.get("from_load"):
+            self.state.running = False
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.state.seg.epoch:
+            self.state.extra["pending"] = False
+            self.state.extra["continuing"] = False
+        super().set_epoch(epoch)
+
+    def set_skip(self, skip: int) -> None:
+        super().set_skip(skip)
+        self.state.extra["continuing"] = False
+        self.state.extra["from_load"] = False
+
+    def on_same_world_load(self, saved: WorldState) -> None:
+        self.state.extra["continuing"] = saved.running
+        self.state.extra["from_load"] = True
+
+    def on_elastic_load(self, saved: WorldState) -> None:
+        ex = self.state.extra
+        ex["continuing"] = False
+        ex["from_load"] = True
+        old, new = self.positions(saved.world), self.positions(self.world)
+        if self.order == "fast" and old != new:
+            moved: list[Entry] = []
+            for start, w, t in ex["schedule"]:
+                at = start * new // old
+                if moved and moved[-1][0] == at:
+                    moved.pop()  # the earlier phase is left empty
+                moved.append((at, w, t))
+            ex["schedule"] = tuple(moved)
+
+
+@lru_cache(maxsize=512)
+def _oracle(key: tuple[Any, ...], epoch: int, world: int, history: History):
+    """Each rank's sequence of the epoch on a fresh world of ``world`` ranks, driven through
+    ``history`` on one sampler per rank: the fresh schedule, then for every change its
+    ``set_skip`` to the change's position and the new schedule."""
+    import croupier
+
+    sizes, seed, shuffle, drop_last, order, inter = key
+    cs = [0]
+    for n in sizes:
+        cs.append(cs[-1] + n)
+    unit = world if order == "global" else 1
+    out = []
+    for r in range(world):
+        first = history[0]
+        s = croupier.MixtureSampler(
+            cs, list(first[0][1]), num_replicas=world, rank=r, shuffle=shuffle, seed=seed,
+            drop_last=drop_last, temperature=first[0][2], order=order, interleave=inter,
+        )
+        s.set_schedule([(a, list(w), t) for a, w, t in first])
+        s.set_epoch(epoch)
+        seq = [int(i) for i in s]
+        for at, schedule in history[1]:
+            assert at % unit == 0
+            s.set_skip(at // unit)
+            s.set_schedule([(a, list(w), t) for a, w, t in schedule])
+            seq = seq[: at // unit] + [int(i) for i in s]
+        out.append(tuple(seq))
+    return tuple(out)
+
+

@@ -1,0 +1,215 @@
+"""The checkpoint semantics every elastic croupier sampler shares, for one world of ranks.
+
+Encodes (API.md, DESIGN.md, docs/checkpointing.md, issue 42's rules):
+
+- An epoch on a world of ``W`` ranks is one global order ``G`` (the items its first world
+  covers, before padding). Rank ``r`` takes positions ``r, r + W, ...`` of the order dealt
+  with torch's arithmetic: ``drop_last=False`` pads to ``ceil(n / W) * W`` by repeating the
+  head (as often as needed), ``drop_last=True`` keeps ``floor(n / W) * W``.
+- ``state_dict()["position"]`` counts this rank's items of the epoch consumed: handed out by
+  the live iterator, skipped with ``set_skip``, or recorded by a loaded state. Iterating again
+  without ``set_epoch`` repeats the epoch from its start unless a start is pending (a
+  ``set_skip`` or a load). A loaded position belongs to its epoch (``set_epoch`` of the same
+  epoch keeps it, of another starts that one from 0); a ``set_skip`` waits for the next
+  iteration whatever its epoch.
+- Elastic load (saved on ``W``, loaded on ``W' != W``): the old ranks consumed the order's
+  first ``position * W`` items (at most the epoch's items: padding counted once); the rest is
+  dealt to the ``W'`` ranks with torch's padding/dropping. Further hops continue the same order
+  from a larger offset.
+- The len rule: after any load ``len == loaded position + what the next iteration yields``;
+  the position reported right after an elastic load is the loaded one and counts up from it;
+  ``set_skip(s)`` takes ``s`` in ``[loaded position, len]`` then. After ``set_epoch`` to another
+  epoch the world is an ordinary one again.
+
+``LEGACY_LEN=True`` (environment ``CROUPIER_MODEL_LEGACY_LEN=1``) switches the len rule to the
+one shipped before issue 42 (after an elastic load positions, ``len`` and ``set_skip`` count
+from 0 in the rest), only to explore the other invariants on code that predates the rule.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+LEGACY_LEN = os.environ.get("CROUPIER_MODEL_LEGACY_LEN") == "1"
+
+
+def deal(items: list[Any], world: int, drop_last: bool) -> list[list[Any]]:
+    """torch's DistributedSampler arithmetic on an already ordered list: one list per rank."""
+    n = len(items)
+    if drop_last:
+        kept = items[: (n // world) * world]
+    else:
+        total = -(-n // world) * world
+        kept = list(items)
+        while n and len(kept) < total:  # the head, as often as needed
+            kept += items[: total - len(kept)]
+    return [kept[r::world] for r in range(world)]
+
+
+def interleave(seqs: list[list[Any]]) -> list[Any]:
+    """Position t of every rank's sequence, rank after rank, then position t + 1."""
+    return [x for column in zip(*seqs, strict=True) for x in column]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The part of an epoch a world iterates: the epoch's order ``order`` (its first world's
+    items), from global ``offset`` on, dealt to this world; ``base`` is the rank position the
+    world's first item has (0, or the position recorded by the state an elastic load read)."""
+
+    epoch: int
+    order: tuple[Any, ...]
+    origin: int
+    offset: int = 0
+    base: int = 0
+    extra: Any = None  # sampler-specific (a mixture's phases history)
+
+    @property
+    def elastic(self) -> bool:
+        return self.offset > 0 or self.base > 0
+
+
+@dataclass
+class WorldState:
+    """Everything a world's state means (all ranks move in lockstep, so one per world)."""
+
+    world: int
+    seg: Segment
+    position: int = 0  # rank position reached by the last iteration
+    pending: tuple[str, int] | None = None  # ("skip" | "load" | "iter", rank position)
+    running: bool = False  # the last iteration has handed out items (mixture's continuing)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class WorldModel:
+    """One world of ``world`` ranks. ``order_of(epoch, origin, extra)`` gives the epoch's
+    global order (its first world's items, unpadded); subclasses choose it."""
+
+    def __init__(self, world: int, drop_last: bool) -> None:
+        self.drop_last = drop_last
+        self.state = WorldState(world, self.fresh_segment(0, world))
+        self.live = False  # a live iterator (in the machine) stands at state.position
+
+    # -- to provide -------------------------------------------------------------------------
+
+    def order_of(self, epoch: int, origin: int, extra: Any) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def fresh_extra(self, epoch: int, world: int) -> Any:
+        return None
+
+    # -- derived ----------------------------------------------------------------------------
+
+    def fresh_segment(self, epoch: int, world: int) -> Segment:
+        extra = self.fresh_extra(epoch, world)
+        return Segment(epoch, self.order_of(epoch, world, extra), world, extra=extra)
+
+    @property
+    def world(self) -> int:
+        return self.state.world
+
+    def shares(self, seg: Segment | None = None) -> list[list[Any]]:
+        seg = seg or self.state.seg
+        return deal(list(seg.order[seg.offset :]), self.world, self.drop_last)
+
+    def base(self, seg: Segment | None = None) -> int:
+        seg = seg or self.state.seg
+        return 0 if LEGACY_LEN else seg.base
+
+    def length(self) -> int:
+        return self.base() + len(self.shares()[0])
+
+    def state_position(self) -> int:
+        s = self.state
+        return s.pending[1] if s.pending is not None else s.position
+
+    def next_start(self) -> int:
+        s = self.state
+        return s.pending[1] if s.pending is not None else self.base()
+
+    def remaining_from(self, position: int, seg: Segment | None = None) -> list[list[Any]]:
+        """What each rank yields from rank position ``position`` of the segment."""
+        base = self.base(seg)
+        return [share[position - base :] for share in self.shares(seg)]
+
+    def next_iteration(self) -> list[list[Any]]:
+        return self.remaining_from(self.next_start())
+
+    # -- operations -------------------------------------------------------------------------
+
+    def start_iteration(self) -> None:
+        """``iter()`` on every rank: until its first ``next`` the iterator's start stays
+        pending (DataLoader calls ``iter()`` twice and drops the first)."""
+        start = self.next_start()
+        self.on_iteration(start)
+        self.state.pending = ("iter", start)
+        self.live = True
+
+    def on_iteration(self, start: int) -> None:
+        """Hook: what a new iteration from ``start`` changes (a mixture's phases)."""
+
+    def take(self, k: int) -> list[list[Any]]:
+        assert self.live
+        s = self.state
+        if s.pending is not None and s.pending[0] == "iter":  # the first next()
+            s.position = s.pending[1]
+            s.pending = None
+            s.running = False
+        got = [share[s.position - self.base() :][:k] for share in self.shares()]
+        s.position += len(got[0])
+        if got[0]:
+            s.running = True
+        return got
+
+    def drop_live(self) -> None:
+        self.live = False
+
+    def set_epoch(self, epoch: int) -> None:
+        s = self.state
+        if epoch == s.seg.epoch:
+            return
+        s.seg = self.fresh_segment(epoch, self.world)
+        if s.pending is not None and s.pending[0] != "skip":
+            s.pending = None  # a loaded start (or an iterator's) belongs to its epoch
+        s.position = 0
+        s.running = False
+
+    def skip_range(self) -> tuple[int, int]:
+        return self.base(), self.length()
+
+    def set_skip(self, skip: int) -> None:
+        lo, hi = self.skip_range()
+        assert lo <= skip <= hi
+        self.state.pending = ("skip", skip)
+        self.state.running = False
+
+    def snapshot(self) -> WorldState:
+        """What ``state_dict()`` means, frozen."""
+        s = self.state
+        return replace(s, extra=dict(s.extra))
+
+    def load(self, saved: WorldState, world: int) -> None:
+        """``load_state_dict(saved)`` into fresh samplers of a world of ``world`` ranks."""
+        self.live = False
+        position = saved.pending[1] if saved.pending is not None else saved.position
+        if world == saved.world:
+            self.state = replace(saved, pending=("load", position), position=position)
+            self.state.extra = dict(saved.extra)
+            self.on_same_world_load(saved)
+            return
+        seg = saved.seg
+        consumed_here = (position - self.base(seg)) * saved.world
+        offset = seg.offset + min(consumed_here, len(seg.order) - seg.offset)
+        base = 0 if LEGACY_LEN else position
+        new = replace(seg, offset=offset, base=base)
+        self.state = WorldState(world, new, position=base, pending=("load", base))
+        self.state.extra = dict(saved.extra)
+        self.on_elastic_load(saved)
+
+    def on_same_world_load(self, saved: WorldState) -> None:
+        """Hook."""
+
+    def on_elastic_load(self, saved: WorldState) -> None:
+        """Hook."""
