@@ -14,13 +14,17 @@ import os
 import pickle
 from typing import Any
 
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from models.world import WorldModel
 
 EVERYTHING = 10**9
+# Exploring code with known, reported defects: CROUPIER_MODEL_TOLERATE=roundtrip-phases skips
+# the round-trip comparison of a MixtureSampler state's "phases" (see the issue 42 report).
+# The default run tolerates nothing.
+TOLERATE = set(filter(None, os.environ.get("CROUPIER_MODEL_TOLERATE", "").split(",")))
 
 
 def budget(default_examples: int, steps: int) -> settings:
@@ -28,9 +32,12 @@ def budget(default_examples: int, steps: int) -> settings:
     profile's ``max_examples`` when it asks for more (HYPOTHESIS_PROFILE=thorough: 600)."""
     current = settings()
     examples = default_examples if current.max_examples <= 60 else current.max_examples
+    extra: dict[str, Any] = {}
+    if os.environ.get("CROUPIER_MODEL_NO_SHRINK") == "1":  # exploring: report unshrunk
+        extra["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
     return settings(
         current, max_examples=examples, stateful_step_count=steps, deadline=None,
-        report_multiple_bugs=False,
+        report_multiple_bugs=False, **extra,
     )
 
 
@@ -168,10 +175,9 @@ class LockstepMachine(RuleBasedStateMachine):
     @rule()
     def pickle_round_trip(self) -> None:
         """A pickled copy starts where the original's live iterator stood."""
-        saved = self.model.snapshot()
         self.samplers = [pickle.loads(pickle.dumps(s)) for s in self.samplers]
         self.iters = None
-        self.model.load(saved, self.world)
+        self.model.pickle_copy()
 
     @precondition(lambda self: self.forks < self.max_forks and hasattr(os, "fork"))
     @rule()
@@ -273,7 +279,12 @@ class LockstepMachine(RuleBasedStateMachine):
             state = s.state_dict()
             fresh = self.make(self.world, r)
             fresh.load_state_dict(json.loads(json.dumps(state)))
-            assert fresh.state_dict() == state, ("state round trip", r)
+            back = fresh.state_dict()
+            diff = {k: (state.get(k), back.get(k)) for k in {*state, *back}
+                    if state.get(k) != back.get(k)}
+            if "roundtrip-phases" in TOLERATE:
+                diff.pop("phases", None)
+            assert not diff, ("state round trip", r, diff)
             got = [as_item(x) for x in fresh]
             assert got == list(expected[r]), ("resume", r, got, expected[r])
 

@@ -12,10 +12,12 @@ Encodes (API.md, DESIGN.md, docs/checkpointing.md, issue 42's rules):
   ``set_skip`` or a load). A loaded position belongs to its epoch (``set_epoch`` of the same
   epoch keeps it, of another starts that one from 0); a ``set_skip`` waits for the next
   iteration whatever its epoch.
-- Elastic load (saved on ``W``, loaded on ``W' != W``): the old ranks consumed the order's
+- Elastic load (saved on ``W``, loaded on ``W' != W``): a state at the start of an epoch
+  (nothing consumed) loads as the start of that epoch on ``W'``; otherwise the old ranks consumed the order's
   first ``position * W`` items (at most the epoch's items: padding counted once); the rest is
   dealt to the ``W'`` ranks with torch's padding/dropping. Further hops continue the same order
-  from a larger offset.
+  from a larger offset. A state saved at the end of an epoch (or of its rest) means the epoch
+  is done on any world size (what a world's ``drop_last`` dropped comes back next epoch).
 - The len rule: after any load ``len == loaded position + what the next iteration yields``;
   the position reported right after an elastic load is the loaded one and counts up from it;
   ``set_skip(s)`` takes ``s`` in ``[loaded position, len]`` then. After ``set_epoch`` to another
@@ -80,6 +82,7 @@ class WorldState:
     position: int = 0  # rank position reached by the last iteration
     pending: tuple[str, int] | None = None  # ("skip" | "load" | "iter", rank position)
     running: bool = False  # the last iteration has handed out items (mixture's continuing)
+    cursor: bool = False  # an iteration has started (its first next) and nothing reset it
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,8 +106,13 @@ class WorldModel:
     # -- derived ----------------------------------------------------------------------------
 
     def fresh_segment(self, epoch: int, world: int) -> Segment:
-        extra = self.fresh_extra(epoch, world)
-        return Segment(epoch, self.order_of(epoch, world, extra), world, extra=extra)
+        return self.segment(epoch, world, self.fresh_extra(epoch, world))
+
+    def segment(self, epoch: int, world: int, extra: Any) -> Segment:
+        order = self.order_of(epoch, world, extra)
+        if self.drop_last:  # what the first world covers: drop_last cuts its tail
+            order = order[: (len(order) // world) * world]
+        return Segment(epoch, order, world, extra=extra)
 
     @property
     def world(self) -> int:
@@ -157,6 +165,7 @@ class WorldModel:
             s.position = s.pending[1]
             s.pending = None
             s.running = False
+            s.cursor = True
         got = [share[s.position - self.base() :][:k] for share in self.shares()]
         s.position += len(got[0])
         if got[0]:
@@ -175,6 +184,7 @@ class WorldModel:
             s.pending = None  # a loaded start (or an iterator's) belongs to its epoch
         s.position = 0
         s.running = False
+        s.cursor = False
 
     def skip_range(self) -> tuple[int, int]:
         return self.base(), self.length()
@@ -184,26 +194,61 @@ class WorldModel:
         assert lo <= skip <= hi
         self.state.pending = ("skip", skip)
         self.state.running = False
+        self.state.cursor = False
 
     def snapshot(self) -> WorldState:
         """What ``state_dict()`` means, frozen."""
         s = self.state
         return replace(s, extra=dict(s.extra))
 
+    def pickle_copy(self) -> None:
+        """``pickle.loads(pickle.dumps(sampler))``: a copy of the sampler in which a live (or
+        created) iterator's position becomes a loaded start; a pending skip stays a skip."""
+        s = self.state
+        self.live = False
+        if s.pending is not None and s.pending[0] == "iter" or s.pending is None and s.cursor:
+            s.pending = ("load", self.state_position())
+            self.on_pickle()
+
+    def on_pickle(self) -> None:
+        """Hook."""
+
     def load(self, saved: WorldState, world: int) -> None:
         """``load_state_dict(saved)`` into fresh samplers of a world of ``world`` ranks."""
         self.live = False
         position = saved.pending[1] if saved.pending is not None else saved.position
         if world == saved.world:
-            self.state = replace(saved, pending=("load", position), position=position)
+            self.state = replace(saved, pending=("load", position), position=position,
+                                 cursor=False)
             self.state.extra = dict(saved.extra)
             self.on_same_world_load(saved)
             return
         seg = saved.seg
         consumed_here = (position - self.base(seg)) * saved.world
+        if seg.offset == 0 and consumed_here == 0:  # the start of the epoch, on this world
+            fresh = self.segment(seg.epoch, world, seg.extra)
+            self.state = WorldState(world, fresh, position=0, pending=("load", 0))
+            self.state.extra = dict(saved.extra)
+            self.on_elastic_load(saved)
+            return
         offset = seg.offset + min(consumed_here, len(seg.order) - seg.offset)
+        saved_share = len(deal(list(seg.order[seg.offset :]), saved.world, self.drop_last)[0])
+        if position - self.base(seg) >= saved_share:
+            # A finished epoch is done on any world: what drop_last dropped comes back next
+            # epoch, not in another world's rest.
+            offset = len(seg.order)
         base = 0 if LEGACY_LEN else position
         new = replace(seg, offset=offset, base=base)
+        if LEGACY_LEN and offset >= len(seg.order):
+            # The shipped rule before issue 42: a finished epoch loads as this world's whole
+            # epoch, done (an empty one keeps the old world's offset).
+            fresh = self.segment(seg.epoch, world, seg.extra)
+            done = len(deal(list(fresh.order), world, self.drop_last)[0])
+            if done or not seg.order:
+                self.state = WorldState(world, fresh, position=done, pending=("load", done))
+                self.state.extra = dict(saved.extra)
+                self.on_elastic_load(saved)
+                return
         self.state = WorldState(world, new, position=base, pending=("load", base))
         self.state.extra = dict(saved.extra)
         self.on_elastic_load(saved)
