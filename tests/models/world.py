@@ -226,10 +226,7 @@ class WorldModel:
         seg = saved.seg
         consumed_here = (position - self.base(seg)) * saved.world
         if seg.offset == 0 and consumed_here == 0:  # the start of the epoch, on this world
-            fresh = self.segment(seg.epoch, world, seg.extra)
-            self.state = WorldState(world, fresh, position=0, pending=("load", 0))
-            self.state.extra = dict(saved.extra)
-            self.on_elastic_load(saved)
+            self.load_whole_epoch(saved, world, 0)
             return
         offset = seg.offset + min(consumed_here, len(seg.order) - seg.offset)
         saved_share = len(deal(list(seg.order[seg.offset :]), saved.world, self.drop_last)[0])
@@ -242,16 +239,37 @@ class WorldModel:
         if LEGACY_LEN and offset >= len(seg.order):
             # The shipped rule before issue 42: a finished epoch loads as this world's whole
             # epoch, done (an empty one keeps the old world's offset).
-            fresh = self.segment(seg.epoch, world, seg.extra)
-            done = len(deal(list(fresh.order), world, self.drop_last)[0])
+            done = len(deal(list(self.segment(seg.epoch, world, None).order), world,
+                            self.drop_last)[0]) if self.order_free() else None
+            if done is None:
+                done = self.whole_epoch_length(seg.epoch, world)
             if done or not seg.order:
-                self.state = WorldState(world, fresh, position=done, pending=("load", done))
-                self.state.extra = dict(saved.extra)
-                self.on_elastic_load(saved)
+                self.load_whole_epoch(saved, world, done)
                 return
         self.state = WorldState(world, new, position=base, pending=("load", base))
         self.state.extra = dict(saved.extra)
         self.on_elastic_load(saved)
+
+    def order_free(self) -> bool:
+        """Whether ``order_of`` ignores its ``extra``."""
+        return True
+
+    def whole_epoch_length(self, epoch: int, world: int) -> int:
+        raise NotImplementedError
+
+    def load_whole_epoch(self, saved: WorldState, world: int, position: int) -> None:
+        """A load that puts this world at ``position`` of its own whole epoch (the epoch's
+        start, or a finished epoch under the rule before issue 42)."""
+        placeholder = replace(saved.seg, origin=world, offset=0, base=0)
+        self.state = WorldState(world, placeholder, position=position,
+                                pending=("load", position))
+        self.state.extra = dict(saved.extra)
+        self.on_elastic_load(saved)
+        self.state.seg = self.segment(saved.seg.epoch, world, self.transfer_extra(saved, world))
+
+    def transfer_extra(self, saved: WorldState, world: int) -> Any:
+        """Hook: the ``extra`` a whole epoch of this world has after loading ``saved``."""
+        return saved.seg.extra
 
     def on_same_world_load(self, saved: WorldState) -> None:
         """Hook."""
