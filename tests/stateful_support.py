@@ -36,8 +36,12 @@ def budget(default_examples: int, steps: int) -> settings:
     if os.environ.get("CROUPIER_MODEL_NO_SHRINK") == "1":  # exploring: report unshrunk
         extra["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
     return settings(
-        current, max_examples=examples, stateful_step_count=steps, deadline=None,
-        report_multiple_bugs=False, **extra,
+        current,
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        report_multiple_bugs=False,
+        **extra,
     )
 
 
@@ -215,8 +219,16 @@ class LockstepMachine(RuleBasedStateMachine):
         length = len(s)
         lo, hi = self.model.skip_range()
         bad_state = dict(before)
-        choices = ["skip_high", "skip_negative", "epoch_negative", "state_position",
-                   "state_type", "state_missing", "state_seed", *self.extra_bad()]
+        choices = [
+            "skip_high",
+            "skip_negative",
+            "epoch_negative",
+            "state_position",
+            "state_type",
+            "state_missing",
+            "state_seed",
+            *self.extra_bad(),
+        ]
         if lo > 0:
             choices.append("skip_below_loaded")
         kind = data.draw(st.sampled_from(choices), label="bad input")
@@ -280,8 +292,11 @@ class LockstepMachine(RuleBasedStateMachine):
             fresh = self.make(self.world, r)
             fresh.load_state_dict(json.loads(json.dumps(state)))
             back = fresh.state_dict()
-            diff = {k: (state.get(k), back.get(k)) for k in {*state, *back}
-                    if state.get(k) != back.get(k)}
+            diff = {
+                k: (state.get(k), back.get(k))
+                for k in {*state, *back}
+                if state.get(k) != back.get(k)
+            }
             if "roundtrip-phases" in TOLERATE:
                 diff.pop("phases", None)
             assert not diff, ("state round trip", r, diff)

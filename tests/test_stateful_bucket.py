@@ -45,9 +45,7 @@ class BucketMachine(LockstepMachine):
         self.setup_world(world)
 
     def make(self, world, rank):
-        return croupier.BucketBatchSampler(
-            self.lengths, num_replicas=world, rank=rank, **self.cfg
-        )
+        return croupier.BucketBatchSampler(self.lengths, num_replicas=world, rank=rank, **self.cfg)
 
     def new_model(self, world):
         return BucketModel(self.lengths, world, **self.cfg)

@@ -46,8 +46,12 @@ class MixtureMachine(LockstepMachine):
             self.cs.append(self.cs[-1] + n)
         self.weights = weights
         self.cfg = dict(
-            seed=seed, shuffle=shuffle, drop_last=drop_last, temperature=temperature,
-            order=order, interleave=inter,
+            seed=seed,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            temperature=temperature,
+            order=order,
+            interleave=inter,
         )
         self.setup_world(world)
 

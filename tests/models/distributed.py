@@ -43,7 +43,12 @@ def _croupier_ranks(
     out = []
     for r in range(world):
         s = croupier.DistributedSampler(
-            n, num_replicas=world, rank=r, shuffle=shuffle, seed=seed, drop_last=drop_last,
+            n,
+            num_replicas=world,
+            rank=r,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
             order=order,
         )
         s.set_epoch(epoch)
@@ -61,8 +66,14 @@ class DistributedModel(WorldModel):
     def order_of(self, epoch: int, origin: int, extra: Any) -> tuple[int, ...]:
         n = self.n
         if self.order == "fast":
-            seq = interleave([list(x) for x in _croupier_ranks(
-                n, self.seed, epoch, self.shuffle, self.drop_last, "fast", origin)])
+            seq = interleave(
+                [
+                    list(x)
+                    for x in _croupier_ranks(
+                        n, self.seed, epoch, self.shuffle, self.drop_last, "fast", origin
+                    )
+                ]
+            )
             kept = seq[: min(n, len(seq))]
             assert len(set(kept)) == len(kept), "fast order: a sample twice in an epoch"
             assert set(kept) <= set(range(n))
@@ -86,8 +97,12 @@ class DistributedModel(WorldModel):
         out = []
         for r in range(self.world):
             ref = torch.utils.data.DistributedSampler(
-                range(self.n), num_replicas=self.world, rank=r, shuffle=self.shuffle,
-                seed=self.seed, drop_last=self.drop_last,
+                range(self.n),
+                num_replicas=self.world,
+                rank=r,
+                shuffle=self.shuffle,
+                seed=self.seed,
+                drop_last=self.drop_last,
             )
             ref.set_epoch(epoch)
             out.append([int(i) for i in ref])

@@ -24,8 +24,9 @@ Encodes (docs/samplers.md, the class docstring, docs/checkpointing.md):
   applies from the next epoch. An iteration from position 0 uses the schedule's phases; the
   phases in force carry into another epoch (``set_epoch``) until then, so a ``set_skip`` into
   it resumes under them (the implementation's reading: the documents do not say which phases
-  skipped positions of an epoch never iterated had). In the fast order a load on another world size moves schedule starts in proportion
-  (``start * new_len // old_len``, a phase left empty dropped).
+  skipped positions of an epoch never iterated had). In the fast order a load on another
+  world size moves schedule starts in proportion (``start * new_len // old_len``, a phase left
+  empty dropped).
 - Interrupted and resumed equals uninterrupted: the epoch's sequence is a function of
   ``(seed, epoch)`` and its phase history only. The oracle for it is a fresh sampler of the
   first world (``num_replicas=1`` in the global order), driven through the same changes at the
@@ -130,8 +131,10 @@ class MixtureModel(WorldModel):
         return self.world if self.order == "global" else 1
 
     def schedule(self) -> Schedule:
-        return self.state.extra.get("schedule", self._initial) if hasattr(self, "state") else (
-            self._initial
+        return (
+            self.state.extra.get("schedule", self._initial)
+            if hasattr(self, "state")
+            else (self._initial)
         )
 
     # -- the order ------------------------------------------------------------------------
@@ -200,8 +203,12 @@ class MixtureModel(WorldModel):
             history = seg.extra
         ex["continuing"] = False
         if history != seg.extra:
-            s.seg = type(seg)(seg.epoch, self.cut(self.order_of(seg.epoch, self.world, history),
-                              self.world), seg.origin, extra=history)
+            s.seg = type(seg)(
+                seg.epoch,
+                self.cut(self.order_of(seg.epoch, self.world, history), self.world),
+                seg.origin,
+                extra=history,
+            )
 
     def set_schedule(self, schedule: Schedule) -> None:
         ex = self.state.extra
@@ -222,8 +229,9 @@ class MixtureModel(WorldModel):
         plain = current.origin == world and current.offset == 0 and current.base == 0
         history = current.extra if plain else self.state.extra.get("in_force", seg.extra)
         if history != seg.extra:
-            return type(seg)(epoch, self.cut(self.order_of(epoch, world, history), world),
-                             world, extra=history)
+            return type(seg)(
+                epoch, self.cut(self.order_of(epoch, world, history), world), world, extra=history
+            )
         return seg
 
     def cut(self, order: tuple[int, ...], world: int) -> tuple[int, ...]:
@@ -312,8 +320,16 @@ def _oracle(key: tuple[Any, ...], epoch: int, world: int, history: History):
     for r in range(world):
         first = history[0]
         s = croupier.MixtureSampler(
-            cs, list(first[0][1]), num_replicas=world, rank=r, shuffle=shuffle, seed=seed,
-            drop_last=drop_last, temperature=first[0][2], order=order, interleave=inter,
+            cs,
+            list(first[0][1]),
+            num_replicas=world,
+            rank=r,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            temperature=first[0][2],
+            order=order,
+            interleave=inter,
         )
         s.set_schedule([(a, list(w), t) for a, w, t in first])
         s.set_epoch(epoch)
@@ -331,5 +347,3 @@ def _oracle(key: tuple[Any, ...], epoch: int, world: int, history: History):
             seq = seq[:1] + [int(i) for i in s]
         out.append(tuple(seq))
     return tuple(out)
-
-

@@ -13,11 +13,12 @@ Encodes (API.md, DESIGN.md, docs/checkpointing.md, issue 42's rules):
   epoch keeps it, of another starts that one from 0); a ``set_skip`` waits for the next
   iteration whatever its epoch.
 - Elastic load (saved on ``W``, loaded on ``W' != W``): a state at the start of an epoch
-  (nothing consumed) loads as the start of that epoch on ``W'``; otherwise the old ranks consumed the order's
-  first ``position * W`` items (at most the epoch's items: padding counted once); the rest is
-  dealt to the ``W'`` ranks with torch's padding/dropping. Further hops continue the same order
-  from a larger offset. A state saved at the end of an epoch (or of its rest) means the epoch
-  is done on any world size (what a world's ``drop_last`` dropped comes back next epoch).
+  (nothing consumed) loads as the start of that epoch on ``W'``; otherwise the old ranks
+  consumed the order's first ``position * W`` items (at most the epoch's items: padding
+  counted once); the rest is dealt to the ``W'`` ranks with torch's padding/dropping. Further
+  hops continue the same order from a larger offset. A state saved at the end of an epoch (or
+  of its rest) means the epoch is done on any world size (what a world's ``drop_last``
+  dropped comes back next epoch).
 - The len rule: after any load ``len == loaded position + what the next iteration yields``;
   the position reported right after an elastic load is the loaded one and counts up from it;
   ``set_skip(s)`` takes ``s`` in ``[loaded position, len]`` then. After ``set_epoch`` to another
@@ -206,7 +207,7 @@ class WorldModel:
         created) iterator's position becomes a loaded start; a pending skip stays a skip."""
         s = self.state
         self.live = False
-        if s.pending is not None and s.pending[0] == "iter" or s.pending is None and s.cursor:
+        if (s.pending is not None and s.pending[0] == "iter") or (s.pending is None and s.cursor):
             s.pending = ("load", self.state_position())
             self.on_pickle()
 
@@ -218,8 +219,7 @@ class WorldModel:
         self.live = False
         position = saved.pending[1] if saved.pending is not None else saved.position
         if world == saved.world:
-            self.state = replace(saved, pending=("load", position), position=position,
-                                 cursor=False)
+            self.state = replace(saved, pending=("load", position), position=position, cursor=False)
             self.state.extra = dict(saved.extra)
             self.on_same_world_load(saved)
             return
@@ -239,8 +239,13 @@ class WorldModel:
         if LEGACY_LEN and offset >= len(seg.order):
             # The shipped rule before issue 42: a finished epoch loads as this world's whole
             # epoch, done (an empty one keeps the old world's offset).
-            done = len(deal(list(self.segment(seg.epoch, world, None).order), world,
-                            self.drop_last)[0]) if self.order_free() else None
+            done = (
+                len(
+                    deal(list(self.segment(seg.epoch, world, None).order), world, self.drop_last)[0]
+                )
+                if self.order_free()
+                else None
+            )
             if done is None:
                 done = self.whole_epoch_length(seg.epoch, world)
             if done or not seg.order:
@@ -261,8 +266,7 @@ class WorldModel:
         """A load that puts this world at ``position`` of its own whole epoch (the epoch's
         start, or a finished epoch under the rule before issue 42)."""
         placeholder = replace(saved.seg, origin=world, offset=0, base=0)
-        self.state = WorldState(world, placeholder, position=position,
-                                pending=("load", position))
+        self.state = WorldState(world, placeholder, position=position, pending=("load", position))
         self.state.extra = dict(saved.extra)
         self.on_elastic_load(saved)
         self.state.seg = self.segment(saved.seg.epoch, world, self.transfer_extra(saved, world))
