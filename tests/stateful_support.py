@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import pickle
+from collections import Counter
 from typing import Any
 
 from hypothesis import Phase, settings
@@ -175,6 +176,38 @@ class LockstepMachine(RuleBasedStateMachine):
             s.load_state_dict(state)
         self.iters = None
         self.model.load(saved, world)
+        if saved.world != world:
+            self.check_nothing_repeated_nothing_lost()
+
+    def check_nothing_repeated_nothing_lost(self) -> None:
+        """Right after an elastic load, over the union of the new ranks: what the old ranks
+        consumed (the epoch order's first ``offset`` items) and what the new ranks will yield
+        (without their padding) make the epoch's items exactly once each, except fewer than
+        ``W'`` of the rest's last items that ``drop_last`` drops."""
+        seg = self.model.state.seg
+        if seg.offset == 0 and seg.base == 0:
+            return  # a whole epoch of the new world
+        world = self.world
+        actual = [
+            x
+            for column in zip(
+                *[[as_item(x) for x in s.indices()] for s in self.samplers], strict=True
+            )
+            for x in column
+        ]
+        order, offset = list(seg.order), seg.offset
+        rest = len(order) - offset
+        consumed = Counter(order[:offset])
+        if self.model.drop_last:
+            assert len(actual) == (rest // world) * world, ("rest dealt", len(actual), rest)
+            kept = actual
+            assert consumed + Counter(kept) == Counter(order[: offset + len(kept)])
+        else:
+            assert len(actual) == -(-rest // world) * world, ("rest dealt", len(actual), rest)
+            kept, pads = actual[:rest], actual[rest:]
+            assert len(pads) < world, "more padding than torch's"
+            assert not (Counter(pads) - Counter(kept)), "padding is not the rest's head"
+            assert consumed + Counter(kept) == Counter(order), "something repeated or lost"
 
     @rule()
     def pickle_round_trip(self) -> None:
