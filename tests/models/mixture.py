@@ -251,6 +251,7 @@ class MixtureModel(WorldModel):
         ex = self.state.extra
         ex["continuing"] = self.state.running and ex["pending"]
         self.state.running = ex["continuing"]  # a copy runs only as a continuation
+        ex["from_load"] = True  # its start is a loaded one
 
     def order_free(self) -> bool:
         return False
@@ -288,8 +289,6 @@ class MixtureModel(WorldModel):
         ex = self.state.extra
         ex["continuing"] = False
         ex["from_load"] = True
-        # This world's own phases (for the epochs after the rest): the schedule's, as loaded.
-        ex["in_force"] = (ex["schedule"], ())
         old, new = self.positions(saved.world), self.positions(self.world)
         if self.order == "fast" and old != new:
             # The phases in force are another length's until an iteration from position 0:
@@ -302,6 +301,8 @@ class MixtureModel(WorldModel):
                     moved.pop()  # the earlier phase is left empty
                 moved.append((at, w, t))
             ex["schedule"] = tuple(moved)
+        # This world's own phases (for the epochs after the rest): the schedule's, as loaded.
+        ex["in_force"] = (ex["schedule"], ())
 
 
 @lru_cache(maxsize=512)
