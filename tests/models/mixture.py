@@ -188,7 +188,6 @@ class MixtureModel(WorldModel):
         ex["from_load"] = False
         seg = s.seg
         if seg.origin != self.world or seg.offset > 0 or seg.base > 0:
-            ex["continuing"] = False
             return  # an elastic rest keeps its first world's phases
         if start == 0:
             ex["foreign"] = False
@@ -201,7 +200,6 @@ class MixtureModel(WorldModel):
             ex["pending"] = False
         else:
             history = seg.extra
-        ex["continuing"] = False
         if history != seg.extra:
             s.seg = type(seg)(
                 seg.epoch,
@@ -210,13 +208,19 @@ class MixtureModel(WorldModel):
                 extra=history,
             )
 
+    def on_first_next(self) -> None:
+        # An iterator that hands out nothing leaves a continued start pending (DataLoader
+        # calls iter() twice); once it has run, the continuation is over.
+        self.state.extra["continuing"] = False
+
     def set_schedule(self, schedule: Schedule) -> None:
         ex = self.state.extra
         ex["schedule"] = schedule
         ex["pending"] = True
         ex["continuing"] = False
-        if ex.get("from_load"):
-            self.state.running = False
+        s = self.state
+        if s.pending is not None or not s.cursor:
+            s.running = False  # no started iteration: a checkpoint is no longer a running one
 
     def fresh_segment(self, epoch: int, world: int):
         seg = super().fresh_segment(epoch, world)

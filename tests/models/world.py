@@ -159,6 +159,9 @@ class WorldModel:
     def on_iteration(self, start: int) -> None:
         """Hook: what a new iteration from ``start`` changes (a mixture's phases)."""
 
+    def on_first_next(self) -> None:
+        """Hook: the iteration has started (its first ``next``)."""
+
     def take(self, k: int) -> list[list[Any]]:
         assert self.live
         s = self.state
@@ -167,6 +170,7 @@ class WorldModel:
             s.pending = None
             s.running = False
             s.cursor = True
+            self.on_first_next()
         got = [share[s.position - self.base() :][:k] for share in self.shares()]
         s.position += len(got[0])
         if got[0]:
@@ -209,6 +213,7 @@ class WorldModel:
         self.live = False
         if (s.pending is not None and s.pending[0] == "iter") or (s.pending is None and s.cursor):
             s.pending = ("load", self.state_position())
+            s.cursor = False
             self.on_pickle()
 
     def on_pickle(self) -> None:
