@@ -51,5 +51,5 @@ class BucketMachine(LockstepMachine):
         return BucketModel(self.lengths, world, **self.cfg)
 
 
-BucketMachine.TestCase.settings = budget(40, 25)
+BucketMachine.TestCase.settings = budget(80, 25)
 TestBucketStateful = BucketMachine.TestCase

@@ -57,5 +57,5 @@ class DistributedMachine(LockstepMachine):
             assert [int(i) for i in s] == self.model.torch_ranks(key[0])[r]
 
 
-DistributedMachine.TestCase.settings = budget(60, 30)
+DistributedMachine.TestCase.settings = budget(100, 30)
 TestDistributedStateful = DistributedMachine.TestCase

@@ -102,5 +102,5 @@ class MixtureMachine(LockstepMachine):
         return lambda: s.set_schedule([(5, [1.0, 1.0, 1.0])])
 
 
-MixtureMachine.TestCase.settings = budget(40, 25)
+MixtureMachine.TestCase.settings = budget(80, 25)
 TestMixtureStateful = MixtureMachine.TestCase
