@@ -632,7 +632,10 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             schedule, pending, deferred, phases = (
                 self._schedule, self._pending, False, self._phases
             )  # fmt: skip
-        if loaded.position == 0 and not deferred:
+        if loaded.position == 0 and not deferred and native["num_replicas"] != self.num_replicas:
+            # The start of the epoch on another world: its phases are this world's fresh ones.
+            # (On the same world the state's phases stay as saved, so a state loaded and saved
+            # again is the same; an iteration from 0 starts the schedule's fresh phases anyway.)
             phases = self._fresh(schedule)
         # The rest of an elastic epoch needs only the first world's phases: a schedule this
         # world cannot draw (a dataset with fewer samples than num_replicas, drop_last) is
