@@ -583,7 +583,7 @@ impl Global {
     }
 
     /// Fills a run of units of one uniform shuffled phase, a window of leaves at a time: the
-    /// phase's tree is walked once for the run, leaf after leaf ([`LeafWalk`]), and only the
+    /// phase's tree is walked once for the run, leaf after leaf ([`LeafWalk`](super::interleave::LeafWalk)), and only the
     /// window's leaves (their counts, starting draws and time orders) are held, so the
     /// scratch is bounded whatever the range's length.
     fn fill_run<T: Index>(
