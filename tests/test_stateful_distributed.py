@@ -10,10 +10,14 @@ tests/stateful_support.py for the invariants checked after every step. With
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant
 
 import croupier
+
+# order="torch" is checked against torch's own DistributedSampler.
+pytest.importorskip("torch")
 from models.distributed import DistributedModel
 from stateful_support import LockstepMachine, budget
 

@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+pytest.importorskip("torch")  # before croupier's loader, which imports it
+
 from croupier import DistributedSampler, StatefulDataLoader
 from models._fork import in_fork
 from models.stateful_loader import LoaderModel, torch_global_order
-
-pytest.importorskip("torch")
 
 
 class Ids:
