@@ -375,17 +375,14 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         yielded here: ``skip`` must be at least that position.
         """
         epoch = self._now[0]
-        first = self._first_position(epoch)
-        if first:
-            skip = check_int("skip", skip, 0, len(self))
-            if skip < first:
-                raise ValueError(
-                    f"skip must be in [{first}, {len(self)}] after an elastic resume (positions "
-                    f"before {first} were consumed on num_replicas="
-                    f"{self._elastic_of(epoch).origin}), got {skip}"  # type: ignore[union-attr]
-                )
-        else:
-            skip = check_int("skip", skip, 0, len(self))
+        skip = check_int("skip", skip, 0, len(self))
+        el = self._elastic_of(epoch)
+        if el is not None and skip < el.resumed_at:
+            raise ValueError(
+                f"skip must be in [{el.resumed_at}, {len(self)}] after an elastic resume "
+                f"(positions before {el.resumed_at} were consumed on num_replicas={el.origin}), "
+                f"got {skip}"
+            )
         self._now = (epoch, _Pending(skip, None))
 
     @staticmethod
