@@ -12,7 +12,6 @@ per-phase counts (largest remainder) and for passes that never repeat a sample.
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule
 
@@ -105,11 +104,3 @@ class MixtureMachine(LockstepMachine):
 
 MixtureMachine.TestCase.settings = budget(80, 25)
 TestMixtureStateful = MixtureMachine.TestCase
-# An open defect this machine found at the end of the session that added it (issue 42, to fix
-# next): sizes [4, 4, 4], weights [0, 0, 0.5], W=1, unshuffled, global order: indices() after
-# a fork differs from the next iteration ([4, 6, 4] against [7, 5, 7]). Not strict: the
-# machine runs every time and reports XPASS when a run does not meet the defect.
-TestMixtureStateful = pytest.mark.xfail(
-    reason="issue 42: a defect of MixtureSampler the stateful model found, not yet fixed",
-    strict=False,
-)(TestMixtureStateful)

@@ -221,6 +221,11 @@ class MixtureModel(WorldModel):
         s = self.state
         if s.pending is not None or not s.cursor:
             s.running = False  # no started iteration: a checkpoint is no longer a running one
+        seg = s.seg
+        if seg.origin != self.world or seg.offset > 0 or seg.base > 0:
+            # In an elastic rest this world has iterated nothing: the phases in force for
+            # its epochs are the schedule's, whatever it is when the rest ends.
+            ex["in_force"] = (schedule, ())
 
     def fresh_segment(self, epoch: int, world: int):
         seg = super().fresh_segment(epoch, world)
@@ -284,10 +289,8 @@ class MixtureModel(WorldModel):
         ex["continuing"] = saved.running and ex["pending"]  # the change waits for the next
         self.state.running = ex["continuing"]
         ex["from_load"] = True
-        seg = self.state.seg
-        plain = seg.offset == 0 and seg.base == 0 and seg.origin == self.world
-        if plain and self.state_position() == 0 and not ex["continuing"]:
-            self.with_history((self.schedule(), ()))  # an epoch's start: the schedule's phases
+        # The phases in force stay as saved, even at position 0: the loaded sampler is the
+        # saving one (a set_skip after the load resumes under them, as it would there).
 
     def on_elastic_load(self, saved: WorldState) -> None:
         ex = self.state.extra

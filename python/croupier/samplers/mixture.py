@@ -378,6 +378,11 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     def _set_schedule(self, schedule: tuple[_Entry, ...]) -> None:
         self._schedule = schedule
         self._pending = True
+        if self._elastic is not None:
+            # During an elastic rest this world has iterated nothing: its phases in force
+            # are the schedule's fresh ones, whatever the schedule is when the rest ends (a
+            # state saved in the rest records the schedule, and loads to the same).
+            self._phases = self._fresh(schedule)
         # A change made after a load (before iterating) applies from the resume position.
         self._continuing = None
 
