@@ -1,10 +1,10 @@
 """Micro-benchmarks of BucketBatchSampler beside the usual Python bucketing (argsort, buckets,
 greedy token batches; ``croupier.bench._baselines``) and ``numpy.argsort`` alone, of its global
-order (the default) beside its earlier fast order, and, when lhotse is installed, beside
+order (the default) beside its earlier per-rank order, and, when lhotse is installed, beside
 lhotse's ``DynamicBucketingSampler``; 8 ranks. See ``test_bench_distributed.py`` for how groups
 and ratios work.
 
-The fast order has groups of its own ("... global order vs fast order: ..."), as the other
+The per-rank order has groups of its own ("... global order vs per-rank order: ..."), as the other
 samplers' orders do in ``test_bench_global_order.py``: in the groups against the Python
 bucketing, an alternative faster than the Python one would become the group's ratio and fail
 ``scripts/bench-compare``. lhotse's sampler costs about 50 us a cut (an epoch of the small size,
@@ -84,27 +84,31 @@ def test_python_bucket_resume(benchmark, lengths):
     benchmark(run)
 
 
-# -- the global order beside the fast order -----------------------------------------------------
+# -- the global order beside the per-rank order ----------------------------------------------
 
 
-@pytest.mark.benchmark(group="bucket batches global order vs fast order: rank epoch, W=8")
+@pytest.mark.benchmark(group="bucket batches global order vs per-rank order: rank epoch, W=8")
 def test_croupier_bucket_global_epoch(benchmark, lengths):
     assert len(benchmark(lambda: _sampler(lengths, "global").batches())) > 0
 
 
-@pytest.mark.benchmark(group="bucket batches global order vs fast order: rank epoch, W=8")
-def test_fast_order_bucket_epoch(benchmark, lengths):
-    assert len(benchmark(lambda: _sampler(lengths, "fast").batches())) > 0
+@pytest.mark.benchmark(group="bucket batches global order vs per-rank order: rank epoch, W=8")
+def test_per_rank_order_bucket_epoch(benchmark, lengths):
+    assert len(benchmark(lambda: _sampler(lengths, "per_rank").batches())) > 0
 
 
-@pytest.mark.benchmark(group="bucket batches global order vs fast order: resume at mid-epoch, W=8")
+@pytest.mark.benchmark(
+    group="bucket batches global order vs per-rank order: resume at mid-epoch, W=8"
+)
 def test_croupier_bucket_global_resume(benchmark, lengths):
     benchmark(_resume(lengths, "global"))
 
 
-@pytest.mark.benchmark(group="bucket batches global order vs fast order: resume at mid-epoch, W=8")
-def test_fast_order_bucket_resume(benchmark, lengths):
-    benchmark(_resume(lengths, "fast"))
+@pytest.mark.benchmark(
+    group="bucket batches global order vs per-rank order: resume at mid-epoch, W=8"
+)
+def test_per_rank_order_bucket_resume(benchmark, lengths):
+    benchmark(_resume(lengths, "per_rank"))
 
 
 # -- lhotse's DynamicBucketingSampler, when lhotse is installed (N / 100) -----------------------

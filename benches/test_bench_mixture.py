@@ -1,6 +1,6 @@
 """Micro-benchmarks of MixtureSampler (its default, the global order) beside kempnerforge's
 algorithm (as its documentation describes it, reimplemented in ``croupier.bench._baselines``),
-and of the global order beside the fast one; 100 datasets, 8 ranks. See
+and of the global order beside the per-rank one; 100 datasets, 8 ranks. See
 ``test_bench_distributed.py`` for how groups and ratios work."""
 
 from __future__ import annotations
@@ -67,13 +67,13 @@ def test_kempnerforge_style_mixture_resume(benchmark, size):
     benchmark(run)
 
 
-@pytest.mark.benchmark(group="mixture global order vs fast order: rank epoch, W=8")
+@pytest.mark.benchmark(group="mixture global order vs per-rank order: rank epoch, W=8")
 def test_croupier_mixture_global_epoch(benchmark, size):
     cum, weights = mixture_args(size["n"])
     benchmark(lambda: MixtureSampler(cum, weights, W, RANK, seed=0, order="global").indices())
 
 
-@pytest.mark.benchmark(group="mixture global order vs fast order: rank epoch, W=8")
-def test_fast_order_mixture_epoch(benchmark, size):
+@pytest.mark.benchmark(group="mixture global order vs per-rank order: rank epoch, W=8")
+def test_per_rank_order_mixture_epoch(benchmark, size):
     cum, weights = mixture_args(size["n"])
-    benchmark(lambda: MixtureSampler(cum, weights, W, RANK, seed=0, order="fast").indices())
+    benchmark(lambda: MixtureSampler(cum, weights, W, RANK, seed=0, order="per_rank").indices())

@@ -194,7 +194,10 @@ def test_sizes_the_timeout_cannot_hold_are_skipped_and_said_so():
 
 def test_bucket_rows_time_both_orders_and_compare_them():
     cfg = BenchConfig(
-        ns=(20_000,), ranks=4, rank=1, systems=("croupier-buckets", "croupier-buckets-fast-order")
+        ns=(20_000,),
+        ranks=4,
+        rank=1,
+        systems=("croupier-buckets", "croupier-buckets-per-rank-order"),
     )
     results = run(cfg)
     rows = {r["system"]: r for r in results["rows"]}
@@ -205,11 +208,14 @@ def test_bucket_rows_time_both_orders_and_compare_them():
         assert 0.5 < row["efficiency"] <= 1
     # The global order fills batches to the budget over padding-optimal buckets.
     assert (
-        rows["croupier-buckets"]["efficiency"] > rows["croupier-buckets-fast-order"]["efficiency"]
+        rows["croupier-buckets"]["efficiency"]
+        > rows["croupier-buckets-per-rank-order"]["efficiency"]
     )
-    assert results["baselines"]["croupier-buckets-fast-order"] == "croupier-buckets"
+    assert results["baselines"]["croupier-buckets-per-rank-order"] == "croupier-buckets"
     (fast,) = [
-        line for line in table(results).splitlines() if "| croupier-buckets-fast-order |" in line
+        line
+        for line in table(results).splitlines()
+        if "| croupier-buckets-per-rank-order |" in line
     ]
     assert fast.count("x)") >= 3  # first batch, epoch and resume against the global order
 

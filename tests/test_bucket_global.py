@@ -108,7 +108,7 @@ def test_batches_are_filled_to_the_budget_with_their_running_longest():
     ]
     assert len(short) <= len(batches) // 4
     assert all(k >= len(batches) - 2 * len(short) - 1 for k in short)  # at the end
-    # Fixed sizes (the fast order) would hold 2000 // 200 = 10 per batch.
+    # Fixed sizes (the per-rank order) would hold 2000 // 200 = 10 per batch.
     assert np.mean([len(b) for b in batches]) > 10.3
 
 
@@ -140,7 +140,7 @@ def test_sync_one_shuffles_batches_one_by_one_and_sync_must_be_a_power_of_two():
     with pytest.raises(TypeError, match="sync"):
         BucketBatchSampler(lengths, max_tokens=20000, sync=True)
     with pytest.raises(ValueError, match="sync applies to the global order"):
-        BucketBatchSampler(lengths, max_tokens=20000, order="fast", sync=64)
+        BucketBatchSampler(lengths, max_tokens=20000, order="per_rank", sync=64)
     with pytest.raises(ValueError, match="order must be one of"):
         BucketBatchSampler(lengths, max_tokens=20000, order="torch")
 
@@ -227,10 +227,10 @@ def test_an_elastic_resume_continues_the_same_sequence(w0, w1, drop_last):
 def test_states_of_the_other_order_are_refused_with_how_to_resume_them():
     lengths = _lengths(2000, 2)
     glob = BucketBatchSampler(lengths, max_tokens=20000, num_replicas=2, rank=0)
-    fast = BucketBatchSampler(lengths, max_tokens=20000, num_replicas=2, rank=0, order="fast")
+    fast = BucketBatchSampler(lengths, max_tokens=20000, num_replicas=2, rank=0, order="per_rank")
     old = fast.state_dict()
     del old["order"], old["sync"]  # as 0.2 saved them
-    with pytest.raises(StateError, match="order='fast' to resume it"):
+    with pytest.raises(StateError, match="order='per_rank' to resume it"):
         glob.load_state_dict(old)
     fast.load_state_dict(old)
     with pytest.raises(StateError, match="order='global' to resume it"):
@@ -250,7 +250,7 @@ def test_padding_optimal_buckets_pad_less_than_quantile_buckets():
 
     for k in (4, 30, 64):
         glob = BucketBatchSampler(lengths, max_tokens=20000, buckets=k).boundaries
-        fast = BucketBatchSampler(lengths, max_tokens=20000, buckets=k, order="fast").boundaries
+        fast = BucketBatchSampler(lengths, max_tokens=20000, buckets=k, order="per_rank").boundaries
         assert len(glob) <= k - 1
         assert padded(glob) < padded(fast), k
 
@@ -310,7 +310,7 @@ def test_a_resume_reads_its_first_batches_without_the_epochs_plan():
     assert list(it) == whole[half + 1 :]
 
 
-@pytest.mark.parametrize("order", ["global", "fast"])
+@pytest.mark.parametrize("order", ["global", "per_rank"])
 def test_costs_past_2_to_the_128_saturate_instead_of_wrapping(order):
     # 2**63 + 2**126 / (2**64 - 1) tokens each: over a budget of 2**64 - 1, so served alone.
     huge = np.array([2**63] * 3, dtype=np.uint64)

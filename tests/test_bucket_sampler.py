@@ -1,4 +1,4 @@
-"""BucketBatchSampler in the fast order (``order="fast"``, the order before the global one):
+"""BucketBatchSampler in the per-rank order (``order="per_rank"``, the order before the global one):
 coverage, budgets, buckets, equal batch counts, resume, state, bad input. The global order's
 own tests are in ``test_bucket_global.py``."""
 
@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import croupier
 from croupier import StateError
 
-# Every sampler here is in the fast order: fixed batch sizes per bucket, quantile buckets.
-BucketBatchSampler = functools.partial(croupier.BucketBatchSampler, order="fast")
+# Every sampler here is in the per-rank order: fixed batch sizes per bucket, quantile buckets.
+BucketBatchSampler = functools.partial(croupier.BucketBatchSampler, order="per_rank")
 
 
 def _lognormal(n, seed=0, cap=4000):

@@ -152,7 +152,7 @@ def test_the_default_run_is_the_headline_systems_in_about_three_minutes():
     assert choose(everything=True) == list(SYSTEMS)
     assert [s.name for s in choose(families=("buckets",))] == [
         "croupier-buckets",
-        "croupier-buckets-fast-order",
+        "croupier-buckets-per-rank-order",
         "python-buckets",
         "lhotse-buckets",
         "numpy-argsort",

@@ -16,7 +16,7 @@ from croupier import _core
 
 
 def _deal(n: int, num_replicas: int, rank: int, **kw: object) -> _core.Deal:
-    """A ``_core.Deal`` with the sampler's defaults (shuffled, seed 0, padded, fast order)
+    """A ``_core.Deal`` with the sampler's defaults (shuffled, seed 0, padded, per-rank order)
     unless given."""
     config = {"shuffle": True, "seed": 0, "drop_last": False, "order": _core.Order.FAST, **kw}
     return _core.Deal(n=n, num_replicas=num_replicas, rank=rank, **config)
@@ -131,7 +131,7 @@ FAST, TORCH = _core.Order.FAST, _core.Order.TORCH_INSIDE_OUT
         (lambda: _core.permutation(-1, 0, 0), OverflowError, ""),
         (
             lambda: _core.Deal(
-                n=5, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=False, order="fast"
+                n=5, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=False, order="per_rank"
             ),
             TypeError,
             "Order",
@@ -186,7 +186,7 @@ big = st.integers(min_value=-(2**70), max_value=2**70)
     epoch=big,
     shuffle=st.booleans(),
     drop=st.booleans(),
-    order=st.sampled_from(["fast", "torch"]),
+    order=st.sampled_from(["per_rank", "torch"]),
 )
 def test_no_argument_ever_panics(n, w, r, seed, epoch, shuffle, drop, order):
     # Small enough shares to compute, or errors: never a PanicException (a BaseException),
@@ -198,7 +198,7 @@ def test_no_argument_ever_panics(n, w, r, seed, epoch, shuffle, drop, order):
             )
             s.set_epoch(epoch)
             s.indices()
-        core_order = FAST if order == "fast" else TORCH
+        core_order = FAST if order == "per_rank" else TORCH
         with contextlib.suppress(ValueError, OverflowError, MemoryError):
             _core.Deal(
                 n=n,

@@ -25,6 +25,26 @@ def test_environment(monkeypatch):
     assert ranks(num_replicas=4) == (4, 3)
 
 
+@pytest.mark.parametrize("cls", ["DistributedSampler", "MixtureSampler", "BucketBatchSampler"])
+def test_num_replicas_without_rank_or_a_source_of_it_is_refused(cls):
+    """As torch refuses it: several processes built this way would all be rank 0 and train on
+    the same share. One replica is safe (rank 0 is the only one)."""
+    import croupier
+
+    make = {
+        "DistributedSampler": lambda **kw: croupier.DistributedSampler(100, **kw),
+        "MixtureSampler": lambda **kw: croupier.MixtureSampler([0, 50, 100], [1.0, 1.0], **kw),
+        "BucketBatchSampler": lambda **kw: croupier.BucketBatchSampler(
+            list(range(1, 101)), 8, **kw
+        ),
+    }[cls]
+    with pytest.raises(ValueError, match=r"rank is needed with num_replicas=4: .*pass rank="):
+        make(num_replicas=4)
+    assert make(num_replicas=1).rank == 0
+    assert make(num_replicas=4, rank=2).rank == 2
+    assert make(num_replicas=4, dist_info=lambda: (3, 8)).rank == 3
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

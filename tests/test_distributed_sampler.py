@@ -131,9 +131,9 @@ def test_deterministic_per_seed_and_epoch():
 
 
 def test_value_stability_pins():
-    # Deliberate pins of order="fast" (the default until the global order; kept for runs that
-    # pass order="fast"): a change here changes those users' data order.
-    assert list(DistributedSampler(10, num_replicas=1, rank=0, order="fast")) == [
+    # Deliberate pins of order="per_rank" (the default until the global order; kept for runs that
+    # pass order="per_rank"): a change here changes those users' data order.
+    assert list(DistributedSampler(10, num_replicas=1, rank=0, order="per_rank")) == [
         1,
         0,
         4,
@@ -145,18 +145,18 @@ def test_value_stability_pins():
         7,
         8,
     ]
-    s = DistributedSampler(10, num_replicas=3, rank=1, seed=1234, order="fast")
+    s = DistributedSampler(10, num_replicas=3, rank=1, seed=1234, order="per_rank")
     s.set_epoch(7)
-    s0 = DistributedSampler(10, num_replicas=3, rank=0, seed=1234, order="fast")
+    s0 = DistributedSampler(10, num_replicas=3, rank=0, seed=1234, order="per_rank")
     s0.set_epoch(7)
     pinned = [9, 1, 0, 3]
     assert list(s) == pinned
     # Position 10 is padding: it repeats global position 0, rank 0's first index.
     assert pinned[-1] == next(iter(s0))
     # From 16 ranks on, value leaves are permuted (a keyed permutation per leaf).
-    many = DistributedSampler(100_000, num_replicas=64, rank=5, seed=3, order="fast")
+    many = DistributedSampler(100_000, num_replicas=64, rank=5, seed=3, order="per_rank")
     assert many.indices()[:6].tolist() == [56669, 41148, 99682, 29958, 67676, 2411]
-    wide = DistributedSampler(3_000_000, num_replicas=1024, rank=1000, seed=3, order="fast")
+    wide = DistributedSampler(3_000_000, num_replicas=1024, rank=1000, seed=3, order="per_rank")
     wide.set_epoch(2)
     assert wide.indices()[:6].tolist() == [2970872, 658022, 175212, 2941337, 754798, 871295]
 
@@ -453,7 +453,7 @@ def test_beyond_2_32_samples_and_a_million_ranks():
     assert list(b) == ib[5000:].tolist()
 
 
-@pytest.mark.parametrize("order", ["fast", "torch"])
+@pytest.mark.parametrize("order", ["per_rank", "torch"])
 def test_a_running_iterator_keeps_its_epoch(order):
     # torch's samplers fix the epoch's list when iteration starts; so must croupier, also when
     # its first block is handed out before the rest is computed.

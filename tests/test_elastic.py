@@ -95,7 +95,7 @@ def _check_cover(full, consumed, worlds, drop_last):
 # -- DistributedSampler ---------------------------------------------------------------------------
 
 
-def _dist(n, drop_last, order="fast", shuffle=True):
+def _dist(n, drop_last, order="per_rank", shuffle=True):
     def make(w, r):
         return DistributedSampler(
             n,
@@ -144,7 +144,7 @@ def test_distributed_resumes_on_another_world(n, w0, w1, drop_last):
             _check_cover(full, consumed, [w0, w1], drop_last)
 
 
-@pytest.mark.parametrize("order", ["fast", "torch"])
+@pytest.mark.parametrize("order", ["per_rank", "torch"])
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_distributed_both_orders_and_unshuffled(order, shuffle):
     pytest.importorskip("torch") if order == "torch" else None
@@ -697,11 +697,11 @@ def _loaded(make, w, state, r=0):
     return s
 
 
-@pytest.mark.parametrize("order", ["fast", "global"])
+@pytest.mark.parametrize("order", ["per_rank", "global"])
 def test_a_mixture_state_from_a_huge_world_resumes_cheaply(order):
     # A first index after a resume builds only the old ranks its few positions meet, never
     # one per old rank (a corrupted or enormous origin used to allocate without bound). In
-    # the fast order the epoch is 10**12 old ranks' sequences; in the global one it is the
+    # the per-rank order the epoch is 10**12 old ranks' sequences; in the global one it is the
     # 130 positions of the global sequence whatever the world.
     code = textwrap.dedent(
         f"""
@@ -726,7 +726,7 @@ def test_a_mixture_state_from_a_huge_world_resumes_cheaply(order):
     assert out.returncode == 0, out.stderr[-2000:]
     length, in_range = out.stdout.split()
     # Fast: 10**12 old ranks of 3 positions each (one of each dataset, padded).
-    end = 3 * 10**12 if order == "fast" else 130
+    end = 3 * 10**12 if order == "per_rank" else 130
     # len: the 5 positions consumed before, then this rank's share of the rest.
     assert int(length) == 5 + -(-(end - 20) // 3) and in_range == "True"
 
@@ -772,11 +772,11 @@ def test_mixture_elastic_load_needs_only_the_first_worlds_schedule(
     other[both[-1]] = 1.0
 
     def make(w, r):
-        # The fast order: a dataset with fewer samples than W' and drop_last is one it
+        # The per-rank order: a dataset with fewer samples than W' and drop_last is one it
         # cannot draw (the global order draws every dataset).
         s = MixtureSampler(
             cumulative, other, num_replicas=w, rank=r, shuffle=shuffle, drop_last=drop_last,
-            order="fast",
+            order="per_rank",
         )  # fmt: skip
         if w == w0:
             s.set_schedule([(0, weights)])
@@ -829,9 +829,9 @@ def _buckets_of(order):
 
 
 def _every_sampler():
-    out = {f"distributed-{o}": _distributed_of(o) for o in ("global", "fast", "torch")}
-    out |= {f"mixture-{o}": _mixture_of(o) for o in ("global", "fast")}
-    out |= {f"buckets-{o}": _buckets_of(o) for o in ("global", "fast")}
+    out = {f"distributed-{o}": _distributed_of(o) for o in ("global", "per_rank", "torch")}
+    out |= {f"mixture-{o}": _mixture_of(o) for o in ("global", "per_rank")}
+    out |= {f"buckets-{o}": _buckets_of(o) for o in ("global", "per_rank")}
     return out
 
 

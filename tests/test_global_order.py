@@ -80,7 +80,7 @@ def test_global_step_k_is_the_same_batch_on_every_world(w):
 
 def test_the_default_order_is_global_not_fast_and_moves_with_seed_and_epoch():
     a = epoch_order(10_000, 1, 0)
-    fast = DistributedSampler(10_000, num_replicas=1, seed=1, order="fast").indices()
+    fast = DistributedSampler(10_000, num_replicas=1, seed=1, order="per_rank").indices()
     assert a.tolist() != fast.tolist()
     assert a.tolist() == DistributedSampler(10_000, num_replicas=1, seed=1).indices().tolist()
     assert a.tolist() != epoch_order(10_000, 2, 0).tolist()
@@ -188,7 +188,7 @@ def test_bad_order_is_refused():
         DistributedSampler(10, num_replicas=1, order="global", torch_version="2.5.1")
 
 
-@pytest.mark.parametrize("order", ["global", "fast"])
+@pytest.mark.parametrize("order", ["global", "per_rank"])
 @pytest.mark.parametrize("change", ["set_epoch", "load"])
 def test_a_running_iteration_keeps_its_elastic_rest(order, change):
     # An iterator streams its epoch in windows; a set_epoch or a load while it runs must not
@@ -223,11 +223,11 @@ def test_a_running_iteration_keeps_its_elastic_rest(order, change):
 
 
 def test_a_state_of_the_old_default_says_how_to_resume_it():
-    old = DistributedSampler(100, num_replicas=2, order="fast", seed=3).state_dict()
-    with pytest.raises(ValueError, match="construct the sampler with order='fast'") as e:
+    old = DistributedSampler(100, num_replicas=2, order="per_rank", seed=3).state_dict()
+    with pytest.raises(ValueError, match="construct the sampler with order='per_rank'") as e:
         DistributedSampler(100, num_replicas=2, seed=4).load_state_dict(old)
     assert any(d.startswith("seed: state has 3") for d in e.value.differences)
-    resumed = DistributedSampler(100, num_replicas=2, order="fast", seed=3)
+    resumed = DistributedSampler(100, num_replicas=2, order="per_rank", seed=3)
     resumed.load_state_dict(old)  # as the message says
     with pytest.raises(TypeError, match="order must be a str"):
         DistributedSampler(100, num_replicas=2, order=None)

@@ -60,11 +60,11 @@ CALLS = {
     "distributed global share": (
         "s = croupier.DistributedSampler(40_000_000, 2, 1)\nwork = s.indices"
     ),
-    "distributed fast share": (
-        "s = croupier.DistributedSampler(40_000_000, 2, 1, order='fast')\nwork = s.indices"
+    "distributed per-rank share": (
+        "s = croupier.DistributedSampler(40_000_000, 2, 1, order='per_rank')\nwork = s.indices"
     ),
-    "distributed fast share, huge W": (
-        "s = croupier.DistributedSampler(2**33 + 7, 2**9, 5, order='fast')\nwork = s.indices"
+    "distributed per-rank share, huge W": (
+        "s = croupier.DistributedSampler(2**33 + 7, 2**9, 5, order='per_rank')\nwork = s.indices"
     ),
     "distributed global share, huge W": (
         "s = croupier.DistributedSampler(2**45, 2**20, 3)\nwork = s.indices"
@@ -88,15 +88,15 @@ CALLS = {
         "num_replicas=2, rank=0)\n"
         "work = s.batches"
     ),
-    "buckets, fast order": (
+    "buckets, per-rank order": (
         "lengths = (np.arange(30_000_000, dtype=np.uint64) * 7919) % 4000 + 1\n"
-        "s = croupier.BucketBatchSampler(lengths, max_tokens=20_000, order='fast', "
+        "s = croupier.BucketBatchSampler(lengths, max_tokens=20_000, order='per_rank', "
         "num_replicas=2, rank=1)\n"
         "work = s.batches"
     ),
 }
 # The default run keeps one shape of each kind of call; the rest run with the slow tests.
-FAST = {"distributed global share", "buckets, fast order", "permutation u32"}
+FAST = {"distributed global share", "buckets, per-rank order", "permutation u32"}
 
 
 def _run(call: str, mode: str, limit: str | None) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """MixtureSampler in the global order (the default): one sequence per epoch whatever the number
 of ranks, exact counts over it, whole passes, the balanced interleave, resume, elastic resume,
-schedules in global positions, old states and bad input. The fast order is tested in
+schedules in global positions, old states and bad input. The per-rank order is tested in
 ``test_mixture_sampler.py``."""
 
 from __future__ import annotations
@@ -186,14 +186,14 @@ def test_balanced_prefixes_stay_within_one_sample_of_their_share(sizes, raw, w):
 
 
 def test_a_dataset_smaller_than_the_world_is_drawn():
-    # The fast order deals it nothing per pass with drop_last; the global order draws it.
+    # The per-rank order deals it nothing per pass with drop_last; the global order draws it.
     cum = _cum([1000, 3])
     s = MixtureSampler(cum, [1, 1], 8, 0, seed=1)
     seq = _interleaved(lambda w, r: MixtureSampler(cum, [1, 1], w, r, seed=1), 8)
     assert (np.bincount(_which(cum, seq), minlength=2) > 0).all()
     assert len(s) == 1003 // 8
     with pytest.raises(ValueError, match="dataset 1"):
-        MixtureSampler(cum, [1, 1], 8, 0, seed=1, order="fast")
+        MixtureSampler(cum, [1, 1], 8, 0, seed=1, order="per_rank")
 
 
 def test_lengths_follow_torch_over_the_global_sequence():
@@ -310,18 +310,19 @@ def test_a_mid_epoch_change_applies_from_the_same_global_position_on_every_rank(
 
 def test_a_state_of_the_fast_order_says_how_to_resume_it():
     cum = _cum([300, 200])
-    old = MixtureSampler(cum, [1, 2], 2, 1, seed=1, order="fast").state_dict()
-    # States saved before the mixture had orders record none: they are of the fast order.
+    old = MixtureSampler(cum, [1, 2], 2, 1, seed=1, order="per_rank").state_dict()
+    # States saved before the mixture had orders record none: they are of the per-rank order.
     older = {k: v for k, v in old.items() if k not in ("order", "interleave")}
     for state in (old, older):
-        fast = MixtureSampler(cum, [1, 2], 2, 1, seed=1, order="fast")
+        fast = MixtureSampler(cum, [1, 2], 2, 1, seed=1, order="per_rank")
         fast.load_state_dict({**state, "position": 3})
         assert (
-            next(iter(fast)) == MixtureSampler(cum, [1, 2], 2, 1, seed=1, order="fast").indices()[3]
+            next(iter(fast))
+            == MixtureSampler(cum, [1, 2], 2, 1, seed=1, order="per_rank").indices()[3]
         )
         target = MixtureSampler(cum, [1, 2], 2, 1, seed=1)
         before = target.state_dict()
-        with pytest.raises(StateError, match="order='fast'") as info:
+        with pytest.raises(StateError, match="order='per_rank'") as info:
             target.load_state_dict(state)
         assert any(d.startswith("order:") for d in info.value.differences)
         assert target.state_dict() == before
@@ -364,9 +365,9 @@ def test_bad_order_and_interleave_are_refused():
     cum = _cum([10, 10])
     with pytest.raises(TypeError, match="order must be a str"):
         MixtureSampler(cum, [1, 1], 1, 0, order=1)
-    with pytest.raises(ValueError, match=r"order must be one of \['global', 'fast'\]"):
+    with pytest.raises(ValueError, match=r"order must be one of \['global', 'per_rank'\]"):
         MixtureSampler(cum, [1, 1], 1, 0, order="torch")
     with pytest.raises(ValueError, match="interleave must be one of"):
         MixtureSampler(cum, [1, 1], 1, 0, interleave="random")
     with pytest.raises(ValueError, match="interleave='balanced' needs order='global'"):
-        MixtureSampler(cum, [1, 1], 1, 0, order="fast", interleave="balanced")
+        MixtureSampler(cum, [1, 1], 1, 0, order="per_rank", interleave="balanced")

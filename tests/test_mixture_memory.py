@@ -95,26 +95,26 @@ def _shape(tiny, sizes, order="global", interleave="uniform", w=1, positions=Non
 SHAPES = [
     # Many tiny datasets (3 samples: oversampled, a pass every few positions) and a large one.
     _shape(5_000, [1_000_000], positions=300_000),
-    _shape(5_000, [1_000_000], order="fast", positions=300_000),
+    _shape(5_000, [1_000_000], order="per_rank", positions=300_000),
     _shape(200, [20_000], interleave="balanced", positions=30_000),
     # One huge dataset among small ones.
     _shape(0, [1_000_000, 10, 1000]),
-    _shape(0, [1_000_000, 10, 1000], order="fast"),
+    _shape(0, [1_000_000, 10, 1000], order="per_rank"),
     # Many datasets, weights skewed.
     _shape(1_000, [50_000] * 5, positions=200_000, skew=True),
-    _shape(1_000, [50_000] * 5, order="fast", positions=200_000, skew=True),
+    _shape(1_000, [50_000] * 5, order="per_rank", positions=200_000, skew=True),
     # Huge W: each rank's few positions spread over every leaf.
     _shape(1_000, [2_000_000], w=1000),
-    _shape(0, [1_000_000, 5_000], order="fast", w=100),
+    _shape(0, [1_000_000, 5_000], order="per_rank", w=100),
 ]
 
 SLOW_SHAPES = [
     _shape(50_000, [10_000_000], positions=5_000_000),
     _shape(50_000, [10_000_000], positions=20_000_000),
-    _shape(50_000, [10_000_000], order="fast", positions=5_000_000),
+    _shape(50_000, [10_000_000], order="per_rank", positions=5_000_000),
     _shape(20_000, [1_000_000], interleave="balanced", positions=1_000_000),
     _shape(0, [50_000_000]),
-    _shape(0, [50_000_000], order="fast"),
+    _shape(0, [50_000_000], order="per_rank"),
 ]
 
 
@@ -143,7 +143,7 @@ def test_the_scratch_does_not_grow_with_the_positions():
         sys.modules["torch"] = None  # numpy only: torch's import is slow and beside the point
         import numpy as np, croupier
         cum = np.concatenate([[0], np.cumsum([3] * 5_000 + [10**7])]).tolist()
-        for order in ("global", "fast"):
+        for order in ("global", "per_rank"):
             for n in (10**6, 10**9):
                 s = croupier.MixtureSampler(cum, [1.0] * 5_001, 1, 0, num_samples=n, order=order)
                 print(order, n, s._current().range_bytes(0, None))
@@ -153,10 +153,11 @@ def test_the_scratch_does_not_grow_with_the_positions():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
     est = {(lines[i], int(lines[i + 1])): int(lines[i + 2]) for i in range(0, len(lines), 3)}
-    for order in ("global", "fast"):
+    for order in ("global", "per_rank"):
         small, large = est[(order, 10**6)], est[(order, 10**9)]
         out = (10**9 - 10**6) * 4  # uint32 indices
-        # The output grows, and a factor of it for the fast order's stream buffers; nothing else.
+        # The output grows, and a factor of it for the per-rank order's stream buffers; nothing
+        # else.
         factor = 1 if order == "global" else 2
         assert large - small <= factor * out * 1.0001 + (1 << 26), (order, small, large)
 

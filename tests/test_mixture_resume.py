@@ -29,7 +29,7 @@ from croupier import MixtureSampler, _core
 from croupier.samplers._schedule import _weights
 from test_mixture_sampler import _cum
 
-_ORDERS = {"global": _core.Order.GLOBAL, "fast": _core.Order.FAST}
+_ORDERS = {"global": _core.Order.GLOBAL, "per_rank": _core.Order.FAST}
 
 # (start, nominal length, weights, temperature): a phase as the documentation defines it.
 Phase = tuple[int, int, tuple[float, ...], float]
@@ -100,7 +100,7 @@ def _moved(
 def _reference(cfg: Config, phases: list[Phase], world: int) -> np.ndarray:
     """The uninterrupted epoch under ``phases``, read from position 0: the global sequence
     (global order: the same for every world, read on one rank) or the ``world`` ranks'
-    sequences interleaved position by position (fast order)."""
+    sequences interleaved position by position (per-rank order)."""
     w = 1 if cfg.order == "global" else world
     shares = []
     for r in range(w):
@@ -156,7 +156,9 @@ def _positions(cfg: Config, world: int) -> int:
 def scenarios(draw: Any, order: str) -> tuple[Config, list[tuple[Any, ...]]]:
     n = draw(st.integers(1, 3))
     sizes = draw(st.lists(st.integers(4, 40), min_size=n, max_size=n))
-    interleave = "uniform" if order == "fast" else draw(st.sampled_from(["uniform", "balanced"]))
+    interleave = (
+        "uniform" if order == "per_rank" else draw(st.sampled_from(["uniform", "balanced"]))
+    )
 
     def weights() -> list[int]:
         w = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
@@ -191,9 +193,9 @@ def scenarios(draw: Any, order: str) -> tuple[Config, list[tuple[Any, ...]]]:
 def _play(cfg: Config, steps: list[tuple[Any, ...]], first_world: int) -> None:
     """Plays ``steps`` and checks the yielded epoch against the reference."""
     run = Run(cfg, [cfg.sampler(first_world, r) for r in range(first_world)], 0)
-    origin = first_world  # the world the epoch started in (fast order: its sequences)
+    origin = first_world  # the world the epoch started in (per-rank order: its sequences)
     length = _positions(cfg, origin)  # what schedules count this epoch
-    unit = 1 if cfg.order == "fast" else None  # global order: positions times the world
+    unit = 1 if cfg.order == "per_rank" else None  # global order: positions times the world
     phases = _fresh([(0, cfg.weights)], length)
     schedule: list[tuple[int, Sequence[float]]] = [(0, cfg.weights)]
     schedule_world = max_world = first_world
@@ -246,7 +248,7 @@ def _play(cfg: Config, steps: list[tuple[Any, ...]], first_world: int) -> None:
                 elastic = elastic or consumed > 0
                 break
             if consumed == 0:
-                # The start of the epoch: it starts in the new world (the fast order's
+                # The start of the epoch: it starts in the new world (the per-rank order's
                 # sequences and a schedule's starts follow the world's length).
                 new_length = _positions(cfg, world)
                 schedule = _moved(schedule, length, new_length)
@@ -288,10 +290,10 @@ def _play(cfg: Config, steps: list[tuple[Any, ...]], first_world: int) -> None:
     # All of it (drop_last cuts the tail of an elastic rest to a multiple of its world).
     dropped = max_world - 1 if cfg.drop_last and elastic else 0
     assert min(end, len(ref)) - dropped <= len(seq) <= min(end, len(ref))
-    # The next epoch starts the schedule in force, fresh, on the last world (the fast order
+    # The next epoch starts the schedule in force, fresh, on the last world (the per-rank order
     # moves a schedule's starts with the world's length: not modelled here).
     last = run.world
-    if cfg.order == "fast" and len(schedule) > 1 and schedule_world != last:
+    if cfg.order == "per_rank" and len(schedule) > 1 and schedule_world != last:
         return
     for s in run.samplers:
         s.set_epoch(cfg.epoch + 1)
@@ -327,7 +329,7 @@ def test_a_resumed_global_epoch_with_weight_changes_is_the_uninterrupted_one(dat
 
 
 @settings(max_examples=40, deadline=None)
-@given(data=scenarios("fast"), first_world=st.integers(1, 4))
+@given(data=scenarios("per_rank"), first_world=st.integers(1, 4))
 def test_a_resumed_fast_epoch_with_weight_changes_is_the_uninterrupted_one(data, first_world):
     cfg, steps = data
     if cfg.drop_last and min(cfg.sizes) < 4:

@@ -1,5 +1,5 @@
-"""MixtureSampler in the fast order (``order="fast"``, kempnerforge's shapes): exact counts on
-every rank, passes, interleave, schedules, resume, state and bad input. The global order,
+"""MixtureSampler in the per-rank order (``order="per_rank"``, kempnerforge's shapes): exact
+counts on every rank, passes, interleave, schedules, resume, state and bad input. The global order,
 the default of ``croupier.MixtureSampler``, is tested in ``test_mixture_global.py``."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import croupier
 from croupier import StateError
 from test_robustness import _in_child
 
-# The fast order, kempnerforge's shapes (the default of croupier.compat.kempnerforge's class,
+# The per-rank order, kempnerforge's shapes (the default of croupier.compat.kempnerforge's class,
 # which needs torch): every sampler of this file.
-MixtureSampler = functools.partial(croupier.MixtureSampler, order="fast")
+MixtureSampler = functools.partial(croupier.MixtureSampler, order="per_rank")
 
 
 def _cum(sizes):
@@ -281,7 +281,7 @@ def test_same_indices_for_any_thread_count():
         """
         import hashlib, croupier
         s = croupier.MixtureSampler([0, 300_000, 700_000, 700_100], [1, 2, 1], 3, 2, seed=9,
-                                    num_samples=900_000, order="fast")
+                                    num_samples=900_000, order="per_rank")
         print(hashlib.sha256(s.indices().tobytes()).hexdigest())
         """
     )
@@ -714,12 +714,16 @@ def _mixture_class(which):
 )
 def test_kempnerforges_exception_types(which, kwargs, kind, match):
     cls = _mixture_class(which)
-    # kempnerforge's sampler raises these types here; code catching them keeps working, and
-    # the exception is still croupier's ValueError naming the argument.
+    # kempnerforge's sampler raises these types here; code catching them keeps working with
+    # the drop-in (compat), and the exception is still croupier's ValueError naming the
+    # argument. croupier's own class raises the plain ValueError.
     args = {"cumulative_sizes": [0, 10, 20], "weights": [1.0, 1.0], "num_replicas": 1}
-    with pytest.raises(kind, match=match) as e:
+    expected = kind if which != "croupier" else ValueError
+    with pytest.raises(expected, match=match) as e:
         cls(**{**args, "rank": 0, **kwargs})
     assert isinstance(e.value, ValueError)
+    if which == "croupier":
+        assert not isinstance(e.value, (ZeroDivisionError, IndexError))
 
 
 @pytest.mark.parametrize("which", ["croupier", "compat.kempnerforge"])
@@ -741,6 +745,8 @@ def test_update_weights_errors_name_weights_and_temperature(
     cls = _mixture_class(which)
     s = cls([0, 10, 20], [1, 3], 1, 0)
     before = s.indices().tolist()
+    if which == "croupier":
+        kind = ValueError  # kempnerforge's types come with the drop-in only
     with pytest.raises(kind, match=match) as e:
         s.update_weights(weights, temperature)
     assert isinstance(e.value, ValueError) and "schedule" not in str(e.value)

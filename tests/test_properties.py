@@ -27,7 +27,7 @@ configs = st.fixed_dictionaries(
         "drop_last": st.booleans(),
         "shuffle": st.booleans(),
         "seed": st.integers(0, 2**64 - 1),
-        "order": st.sampled_from(["fast", "torch"]),
+        "order": st.sampled_from(["per_rank", "torch"]),
     }
 )
 epochs = st.integers(0, 1000)
@@ -124,7 +124,7 @@ mixture_configs = st.fixed_dictionaries(
         "seed": st.integers(0, 2**64 - 1),
         "num_samples": st.one_of(st.none(), st.integers(0, 600)),
         "split": st.floats(0, 1),  # where the schedule's second phase starts
-        "order": st.sampled_from(["global", "fast"]),
+        "order": st.sampled_from(["global", "per_rank"]),
     }
 )
 

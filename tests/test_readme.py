@@ -141,3 +141,109 @@ def test_the_readme_is_short_and_its_links_lead_somewhere():
             else:
                 path = doc.parent / target
             assert path.exists(), f"{doc.name} links to missing {target}"
+
+
+# -- the docs name only what exists ---------------------------------------------------------------
+
+_PATH = re.compile(
+    r"^\.?[\w./-]*[\w-]\.(rs|py|pyi|md|toml|json|yml|yaml|txt|cfg)$|^(\.ci|scripts)/[\w.-]+$"
+)
+_NAME = re.compile(r"^croupier(\.[A-Za-z_]\w*)+")
+# Files the docs name that are not in the repository: what croupier writes when it runs (the
+# bench's results, the world-size record of the trainers' callbacks) and a user's own file.
+_NOT_IN_REPO = {"croupier-bench/bench.json", "croupier_world.json", "tokenizer.json"}
+
+
+def _tracked_files() -> list[str]:
+    """The repository's files, as paths relative to its root (build output left out)."""
+    skip = {".git", "target", ".venv", "node_modules", ".hypothesis", "__pycache__", "dist"}
+    out = []
+    for path in ROOT.rglob("*"):
+        rel = path.relative_to(ROOT)
+        if path.is_file() and not skip.intersection(rel.parts):
+            out.append(rel.as_posix())
+    return out
+
+
+def _label(doc: Path) -> str:
+    return doc.relative_to(ROOT).as_posix() if doc.is_relative_to(ROOT) else doc.name
+
+
+def _cited(doc: Path) -> list[tuple[int, str]]:
+    """``(line, span)`` of every inline code span of ``doc`` outside fenced blocks."""
+    spans, fenced = [], False
+    for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            spans += [(number, s) for s in re.findall(r"`([^`\n]+)`", line)]
+    return spans
+
+
+def _missing_paths(docs: list[Path], files: list[str]) -> list[str]:
+    """The cited file paths that name no file: a path from the repository's root or the
+    document's folder, or the tail of one (``deal/rank.rs``, ``lib.rs``)."""
+    missing = []
+    for doc in docs:
+        for number, span in _cited(doc):
+            if not _PATH.match(span) or "*" in span or span in _NOT_IN_REPO:
+                continue
+            rel = span.lstrip("./") if span.startswith("./") else span
+            if (ROOT / rel).exists() or (doc.parent / rel).exists():
+                continue
+            if any(f == rel or f.endswith("/" + rel) for f in files):
+                continue
+            missing.append(f"{_label(doc)}:{number}: {span}")
+    return missing
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``croupier.a.b.c`` names a module or an attribute of one."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def _missing_names(docs: list[Path]) -> list[str]:
+    missing = []
+    for doc in docs:
+        for number, span in _cited(doc):
+            m = _NAME.match(span)
+            if m and not _resolves(m.group(0)):
+                missing.append(f"{_label(doc)}:{number}: {m.group(0)}")
+    return missing
+
+
+def test_every_path_and_croupier_name_the_docs_cite_exists():
+    """A doc that names a file that moved, or a ``croupier.`` name that was renamed, fails
+    here instead of misleading a reader (the README, the guides under docs/, the CHANGELOG's
+    unreleased section aside: it records history)."""
+    pytest.importorskip("torch")  # croupier.loader and the compat modules import it
+    files = _tracked_files()
+    assert not _missing_paths(DOCUMENTS, files)
+    assert not _missing_names(DOCUMENTS)
+
+
+def test_the_drift_check_fails_on_a_stale_path_and_name(tmp_path):
+    stale = tmp_path / "stale.md"
+    stale.write_text(
+        "See `rust/croupier-core/src/deal/seekable.rs` and `croupier.samplers.prp.Deal`;\n"
+        "`docs/design.md`, `deal/rank.rs` and `croupier.DistributedSampler.set_epoch` exist.\n",
+        encoding="utf-8",
+    )
+    files = _tracked_files()
+    assert _missing_paths([stale], files) == ["stale.md:1: rust/croupier-core/src/deal/seekable.rs"]
+    assert _missing_names([stale]) == ["stale.md:1: croupier.samplers.prp.Deal"]

@@ -194,7 +194,7 @@ call = {call!r}
 # process in torch's C++ (pybind11), which is not what this test is about.
 if call == "torch-order share":
     sampler = croupier.DistributedSampler(400_000_000, 1, 0, order="torch")
-elif call == "fast-order share":
+elif call == "per-rank-order share":
     sampler = croupier.DistributedSampler(2_000_000_000, 2, 0)
 elif call == "mixture":
     sizes = [i * 20_000_000 for i in range(101)]
@@ -233,7 +233,7 @@ sys.exit(0)
 
 
 @pytest.mark.parametrize(
-    "call", ["permutation", "torch-order share", "fast-order share", "mixture"]
+    "call", ["permutation", "torch-order share", "per-rank-order share", "mixture"]
 )
 @pytest.mark.parametrize("delay", [0.05, 0.5])
 def test_ctrl_c_interrupts_a_long_call_promptly(call, delay):

@@ -35,6 +35,8 @@ def _entries():
 def _build(entry, **override):
     args = {**entry["args"], **override}
     name = entry["class"]
+    if args.get("order") == "fast":
+        args["order"] = "per_rank"  # its name since version 3 ("fast" warns: see below)
     if name == "compat.torchdata.StatefulDistributedSampler":
         from croupier.compat.torchdata import StatefulDistributedSampler
 
@@ -66,8 +68,12 @@ def test_the_table_reaches_the_current_version():
 
 
 def test_every_shipped_shape_has_fixtures():
-    # One file per shipped shape: 0.1.0, and the 0.2.0 development build before version 2.
-    assert {p.stem for p in FILES} >= {"v1-0.1.0", "v1-0.2.0-dev-462f7d5"}
+    # One file per shipped shape: 0.1.0, the 0.2.0 development builds before versions 2 and 3.
+    assert {p.stem for p in FILES} >= {
+        "v1-0.1.0",
+        "v1-0.2.0-dev-462f7d5",
+        "v2-0.2.0-dev-6486a3f",
+    }
 
 
 @pytest.mark.parametrize("built_by,entry", list(_entries()))
@@ -90,7 +96,7 @@ def test_old_state_loads_to_the_documented_result(built_by, entry):
         return
     s = _build(entry)
     epoch, position = state["epoch"], state["position"]
-    is_fast = name == "DistributedSampler" and state["order"] == "fast"
+    is_fast = name == "DistributedSampler" and state["order"] == "fast" and state["version"] == 1
     if is_fast and "elastic" not in state and 0 < position < len(s):
         # croupier 0.1's fast order is not 0.2's: continuing would give other samples. A
         # version-1 state cannot say which build wrote it, so every one is refused, and the
@@ -102,7 +108,7 @@ def test_old_state_loads_to_the_documented_result(built_by, entry):
         assert s.state_dict() == before
         if built_by.startswith("0.1"):
             return
-        state = {**state, "version": STATE_VERSION}
+        state = {**state, "version": 2}  # as the message says
     s.load_state_dict(state)
     loaded = s.state_dict()
     assert loaded["version"] == STATE_VERSION
@@ -115,13 +121,15 @@ def test_old_state_loads_to_the_documented_result(built_by, entry):
         assert rest == _items(fresh)[position:]
         assert len(s) == position + len(rest)
         upgraded = {**state, "version": STATE_VERSION}
+        if state.get("order") == "fast":
+            upgraded["order"] = "per_rank"  # version 3's name of the same order
         if name.startswith("compat.torchdata"):
-            upgraded = {k: v for k, v in loaded.items() if k in state} | {"version": 2}
+            upgraded = {k: v for k, v in loaded.items() if k in state} | {"version": STATE_VERSION}
         assert {k: loaded[k] for k in upgraded} == upgraded
         return
     # A version-1 elastic rest counted its positions from the rest's start: resumed_at 0.
-    el = state["elastic"]
-    assert loaded["elastic"] == {**el, "resumed_at": 0}
+    el = {"resumed_at": 0, **state["elastic"]}
+    assert loaded["elastic"] == el
     assert loaded["position"] == position
     origin = _build(entry, num_replicas=el["origin_num_replicas"], rank=0)
     origin_order = _global_order(
@@ -132,10 +140,8 @@ def test_old_state_loads_to_the_documented_result(built_by, entry):
     remainder = origin_order[el["offset"] :]
     mine = remainder[state["rank"] :: w]
     # Padding (drop_last=False) repeats the rest's head; dropping cuts its tail.
-    assert (
-        rest == mine[position : position + len(rest)]
-        or rest[: len(mine) - position] == mine[position:]
-    )
+    at = position - el["resumed_at"]  # the rank's place in the rest
+    assert rest == mine[at : at + len(rest)] or rest[: len(mine) - at] == mine[at:]
     assert len(s) == position + len(rest)
 
 
@@ -172,8 +178,8 @@ def test_a_newer_version_is_refused_unchanged():
 
 def test_a_0_1_fast_state_at_an_epoch_boundary_loads():
     # Position 0 or the epoch's end names no sample of the old order: both still load.
-    s = croupier.DistributedSampler(100, 3, 1, order="fast")
-    old = {**s.state_dict(), "version": 1, "epoch": 2}
+    s = croupier.DistributedSampler(100, 3, 1, order="per_rank")
+    old = {**s.state_dict(), "version": 1, "epoch": 2, "order": "fast"}
     s.load_state_dict({**old, "position": 0})
     assert _items(s) == _items(_fresh_epoch(2))
     s.load_state_dict({**old, "position": 34})
@@ -181,17 +187,61 @@ def test_a_0_1_fast_state_at_an_epoch_boundary_loads():
 
 
 def test_a_0_2_dev_fast_state_declared_version_2_loads():
-    s = croupier.DistributedSampler(100, 3, 1, order="fast")
+    # Declared version 2, its order 'fast' becomes 'per_rank' (version 3's name).
+    s = croupier.DistributedSampler(100, 3, 1, order="per_rank")
     s.set_skip(5)
-    state = {**s.state_dict(), "version": 1}
+    state = {**s.state_dict(), "version": 1, "order": "fast"}
     with pytest.raises(StateError, match="set state\\['version'\\] to 2"):
-        croupier.DistributedSampler(100, 3, 1, order="fast").load_state_dict(state)
-    t = croupier.DistributedSampler(100, 3, 1, order="fast")
+        croupier.DistributedSampler(100, 3, 1, order="per_rank").load_state_dict(state)
+    t = croupier.DistributedSampler(100, 3, 1, order="per_rank")
     t.load_state_dict({**state, "version": 2})
     assert _items(t) == _items(_fresh_epoch(0))[5:]
 
 
 def _fresh_epoch(epoch):
-    s = croupier.DistributedSampler(100, 3, 1, order="fast")
+    s = croupier.DistributedSampler(100, 3, 1, order="per_rank")
     s.set_epoch(epoch)
     return s
+
+
+@pytest.mark.parametrize("name", ["DistributedSampler", "MixtureSampler", "BucketBatchSampler"])
+def test_the_old_order_name_warns_and_is_the_same_order(name):
+    """``order="fast"`` still constructs the per-rank order, with a DeprecationWarning that
+    names the new name; the two samplers yield the same and save the same state, and a state
+    naming ``"fast"`` (version 2) loads into either."""
+    args = {
+        "DistributedSampler": ([100], {}),
+        "MixtureSampler": ([[0, 30, 100], [0.5, 0.5]], {}),
+        "BucketBatchSampler": ([[(i * 37) % 150 + 1 for i in range(300)]], {"max_tokens": 600}),
+    }[name]
+    cls = getattr(croupier, name)
+
+    def make(order):
+        return cls(*args[0], num_replicas=2, rank=1, order=order, **args[1])
+
+    with pytest.warns(DeprecationWarning, match="order='per_rank'") as caught:
+        old = make("fast")
+    assert caught[0].filename == __file__  # points at the caller's line
+    new = make("per_rank")
+    assert old.order == new.order == "per_rank"
+    assert _items(old) == _items(new)
+    new.set_skip(3)
+    state = new.state_dict()
+    assert state["order"] == "per_rank" and state["version"] == STATE_VERSION
+    fresh = make("per_rank")
+    fresh.load_state_dict({**state, "version": 2, "order": "fast"})
+    assert fresh.state_dict() == state and _items(fresh) == _items(new)
+
+
+def test_the_sequential_bucket_samplers_fast_order_keeps_its_name():
+    """``SequentialBucketSampler``'s ``"fast"`` (croupier's seekable streams against NeMo's
+    ``"torch"``) is not the per-rank order: no warning, no ``"per_rank"``."""
+    from croupier._validate import ORDERS
+
+    assert ORDERS["SequentialBucketSampler"] == ("fast", "torch")
+    from test_sequential_bucket_sampler import Dataset
+
+    with pytest.raises(ValueError, match=r"order must be one of \['fast', 'torch'\]"):
+        croupier.SequentialBucketSampler(
+            Dataset([4, 5]), 2, num_replicas=1, rank=0, order="per_rank"
+        )

@@ -1,6 +1,6 @@
 """Stateful test of croupier.DistributedSampler against its reference model (issue 42).
 
-The machine drives a whole world of samplers (every order: "global", "torch", "fast";
+The machine drives a whole world of samplers (every order: "global", "torch", "per_rank";
 ``drop_last`` and ``shuffle`` both ways) and :class:`models.distributed.DistributedModel`
 through iteration, partial iteration, set_epoch, set_skip, state_dict/load on the same or
 another world size (elastic, several hops), pickling, fork and refused input; see
@@ -31,7 +31,7 @@ class DistributedMachine(LockstepMachine):
         seed=st.integers(0, 2**64 - 1),
         shuffle=st.booleans(),
         drop_last=st.booleans(),
-        order=st.sampled_from(("global", "torch", "fast")),
+        order=st.sampled_from(("global", "torch", "per_rank")),
     )
     def configure(self, n, world, seed, shuffle, drop_last, order):
         if order == "torch":

@@ -1,6 +1,6 @@
 """Stateful test of croupier.MixtureSampler against its reference model (issue 42).
 
-The machine drives a whole world of samplers (orders "global" and "fast", interleaves
+The machine drives a whole world of samplers (orders "global" and "per_rank", interleaves
 "uniform" and "balanced", ``drop_last`` and ``shuffle`` both ways) and
 :class:`models.mixture.MixtureModel` through iteration, partial iteration, set_epoch,
 set_skip, the mid-epoch mutations ``update_weights`` and ``set_schedule`` (before or after a
@@ -35,10 +35,10 @@ class MixtureMachine(LockstepMachine):
         shuffle=st.booleans(),
         drop_last=st.booleans(),
         temperature=st.sampled_from((1.0, 2.0)),
-        kind=st.sampled_from(("global", "global", "global-balanced", "fast")),
+        kind=st.sampled_from(("global", "global", "global-balanced", "per_rank")),
     )
     def configure(self, sizes, weights, world, seed, shuffle, drop_last, temperature, kind):
-        order = "fast" if kind == "fast" else "global"
+        order = "per_rank" if kind == "per_rank" else "global"
         inter = "balanced" if kind == "global-balanced" else "uniform"
         self.sizes = sizes
         self.cs = [0]
@@ -81,7 +81,7 @@ class MixtureMachine(LockstepMachine):
 
     @rule(frac=st.floats(0, 1))
     def set_skip(self, frac):
-        # Fast order: after a load from another world size the phases in force have that
+        # Per-rank order: after a load from another world size the phases in force have that
         # world's length until an epoch starts at 0; a skip into them is not specified.
         seg = self.model.state.seg
         plain = seg.offset == 0 and seg.base == 0 and seg.origin == self.world

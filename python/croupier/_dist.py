@@ -161,6 +161,17 @@ def resolve_ranks(
         or _is_mesh(dist_info)
     ):
         raise TypeError(f"dist_info must be {accepted}, got {type(dist_info).__name__}")
+    if rank is None and num_replicas is not None and dist_info is None:
+        found = _from_torch(required=False) or _from_env()
+        if found is None and check_int("num_replicas", num_replicas, 1, MAX_LEN) > 1:
+            # torch raises here too: every process built this way would be rank 0 and train
+            # on the same share.
+            raise ValueError(
+                f"rank is needed with num_replicas={num_replicas}: torch.distributed is not "
+                "initialised and RANK is unset, so there is nowhere to read this process's rank "
+                "from (every process would be rank 0 and train on the same share); pass rank=, "
+                "or dist_info="
+            )
     if num_replicas is None or rank is None:
         found_rank, found_world = _query(dist_info)
         if num_replicas is None:

@@ -10,12 +10,27 @@ from __future__ import annotations
 import numbers
 import operator
 import os
+import sys
+import warnings
+from collections.abc import Mapping
 
 import numpy as np
 
 from croupier import _core
 
-__all__ = ["MAX_LEN", "U64_MAX", "as_int", "check_bool", "check_int", "dataset_length"]
+__all__ = [
+    "CORE_ORDERS",
+    "MAX_LEN",
+    "ORDERS",
+    "ORDER_ALIASES",
+    "U64_MAX",
+    "as_int",
+    "check_bool",
+    "check_choice",
+    "check_int",
+    "check_order",
+    "dataset_length",
+]
 
 U64_MAX = 2**64 - 1
 """The largest seed and epoch: they are 64-bit words of the core's random streams."""
@@ -70,3 +85,60 @@ def dataset_length(dataset: object) -> int:
             f"got {type(dataset).__name__} without __len__"
         )
     return check_int("len(dataset)", len(dataset), 0, MAX_LEN)  # type: ignore[arg-type]
+
+
+ORDERS: Mapping[str, tuple[str, ...]] = {
+    "DistributedSampler": ("global", "per_rank", "torch"),
+    "MixtureSampler": ("global", "per_rank"),
+    "BucketBatchSampler": ("global", "per_rank"),
+    "SequentialBucketSampler": ("fast", "torch"),
+}
+"""The orders each sampler draws, by class: the one table of order names.
+
+``"global"``: one sequence per epoch, the same for every number of ranks, dealt as torch
+deals. ``"per_rank"``: each rank's sequence drawn for its world size (a different sequence
+for each number of ranks). ``"torch"``: torch's own order, index for index.
+``SequentialBucketSampler``'s ``"fast"`` draws each bucket from croupier's seekable streams
+(``"torch"``: NeMo's exact batches)."""
+
+CORE_ORDERS: Mapping[str, _core.Order] = {
+    "global": _core.Order.GLOBAL,
+    "per_rank": _core.Order.FAST,
+}
+"""The core's order for each croupier-drawn order name (``"torch"`` picks its variant by
+torch release: :mod:`croupier._torch_order`)."""
+
+ORDER_ALIASES: Mapping[str, str] = {"fast": "per_rank"}
+"""Earlier names of an order, accepted with a ``DeprecationWarning`` where the new name is one
+of the sampler's orders: ``"fast"`` named the per-rank order when it was the fastest."""
+
+
+def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
+    """``value``, a str among ``allowed``; ``TypeError``/``ValueError`` naming ``name`` and
+    the allowed values otherwise."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, one of {list(allowed)}, got {type(value).__name__}")
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+    return value
+
+
+def check_order(sampler: str, order: object) -> str:
+    """``order`` checked against ``sampler``'s row of :data:`ORDERS`, an earlier name
+    (:data:`ORDER_ALIASES`) replaced by today's with a ``DeprecationWarning``."""
+    allowed = ORDERS[sampler]
+    if isinstance(order, str) and order not in allowed and ORDER_ALIASES.get(order) in allowed:
+        new = ORDER_ALIASES[order]
+        # Point at the user's line: past every croupier frame (subclasses, checks).
+        level, frame = 1, sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__", "").startswith("croupier."):
+            level, frame = level + 1, frame.f_back  # type: ignore[assignment]
+        warnings.warn(
+            f"order={order!r} is deprecated: the same order is now called order={new!r} "
+            f"(states saved with either name load); {order!r} will stop being accepted in "
+            "croupier 1.0",
+            DeprecationWarning,
+            stacklevel=level + 1,
+        )
+        return new
+    return check_choice("order", order, allowed)

@@ -1,4 +1,4 @@
-"""Reference model of ``croupier.BucketBatchSampler`` (orders "global" and "fast"), in batches.
+"""Reference model of ``croupier.BucketBatchSampler`` (orders "global" and "per_rank"), in batches.
 
 Encodes: an epoch is one sequence of batches dealt like torch deals indices (rank ``r``
 takes batches ``r, r + W, ...``; ``drop_last=False`` pads by repeating the first batches,
@@ -7,9 +7,9 @@ takes batches ``r, r + W, ...``; ``drop_last=False`` pads by repeating the first
 
 - ``order="global"``: the batch sequence is the same for every world size, read once from a
   fresh ``num_replicas=1`` sampler iterated uninterrupted (the pseudorandom oracle).
-- ``order="fast"``: a sequence per world size: its ranks' fresh sequences interleaved, the
+- ``order="per_rank"``: a sequence per world size: its ranks' fresh sequences interleaved, the
   first batches up to the one that completes the samples (its padding after them). Elastic
-  resume of the fast order re-deals the remaining batches in an unspecified order, so the
+  resume of the per-rank order re-deals the remaining batches in an unspecified order, so the
   model covers it on one world size only.
 
 Every sequence the model uses is checked against the documented multiset: with

@@ -1,4 +1,4 @@
-"""Reference model of ``croupier.DistributedSampler`` (orders "global", "torch", "fast").
+"""Reference model of ``croupier.DistributedSampler`` (orders "global", "torch", "per_rank").
 
 Encodes: the epoch is one global order of ``range(N)`` (a permutation: every sample once),
 dealt by torch's striding and padding (:mod:`models.world`). Where the order comes from:
@@ -10,7 +10,7 @@ dealt by torch's striding and padding (:mod:`models.world`). Where the order com
 - ``order="global"``: the same for every world size; the pseudorandom permutation is read
   once from a fresh ``num_replicas=1`` croupier sampler iterated uninterrupted (the only use of
   croupier), checked to be a permutation; ``shuffle=False``: ``range(N)``.
-- ``order="fast"``: depends on the world size: the ranks' uninterrupted fresh sequences of
+- ``order="per_rank"``: depends on the world size: the ranks' uninterrupted fresh sequences of
   the first world, interleaved (position t of every rank, rank after rank), the first
   ``min(N, kept)`` of them (padding counted once), checked to be distinct samples.
 """
@@ -65,20 +65,20 @@ class DistributedModel(WorldModel):
 
     def order_of(self, epoch: int, origin: int, extra: Any) -> tuple[int, ...]:
         n = self.n
-        if self.order == "fast":
+        if self.order == "per_rank":
             seq = interleave(
                 [
                     list(x)
                     for x in _croupier_ranks(
-                        n, self.seed, epoch, self.shuffle, self.drop_last, "fast", origin
+                        n, self.seed, epoch, self.shuffle, self.drop_last, "per_rank", origin
                     )
                 ]
             )
             kept = seq[: min(n, len(seq))]
-            assert len(set(kept)) == len(kept), "fast order: a sample twice in an epoch"
+            assert len(set(kept)) == len(kept), "per-rank order: a sample twice in an epoch"
             assert set(kept) <= set(range(n))
             if not self.drop_last:
-                assert sorted(kept) == list(range(n)), "fast order: not every sample"
+                assert sorted(kept) == list(range(n)), "per-rank order: not every sample"
                 assert seq[n:] == (kept * (1 + len(seq) // max(n, 1)))[: len(seq) - n]
             return tuple(kept)
         if not self.shuffle:

@@ -1,4 +1,4 @@
-"""Reference model of ``croupier.MixtureSampler`` (orders "global" and "fast", both
+"""Reference model of ``croupier.MixtureSampler`` (orders "global" and "per_rank", both
 interleaves), with its mid-epoch mutations ``update_weights`` and ``set_schedule``.
 
 Encodes (docs/samplers.md, the class docstring, docs/checkpointing.md):
@@ -8,10 +8,10 @@ Encodes (docs/samplers.md, the class docstring, docs/checkpointing.md):
   order is each rank's own sequence, the epoch's order being the first world's ranks'
   sequences interleaved (position t of every rank, rank after rank).
 - Phases: a schedule ``[(start, weights, temperature), ...]`` cuts the epoch (global positions
-  in the global order, rank positions in the fast one) into phases; phase ``k`` holds dataset
+  in the global order, rank positions in the per-rank one) into phases; phase ``k`` holds dataset
   ``i`` exactly ``c_i`` times, the largest remainder of ``p_i * n_k`` (``p_i`` proportional to
   ``w_i ** (1 / T)``) over its length ``n_k`` (over the global sequence in the global order, on
-  every rank in the fast order).
+  every rank in the per-rank order).
 - Passes: each dataset is read pass after pass, every pass a permutation of the dataset (no
   sample twice within a pass; an oversampled dataset starts a fresh pass only when the
   current one is used up); streams go on across phase boundaries.
@@ -24,7 +24,7 @@ Encodes (docs/samplers.md, the class docstring, docs/checkpointing.md):
   applies from the next epoch. An iteration from position 0 uses the schedule's phases; the
   phases in force carry into another epoch (``set_epoch``) until then, so a ``set_skip`` into
   it resumes under them (the implementation's reading: the documents do not say which phases
-  skipped positions of an epoch never iterated had). In the fast order a load on another
+  skipped positions of an epoch never iterated had). In the per-rank order a load on another
   world size moves schedule starts in proportion (``start * new_len // old_len``, a phase left
   empty dropped).
 - Interrupted and resumed equals uninterrupted: the epoch's sequence is a function of
@@ -267,13 +267,13 @@ class MixtureModel(WorldModel):
 
     def whole_epoch_length(self, epoch: int, world: int) -> int:
         m = self.positions(world)
-        if self.order == "fast":
+        if self.order == "per_rank":
             return m
         return m // world if self.drop_last else -(-m // world)
 
     def transfer_extra(self, saved: WorldState, world: int) -> History:
         if self.state_position() == 0 or (
-            self.order == "fast" and self.positions(saved.world) != self.positions(world)
+            self.order == "per_rank" and self.positions(saved.world) != self.positions(world)
         ):
             return (self.schedule(), ())  # the schedule's (moved) phases
         return saved.seg.extra
@@ -297,7 +297,7 @@ class MixtureModel(WorldModel):
         ex["continuing"] = False
         ex["from_load"] = True
         old, new = self.positions(saved.world), self.positions(self.world)
-        if self.order == "fast" and old != new:
+        if self.order == "per_rank" and old != new:
             # The phases in force are another length's until an iteration from position 0:
             # the documents do not say how a set_skip resume splices them (see the machine).
             ex["foreign"] = True

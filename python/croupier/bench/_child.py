@@ -45,10 +45,10 @@ def _sampler(system: str, n: int, ranks: int, rank: int, seed: int) -> Any:
         from croupier import DistributedSampler
 
         return DistributedSampler(n, num_replicas=ranks, rank=rank, seed=seed)
-    if system == "croupier-fast-order":
+    if system == "croupier-per-rank-order":
         from croupier import DistributedSampler
 
-        return DistributedSampler(n, num_replicas=ranks, rank=rank, seed=seed, order="fast")
+        return DistributedSampler(n, num_replicas=ranks, rank=rank, seed=seed, order="per_rank")
     if system == "croupier-torch-order":
         from croupier import DistributedSampler
 
@@ -59,15 +59,15 @@ def _sampler(system: str, n: int, ranks: int, rank: int, seed: int) -> Any:
 
         cum, weights = mixture_args(n)
         return MixtureSampler(cum, weights, num_replicas=ranks, rank=rank, seed=seed)
-    if system in ("croupier-mixture-fast-order", "croupier-mixture-balanced"):
+    if system in ("croupier-mixture-per-rank-order", "croupier-mixture-balanced"):
         from croupier import MixtureSampler
         from croupier.bench._baselines import mixture_args
 
         cum, weights = mixture_args(n)
-        fast = system.endswith("fast-order")
+        fast = system.endswith("per-rank-order")
         return MixtureSampler(
             cum, weights, num_replicas=ranks, rank=rank, seed=seed,
-            order="fast" if fast else "global", interleave="uniform" if fast else "balanced",
+            order="per_rank" if fast else "global", interleave="uniform" if fast else "balanced",
         )  # fmt: skip
     if system == "croupier-mixture-10k":
         from croupier import MixtureSampler
@@ -203,7 +203,7 @@ def _measure_batches(spec: dict[str, Any]) -> dict[str, Any]:
         return {**out, **_measure_lhotse(lengths, ranks, rank, seed, epoch)}
     from croupier import BucketBatchSampler
 
-    batch_order = "fast" if system == "croupier-buckets-fast-order" else "global"
+    batch_order = "per_rank" if system == "croupier-buckets-per-rank-order" else "global"
 
     def make() -> Any:
         s = BucketBatchSampler(
@@ -354,10 +354,10 @@ def _measure_elastic(spec: dict[str, Any]) -> dict[str, Any]:
     new_ranks, new_rank = elastic_world(ranks, rank)
     epoch = 1
     out: dict[str, Any] = {"new_ranks": new_ranks}
-    if system in ("croupier-elastic", "croupier-elastic-fast"):
+    if system in ("croupier-elastic", "croupier-elastic-per-rank"):
         from croupier import DistributedSampler
 
-        order = "fast" if system == "croupier-elastic-fast" else "global"
+        order = "per_rank" if system == "croupier-elastic-per-rank" else "global"
         # The checkpoint: every old rank consumed half its share (untimed, O(1)).
         old = DistributedSampler(n, num_replicas=ranks, rank=0, seed=seed, order=order)
         old.set_epoch(epoch)

@@ -5,7 +5,7 @@ index, to the whole epoch, to the first index after resuming at mid-epoch); *mix
 for one rank's epoch of a ``MixtureSampler`` over 100 datasets that add up to N.
 *Buckets* systems produce one rank's epoch of token-budget batches over N log-normal lengths
 (time to the first batch, to the whole epoch, to the first batch after resuming, and the
-padding efficiency): croupier in its global order and its earlier fast one, the usual Python
+padding efficiency): croupier in its global order and its earlier per-rank one, the usual Python
 bucketing, lhotse's ``DynamicBucketingSampler`` when lhotse is installed (an optional
 baseline), ``numpy.argsort`` alone being the yardstick. *Reads* systems read one
 rank's epoch of N rows of 16 bytes from a memory-mapped ``.npy`` file (time to read them all
@@ -83,9 +83,9 @@ SYSTEMS: tuple[System, ...] = (
         per_rank=True,
     ),
     System(
-        "croupier-fast-order",
+        "croupier-per-rank-order",
         "samplers",
-        'croupier.DistributedSampler(order="fast")',
+        'croupier.DistributedSampler(order="per_rank")',
         ("croupier",),
         bytes_per_index=8,
         startup_s=3.8,
@@ -138,9 +138,9 @@ SYSTEMS: tuple[System, ...] = (
         per_rank=True,
     ),
     System(
-        "croupier-mixture-fast-order",
+        "croupier-mixture-per-rank-order",
         "mixtures",
-        'croupier.MixtureSampler(order="fast") (100 datasets)',
+        'croupier.MixtureSampler(order="per_rank") (100 datasets)',
         ("croupier",),
         bytes_per_index=12,
         startup_s=3.6,
@@ -195,9 +195,9 @@ SYSTEMS: tuple[System, ...] = (
         s_per_index=1.3e-07,
     ),
     System(
-        "croupier-buckets-fast-order",
+        "croupier-buckets-per-rank-order",
         "buckets",
-        'croupier.BucketBatchSampler(order="fast") (token budget)',
+        'croupier.BucketBatchSampler(order="per_rank") (token budget)',
         ("croupier",),
         # the lengths as given and copied (u32 + u64), the buckets' members (u64)
         bytes_per_index=24,
@@ -280,9 +280,9 @@ SYSTEMS: tuple[System, ...] = (
         per_rank=True,
     ),
     System(
-        "croupier-elastic-fast",
+        "croupier-elastic-per-rank",
         "elastic",
-        'croupier.DistributedSampler(order="fast") resumed mid-epoch on 3/4 of the ranks',
+        'croupier.DistributedSampler(order="per_rank") resumed mid-epoch on 3/4 of the ranks',
         ("croupier",),
         # the rest of the epoch on the new rank (u32) and one old share's piece (about half
         # an old share), per sample of the share

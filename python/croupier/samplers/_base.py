@@ -554,6 +554,15 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         position, else 0)."""
         return self._next_start(self._now[1])
 
+    @classmethod
+    def _sampler_kind(cls) -> str:
+        """The name of the croupier sampler this class is or derives from (a subclass's states
+        are its base sampler's)."""
+        for klass in cls.__mro__:
+            if klass.__module__.startswith("croupier.samplers."):
+                return klass.__name__
+        return cls.__name__
+
     def _as_native(self, state: object) -> tuple[Mapping[str, Any], StateFormat | None]:
         """``state`` in the base's own shape, and the :class:`StateFormat` it was converted
         from (``None``: it was in that shape, a ``version`` key says so)."""
@@ -562,7 +571,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         if self._native_states and "version" in state:
             if any(k in state for k in self._derived_state_keys):
                 state = {k: v for k, v in state.items() if k not in self._derived_state_keys}
-            return upgrade(state, type(self).__name__), None
+            return upgrade(state, self._sampler_kind()), None
         keys = set(state)
         for fmt in self._state_formats:
             if fmt.matches(keys):

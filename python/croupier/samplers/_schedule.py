@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from croupier._validate import MAX_LEN, check_int
+from croupier._validate import MAX_LEN, check_choice, check_int, check_order
 from croupier.samplers._state import StateError
 
 # A phase of the epoch as the core takes it: (start, nominal length, weights, temperature).
@@ -20,28 +20,18 @@ _Phase = tuple[int, int, tuple[float, ...], float]
 _Entry = tuple[int, tuple[float, ...], float]
 
 
-_ORDERS = ("global", "fast")
 _INTERLEAVES = ("uniform", "balanced")
 
 
 def _checked_order(order: object, interleave: object) -> tuple[str, str]:
     """``order`` and ``interleave`` checked: names from their lists, the balanced interleave
     in the global order only."""
-    for name, value, allowed in (
-        ("order", order, _ORDERS),
-        ("interleave", interleave, _INTERLEAVES),
-    ):
-        if not isinstance(value, str):
-            raise TypeError(
-                f"{name} must be a str, one of {list(allowed)}, got {type(value).__name__}"
-            )
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
-    assert isinstance(order, str) and isinstance(interleave, str)
-    if order == "fast" and interleave == "balanced":
+    order = check_order("MixtureSampler", order)
+    interleave = check_choice("interleave", interleave, _INTERLEAVES)
+    if order == "per_rank" and interleave == "balanced":
         raise ValueError(
-            "interleave='balanced' needs order='global' (each rank's own sequence in the fast "
-            "order is interleaved uniformly)"
+            "interleave='balanced' needs order='global' (each rank's own sequence in the "
+            "per-rank order is interleaved uniformly)"
         )
     return order, interleave
 

@@ -157,7 +157,7 @@ def check_state(
     return out
 
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 """The format version of the states croupier's samplers write (their ``version`` key). It moves
 with every change of a state's shape or meaning; :data:`UPGRADES` reads every earlier one."""
 
@@ -205,6 +205,16 @@ def _v1_to_v2(state: dict[str, Any], sampler: str) -> dict[str, Any]:
     return state
 
 
+def _v2_to_v3(state: dict[str, Any], sampler: str) -> dict[str, Any]:
+    if state.get("order") == "fast" and sampler in (
+        "DistributedSampler",
+        "MixtureSampler",
+        "BucketBatchSampler",
+    ):
+        state["order"] = "per_rank"  # the same order, under the name that says what it is
+    return state
+
+
 UPGRADES: tuple[Upgrade, ...] = (
     Upgrade(
         1,
@@ -212,6 +222,11 @@ UPGRADES: tuple[Upgrade, ...] = (
         "'resumed_at'; len after an elastic load is that position plus the rest); croupier "
         "0.1's 'fast' order is not 0.2's",
         _v1_to_v2,
+    ),
+    Upgrade(
+        2,
+        "order 'fast' is called 'per_rank' (the same order)",
+        _v2_to_v3,
     ),
 )
 """The upgrades, one per version from 1 to ``STATE_VERSION - 1``, in order."""

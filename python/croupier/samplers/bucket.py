@@ -17,7 +17,15 @@ import numpy.typing as npt
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._frameworks import refuse_a_sampler
-from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int
+from croupier._validate import (
+    MAX_LEN,
+    ORDERS,
+    U64_MAX,
+    check_bool,
+    check_choice,
+    check_int,
+    check_order,
+)
 from croupier.samplers._base import Batches, BatchSampler
 from croupier.samplers._state import StateFormat, different
 
@@ -25,7 +33,6 @@ __all__ = ["BucketBatchSampler"]
 
 _BUCKET_ORDERS = ("shuffled", "sequential")
 _OVERSIZED = ("alone", "error")
-_ORDERS = ("global", "fast")
 DEFAULT_BUCKETS = 64
 """Buckets when ``buckets`` is not given."""
 DEFAULT_SYNC = 64
@@ -112,7 +119,7 @@ class BucketBatchSampler(BatchSampler):
     number of buckets gets the boundaries that minimise padding (the padded cost
     ``sum_j n_j * cost(L_j)`` over the lengths, ``L_j`` bucket ``j``'s longest, solved
     exactly over up to 4,096 distinct lengths, more merged into levels first; from 2,048
-    buckets, quantiles); in the fast order, the ``j/64`` quantiles of ``lengths``. Repeated
+    buckets, quantiles); in the per-rank order, the ``j/64`` quantiles of ``lengths``. Repeated
     values merge buckets. Every batch comes from one bucket.
 
     **Batches.** With ``batch_size`` only, a bucket is cut into batches of ``batch_size``:
@@ -127,7 +134,7 @@ class BucketBatchSampler(BatchSampler):
     epoch (its greedy count in a reference shuffle plus a margin of two standard deviations),
     so ``len(self)`` never changes: an epoch whose greedy cut makes fewer halves some of the
     bucket's last batches, one that makes more first sorts the bucket's order within small
-    windows (longest first) until it fits. In the fast order, bucket ``j``'s
+    windows (longest first) until it fits. In the per-rank order, bucket ``j``'s
     batches hold ``max_tokens // cost(L_j)`` samples, a fixed size. A sample of length ``L``
     costs ``L`` padded tokens, or ``L + L**2 / quadratic`` with ``quadratic`` (attention's
     quadratic cost: batches of long samples get fewer of them). A sample costing more than
@@ -144,8 +151,9 @@ class BucketBatchSampler(BatchSampler):
     fewer than ``W`` batches per bucket). ``sync=1`` shuffles batches one by one.
     ``bucket_order="sequential"``: the buckets from shortest to longest instead of shuffled
     runs. With ``shuffle=False`` nothing is shuffled: buckets in order, samples in index
-    order. ``order="fast"`` is croupier's earlier order: fixed batch sizes per bucket, the
-    batch order drawn for the number of ranks (so it changes with it), quantile buckets.
+    order. ``order="per_rank"`` is croupier's earlier order (called ``"fast"`` before, still
+    accepted with a ``DeprecationWarning``): fixed batch sizes per bucket, the batch order drawn
+    for the number of ranks (so it changes with it), quantile buckets.
 
     **Ranks.** Rank ``r`` takes batches ``r, r + W, r + 2W, ...`` of the epoch's batch order,
     like ``DistributedSampler`` takes samples: with ``drop_last=False`` the first batches are
@@ -173,7 +181,7 @@ class BucketBatchSampler(BatchSampler):
         oversized: ``"alone"`` or ``"error"`` for samples costing more than ``max_tokens``.
         bucket_order: ``"shuffled"`` (batches of all buckets mixed) or ``"sequential"``.
         order: ``"global"`` (one batch sequence for every number of ranks, batches filled to
-            the budget) or ``"fast"`` (the earlier order, see above).
+            the budget) or ``"per_rank"`` (the earlier order, see above).
         sync: in the global order, consecutive batches of one bucket (a power of two in
             ``[1, 2**20]``; default 64): steps of ``W`` ranks stay within one bucket when
             ``W`` divides it.
@@ -233,14 +241,9 @@ class BucketBatchSampler(BatchSampler):
         self.quadratic = _optional_positive("quadratic", quadratic)
         if self.quadratic is not None and self.max_tokens is None:
             raise ValueError("quadratic applies to max_tokens batches: give max_tokens too")
-        if oversized not in _OVERSIZED:
-            raise ValueError(f"oversized must be one of {list(_OVERSIZED)}, got {oversized!r}")
-        if bucket_order not in _BUCKET_ORDERS:
-            raise ValueError(
-                f"bucket_order must be one of {list(_BUCKET_ORDERS)}, got {bucket_order!r}"
-            )
-        if order not in _ORDERS:
-            raise ValueError(f"order must be one of {list(_ORDERS)}, got {order!r}")
+        oversized = check_choice("oversized", oversized, _OVERSIZED)
+        bucket_order = check_choice("bucket_order", bucket_order, _BUCKET_ORDERS)
+        order = check_order("BucketBatchSampler", order)
         self.sync = _checked_sync(sync, order)
         self.order = order
         self.oversized = oversized
@@ -321,10 +324,10 @@ class BucketBatchSampler(BatchSampler):
         """Per bucket: ``(samples, batch size, batches, longest length)``; the last entry holds
         the samples costing more than ``max_tokens`` (served alone). With ``max_tokens`` in the
         global order, the batch size is the fewest samples a batch cut by the budget holds
-        (what the fast order would use; filled batches hold more) and the batches are every
+        (what the per-rank order would use; filled batches hold more) and the batches are every
         epoch's."""
         sizes = list(self._plan.buckets())
-        if self.order == "fast":
+        if self.order == "per_rank":
             return sizes
         counts = self._plan.global_bucket_batches()
         return [(n, s, b, longest) for (n, s, _, longest), b in zip(sizes, counts, strict=True)]
@@ -354,7 +357,7 @@ class BucketBatchSampler(BatchSampler):
 
     def _batches(self) -> int:
         """Batches of an epoch over all ranks, before padding or cutting."""
-        if self.order == "fast":
+        if self.order == "per_rank":
             return int(self._plan.batches)
         return int(self._plan.global_batches)
 
@@ -392,7 +395,7 @@ class BucketBatchSampler(BatchSampler):
     def _first_stop(self, start: int) -> int:
         return start + 1
 
-    # Elastic resume: the epoch's batch sequence (the global order's, or the fast order's as
+    # Elastic resume: the epoch's batch sequence (the global order's, or the per-rank order's as
     # the world it started in dealt it), from the batches its ranks consumed on, dealt to
     # this world's ranks with torch's arithmetic.
     _elastic_supported = True
@@ -402,7 +405,7 @@ class BucketBatchSampler(BatchSampler):
         return min(batches, _core.layout(batches, origin, self.drop_last)[1])
 
     def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
-        if self.order == "fast":
+        if self.order == "per_rank":
             return int(self._plan.elastic_batches(origin, offset, num_replicas, self.drop_last))
         # One sequence for every world size: the rest is dealt like a fresh epoch.
         rest = self._global_end(origin) - offset
@@ -425,20 +428,20 @@ class BucketBatchSampler(BatchSampler):
     # -- states of the other order ------------------------------------------------------------
 
     def _as_native(self, state: object) -> tuple[Mapping[str, Any], StateFormat | None]:
-        # A state saved before the global order existed has no order: the fast one, the only
+        # A state saved before the global order existed has no order: the per-rank one, the only
         # one there was.
         native, fmt = super()._as_native(state)
         if fmt is None and "order" not in native:
-            native = {**native, "order": "fast", "sync": None}
+            native = {**native, "order": "per_rank", "sync": None}
         return native, fmt
 
     def _check_config(self, native: Mapping[str, Any]) -> None:
         """Refuses a state of the other order with how to resume it."""
         theirs = native.get("order")
-        if theirs in _ORDERS and theirs != self.order:
+        if theirs in ORDERS["BucketBatchSampler"] and theirs != self.order:
             hint = (
-                "the fast order, the only one before the global order"
-                if theirs == "fast"
+                "the per-rank order (called 'fast' before), the only one before the global order"
+                if theirs == "per_rank"
                 else "the global order"
             )
             raise different(
@@ -462,11 +465,11 @@ class BucketBatchSampler(BatchSampler):
 
 def _checked_sync(sync: object, order: str) -> int | None:
     """``sync`` checked: a power of two for the global order (``None``: the default), none for
-    the fast order."""
-    if order == "fast":
+    the per-rank order."""
+    if order == "per_rank":
         if sync is not None:
             raise ValueError(
-                "sync applies to the global order (order='global'); the fast order has no runs"
+                "sync applies to the global order (order='global'); the per-rank order has no runs"
             )
         return None
     if sync is None:

@@ -15,7 +15,14 @@ from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._torch import DistributedSamplerBase
 from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
-from croupier._validate import U64_MAX, check_bool, check_int, dataset_length
+from croupier._validate import (
+    CORE_ORDERS,
+    U64_MAX,
+    check_bool,
+    check_int,
+    check_order,
+    dataset_length,
+)
 from croupier.samplers._base import IndexSampler
 from croupier.samplers._state import (
     KEMPNERFORGE,
@@ -26,9 +33,6 @@ from croupier.samplers._state import (
 )
 
 __all__ = ["DistributedSampler"]
-
-_ORDERS = ("fast", "torch", "global")
-_CORE_ORDERS = {"fast": _core.Order.FAST, "global": _core.Order.GLOBAL}
 
 
 class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
@@ -53,13 +57,14 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
             and rank ``r`` of ``W`` takes its positions ``r, r + W, ...``, so a run on 8 ranks
             and one on 64 see the same samples at every global step, and a resume on another
             world size continues the same sequence. Each rank computes only its own positions,
-            a window at a time (memory stays small at any ``N``). ``"fast"``: croupier's
-            earlier order (the default before 0.2.0's global order): uniform, disjoint across
-            ranks, but a different sequence for each world size. ``"torch"``: exactly the
-            sequence ``torch.utils.data.DistributedSampler`` yields for the same arguments and
-            epoch (torch's CPU ``randperm`` seeded with ``seed + epoch``, reproduced in Rust), so
-            a run can switch samplers mid-training without changing its data order; it builds
-            the whole permutation on every rank.
+            a window at a time (memory stays small at any ``N``). ``"per_rank"``: croupier's
+            earlier order (the default before 0.2.0's global order, then called ``"fast"``,
+            still accepted with a ``DeprecationWarning``): uniform, disjoint across ranks, each
+            rank's share drawn for its world size, so a different sequence for each one.
+            ``"torch"``: exactly the sequence ``torch.utils.data.DistributedSampler`` yields for
+            the same arguments and epoch (torch's CPU ``randperm`` seeded with ``seed + epoch``,
+            reproduced in Rust), so a run can switch samplers mid-training without changing its
+            data order; it builds the whole permutation on every rank.
         torch_version: with ``order="torch"``, the torch release whose ``randperm`` to
             reproduce, e.g. ``"2.5.1"`` (default: the torch in use, ``torch.__version__`` if
             imported, else the installed package; the newest algorithm if torch is absent).
@@ -118,12 +123,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
         torch_version: str | None = None,
     ) -> None:
         n = dataset_length(dataset)
-        if not isinstance(order, str):
-            raise TypeError(
-                f"order must be a str, one of {list(_ORDERS)}, got {type(order).__name__}"
-            )
-        if order not in _ORDERS:
-            raise ValueError(f"order must be one of {list(_ORDERS)}, got {order!r}")
+        order = check_order("DistributedSampler", order)
         if order == "torch":
             randperm: str | None = torch_randperm_order(torch_version)
         elif torch_version is not None:
@@ -145,7 +145,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
             shuffle=self.shuffle,
             seed=self.seed,
             drop_last=self.drop_last,
-            order=_CORE_ORDERS[order] if randperm is None else TORCH_ORDERS[randperm],
+            order=CORE_ORDERS[order] if randperm is None else TORCH_ORDERS[randperm],
         )
         self.num_samples, self.total_size = self._deal.num_samples, self._deal.total_size
         super().__init__(num_replicas, rank, self.num_samples)
@@ -169,7 +169,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
     def _check_config(self, native: Mapping[str, Any]) -> None:
         # A state of croupier 0.1's default order says how to resume it: the base's check,
         # its order difference worded with the fix (the other differences as they are).
-        if native.get("order") != "fast" or self.order != "global":
+        if native.get("order") != "per_rank" or self.order != "global":
             return
         try:
             check_state(native, ints=(), config=self._state_config())
@@ -178,7 +178,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
                 raise different(
                     [
                         f"{d} (the default before the global order; construct the sampler with "
-                        "order='fast' to resume it)"
+                        "order='per_rank' to resume it)"
                         if d.startswith("order:")
                         else d
                         for d in e.differences
@@ -206,7 +206,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
     def _elastic_first_stop(self, start: int, length: int) -> int:
         # Fast and shuffled: a short first piece reads a few positions of each old share it
         # meets, so the first index comes before the rest of the epoch is computed.
-        if self.shuffle and self.order == "fast":
+        if self.shuffle and self.order == "per_rank":
             return min(start + _core.ELASTIC_FIRST_STOP, length)
         return length
 
@@ -229,7 +229,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
         return 1 << 16 if not self.shuffle or self.order == "global" else None
 
     def _first_stop(self, start: int) -> int:
-        # In the fast shuffled order: the end of the block holding `start`, or the next 64
+        # In the per-rank shuffled order: the end of the block holding `start`, or the next 64
         # positions inside a long block (read by random access), so the first index is ready
         # in milliseconds instead of after the whole share.
         return self._deal.first_stop(start)

@@ -16,9 +16,8 @@ import numpy.typing as npt
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._torch import DistributedSamplerBase
-from croupier._validate import MAX_LEN, U64_MAX, as_int, check_bool, check_int
+from croupier._validate import CORE_ORDERS, MAX_LEN, U64_MAX, as_int, check_bool, check_int
 from croupier.samplers._base import IndexSampler, Loaded, Rest, _Cursor, _Pending
-from croupier.samplers._kempnerforge_errors import _kempnerforge_kind
 from croupier.samplers._schedule import (
     _check_layout,
     _checked_order,
@@ -40,9 +39,8 @@ from croupier.samplers._state import (
 
 __all__ = ["MixtureSampler"]
 
-_CORE_ORDERS = {"fast": _core.Order.FAST, "global": _core.Order.GLOBAL}
 # How a state names the default epoch length of each order.
-_DEFAULT_LENGTH = {"fast": "sum of pass shares", "global": "sum of sizes"}
+_DEFAULT_LENGTH = {"per_rank": "sum of pass shares", "global": "sum of sizes"}
 # Rank positions per window while iterating the global order: each call walks the phase's
 # tree from its root (about 2 ms at 1e9), so windows are long; 4-8 MiB of indices.
 _GLOBAL_WINDOW = 1 << 20
@@ -60,7 +58,8 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     permutation: rank ``r`` of ``W`` takes global positions ``r, r + W, ...`` (``drop_last``
     cuts the tail, otherwise the head pads). So with a fixed global batch, step ``k`` trains
     on the same samples on 8 ranks or 64, and an elastic resume continues the same sequence.
-    ``order="fast"`` is croupier's earlier order (kempnerforge's shapes, what
+    ``order="per_rank"`` is croupier's earlier order (called ``"fast"`` before, still accepted
+    with a ``DeprecationWarning``; kempnerforge's shapes, what
     :mod:`croupier.compat.kempnerforge` uses): each rank has its own sequence of exact counts,
     which changes with ``W``.
 
@@ -70,7 +69,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     ``L`` is the global sequence: ``sum(sizes)`` (every dataset once), or ``num_samples * W``,
     and ``len(self)`` is torch's share of it (``L // W`` with ``drop_last``, else
     ``ceil(L / W)``); a rank's own counts are close to ``p_i len(self)`` but not exact. In the
-    fast order ``L = len(self)`` on every rank: as in kempnerforge, the sum over datasets of
+    per-rank order ``L = len(self)`` on every rank: as in kempnerforge, the sum over datasets of
     one rank's share (``size // W`` with ``drop_last``, ``ceil(size / W)`` without), or
     ``num_samples``.
 
@@ -78,7 +77,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     it, so an undersampled dataset never repeats in the epoch and an oversampled one repeats
     only in its next pass. In the global order a pass is the whole dataset in the global
     sequence, its occurrences in time order (each rank reads the positions its turns meet).
-    In the fast order a pass is dealt to the ranks like ``DistributedSampler`` and each rank
+    In the per-rank order a pass is dealt to the ranks like ``DistributedSampler`` and each rank
     reads its share in order.
 
     **Interleave.** ``interleave="uniform"`` (the default): the order of dataset choices is a
@@ -93,7 +92,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
 
     **Schedules.** :meth:`update_weights` and :meth:`set_schedule` change the weights from the
     next iteration on; a schedule changes them at exact positions inside every epoch (global
-    positions in the global order, this rank's in the fast one). Datasets' streams continue
+    positions in the global order, this rank's in the per-rank one). Datasets' streams continue
     across phase boundaries, so nothing in a pass is lost or repeated. A change that takes
     effect mid-epoch (after :meth:`set_skip` or :meth:`load_state_dict` of a state of this
     world size) keeps what was already yielded and applies from the resume position (global
@@ -109,8 +108,8 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         rank: this rank, in ``[0, W)``; ``None`` asks ``dist_info``.
         shuffle: shuffle passes and interleave (seeded by ``seed`` and the epoch).
         seed: non-negative integer below ``2**64``, the same on all ranks.
-        drop_last: cut the global sequence (global order) or each pass (fast order) to a
-            multiple of ``W`` instead of padding. In the fast order a dataset smaller than
+        drop_last: cut the global sequence (global order) or each pass (per-rank order) to a
+            multiple of ``W`` instead of padding. In the per-rank order a dataset smaller than
             ``W`` gives a rank nothing per pass with ``drop_last=True``: it must have weight 0
             then.
         temperature: weight temperature, a finite number ``> 0``.
@@ -119,7 +118,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             ``W``: keep the default for the same sequence on every world size).
         dist_info: where ``num_replicas``/``rank`` come from when ``None`` (see
             :class:`~croupier.DistributedSampler`).
-        order: ``"global"`` or ``"fast"`` (see above).
+        order: ``"global"`` or ``"per_rank"`` (see above).
         interleave: ``"uniform"`` or ``"balanced"`` (see above; ``"balanced"`` needs
             ``order="global"``).
 
@@ -168,24 +167,14 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         interleave: str = "uniform",
     ) -> None:
         order, interleave = _checked_order(order, interleave)
-        try:
-            sizes = _sizes(cumulative_sizes)
-            weights_t = _weights(weights, len(sizes))
-            temperature_f = _temperature(temperature)
-            shuffle = check_bool("shuffle", shuffle)
-            drop_last = check_bool("drop_last", drop_last)
-            seed = check_int("seed", seed, 0, U64_MAX)
-            length = (
-                None if num_samples is None else check_int("num_samples", num_samples, 0, MAX_LEN)
-            )
-            num_replicas, rank = resolve_ranks(num_replicas, rank, dist_info)  # the last check
-        except ValueError as e:
-            # Where kempnerforge's sampler raises ZeroDivisionError or IndexError, so does this
-            # ValueError (the issue: code written against it keeps its except clauses).
-            kind = _kempnerforge_kind(cumulative_sizes, weights, temperature, num_replicas)
-            if kind is None or isinstance(e, kind):
-                raise
-            raise kind(*e.args) from None
+        sizes = _sizes(cumulative_sizes)
+        weights_t = _weights(weights, len(sizes))
+        temperature_f = _temperature(temperature)
+        shuffle = check_bool("shuffle", shuffle)
+        drop_last = check_bool("drop_last", drop_last)
+        seed = check_int("seed", seed, 0, U64_MAX)
+        length = None if num_samples is None else check_int("num_samples", num_samples, 0, MAX_LEN)
+        num_replicas, rank = resolve_ranks(num_replicas, rank, dist_info)  # the last check
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.seed = seed
@@ -194,7 +183,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         self._sizes = sizes
         self._fixed_length = length
         self.cumulative_sizes = tuple(np.cumsum([0, *sizes], dtype=object).tolist())
-        # What the schedule's starts count: this rank's positions (fast) or the epoch's
+        # What the schedule's starts count: this rank's positions (per-rank) or the epoch's
         # global positions (global).
         self._positions = self._positions_of(num_replicas)
         length = self._epoch_length(num_replicas)
@@ -252,14 +241,14 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             shuffle=self.shuffle,
             seed=self.seed,
             length=length,
-            order=_CORE_ORDERS[self.order],
+            order=CORE_ORDERS[self.order],
             interleave=self.interleave,
         )
 
     def _positions_of(self, num_replicas: int) -> int:
         """The positions of an epoch on ``num_replicas`` ranks that phases and schedules
         count: in the global order the global sequence's (``sum(sizes)``, or ``num_samples``
-        per rank), in the fast order each rank's (one pass of every dataset's share, or
+        per rank), in the per-rank order each rank's (one pass of every dataset's share, or
         ``num_samples``)."""
         fixed = self._fixed_length
         if self.order == "global":
@@ -270,7 +259,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
 
     def _schedule_position(self, at: int) -> int:
         """The schedule's position where every rank resumes at rank position ``at``: ``at``
-        itself in the fast order; ``at * num_replicas`` in the global one, the first global
+        itself in the per-rank order; ``at * num_replicas`` in the global one, the first global
         position no rank has consumed (each consumed ``at``)."""
         return at * self.num_replicas if self.order == "global" else at
 
@@ -344,14 +333,14 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         """Sets the weights by position: ``[(start, weights), (start, weights, temperature),
         ...]``, the first phase starting at 0, starts increasing and below the epoch's length
         in the positions it counts (the global sequence's in the global order, ``len(self)``
-        in the fast order).
+        in the per-rank order).
 
         Phase ``k`` runs from its start to the next one's (or the end of the epoch) and holds
         each dataset in exact counts for its length (largest remainder), interleaved as the
         sampler's ``interleave`` says; each dataset's stream runs on across phases, so no
         sample of a pass is lost or repeated at a boundary. Positions count the epoch's global
         sequence in the global order (all ranks together: every rank changes weights at the
-        same global position) and this rank's indices in the fast order; the schedule applies
+        same global position) and this rank's indices in the per-rank order; the schedule applies
         to every epoch from the next iteration on. If that iteration resumes mid-epoch (after
         :meth:`set_skip` or :meth:`load_state_dict`), the positions before the resume keep the
         phases they were yielded with, and the schedule applies from the resume position on
@@ -364,7 +353,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
 
         Starts are positions, so they depend on the epoch length. In the global order with
         the default length (``sum(sizes)``) they never move. Otherwise, when the length
-        follows ``num_replicas`` (the fast order's default, or the global order with
+        follows ``num_replicas`` (the per-rank order's default, or the global order with
         ``num_samples``: ``num_samples * W`` positions), a state loaded on another number of
         ranks (at an epoch boundary) moves every start in proportion: ``start * new_len //
         old_len`` (rounded down; a phase left empty by the rounding is dropped). In the fast
@@ -392,16 +381,10 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         """Replaces the weights (and temperature) from the next iteration on, as kempnerforge's
         ``update_weights`` does: the same as ``set_schedule([(0, weights, temperature)])``,
         including its mid-epoch rule. Bad weights raise ``ValueError``/``TypeError`` naming
-        ``weights`` or ``temperature`` and leave the previous weights in force; where
-        kempnerforge raises ``ZeroDivisionError`` (weights summing to 0, ``temperature=0``)
-        the ``ValueError`` is also one."""
-        try:
-            entry = (0, _weights(weights, len(self._sizes)), _temperature(temperature))
-        except ValueError as e:
-            kind = _kempnerforge_kind(self.cumulative_sizes, weights, temperature, update=True)
-            if kind is None or isinstance(e, kind):
-                raise
-            raise kind(*e.args) from None
+        ``weights`` or ``temperature`` and leave the previous weights in force
+        (:class:`croupier.compat.kempnerforge.MixtureSampler` raises them with kempnerforge's
+        exception types too)."""
+        entry = (0, _weights(weights, len(self._sizes)), _temperature(temperature))
         self._set_schedule(self._checked_schedule([entry]))
 
     @property
@@ -411,7 +394,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
 
     def counts(self, phase: int = 0) -> list[int]:
         """How many indices of each dataset phase ``phase`` of the schedule holds over its
-        full length: in the global sequence (global order) or on every rank (fast order).
+        full length: in the global sequence (global order) or on every rank (per-rank order).
         For the single phase of plain weights: the epoch's exact per-dataset counts."""
         phases = self._fresh(self._schedule)
         phase = check_int("phase", phase, 0, len(phases) - 1)
@@ -490,7 +473,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             "order": self.order,
             "interleave": self.interleave,
         }
-        # The default length follows num_replicas in the fast order (a resume on another
+        # The default length follows num_replicas in the per-rank order (a resume on another
         # world size is allowed at epoch boundaries); a fixed one must match.
         if self._fixed_length is None:
             return {**config, "length": _DEFAULT_LENGTH[self.order]}
@@ -609,8 +592,8 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         the loaded position plus this rank's share of the rest, positions counting on from
         the loaded one (``num_samples`` stays the configured epoch length). In
         the global order the rest is the same global sequence from the consumed position;
-        in the fast order it is the old ranks' own sequences. When the epoch length follows
-        ``num_replicas`` (the fast order's default, or ``num_samples`` in the global order)
+        in the per-rank order it is the old ranks' own sequences. When the epoch length follows
+        ``num_replicas`` (the per-rank order's default, or ``num_samples`` in the global order)
         the schedule's starts move in proportion to the length for the epochs after (see
         :meth:`set_schedule`); the global order's default length never moves them. A schedule
         change pending at an elastic load (:meth:`update_weights` after it) applies from the
@@ -697,8 +680,8 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             return  # the base's check says so
         # A state of the other order says how to resume it.
         fix = {
-            "fast": "the fast order, the only one before the global order; construct the "
-            "sampler with order='fast' to resume it",
+            "per_rank": "the per-rank order (called 'fast' before), the only one before the "
+            "global order; construct the sampler with order='per_rank' to resume it",
             "global": "construct the sampler with order='global' to resume it",
         }.get(str(state.get("order")))
         if fix is not None and state.get("order") != self.order:
@@ -708,10 +691,10 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
 
     def _as_native(self, state: object) -> tuple[Mapping[str, Any], StateFormat | None]:
         # A state saved before the mixture had orders (0.1, earlier 0.2.0 builds) has none: the
-        # fast order with the uniform interleave, the only ones there were.
+        # per-rank order with the uniform interleave, the only ones there were.
         native, fmt = super()._as_native(state)
         if fmt is None and "order" not in native:
-            native = {**native, "order": "fast", "interleave": "uniform"}
+            native = {**native, "order": "per_rank", "interleave": "uniform"}
         return native, fmt
 
     def _checked_extras(

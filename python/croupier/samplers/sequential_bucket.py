@@ -16,13 +16,11 @@ from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._frameworks import refuse_a_sampler
 from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
-from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int
+from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int, check_order
 from croupier.samplers._base import Batches, BatchSampler
 from croupier.samplers._state import NEMO
 
 __all__ = ["SequentialBucketSampler"]
-
-_ORDERS = ("fast", "torch")
 
 
 def _resolution(name: str, value: object) -> tuple[int, int]:
@@ -110,8 +108,7 @@ class SequentialBucketSampler(BatchSampler):
         self.shuffle_within_bucket = check_bool("shuffle_within_bucket", shuffle_within_bucket)
         self.dynamic_batch_size = check_bool("dynamic_batch_size", dynamic_batch_size)
         self.seed = check_int("seed", seed, 0, U64_MAX)
-        if order not in _ORDERS:
-            raise ValueError(f"order must be one of {list(_ORDERS)}, got {order!r}")
+        order = check_order("SequentialBucketSampler", order)
         self.order = order
         core_order = (
             TORCH_ORDERS[torch_randperm_order(torch_version)]
