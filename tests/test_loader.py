@@ -375,3 +375,99 @@ def test_going_back_to_an_epoch_the_loader_finished_after_an_elastic_load_starts
     assert [b.tolist() for b in new] == [
         whole.indices()[i : i + 3].tolist() for i in range(0, len(whole), 3)
     ]
+
+
+class _ListSampler:
+    """A sampler written outside croupier (no croupier base class) that implements the
+    resumable protocol over a fixed list, reversed on odd epochs: the loader's checkpoints of
+    it must be as exact as of croupier's own."""
+
+    def __init__(self, items):
+        self.items, self.epoch, self.num_replicas, self.rank = list(items), 0, 1, 0
+        self._pending, self._pos, self._started = 0, 0, False
+
+    def _order(self, epoch):
+        return self.items[::-1] if epoch % 2 else self.items
+
+    def __iter__(self):
+        start, self._pending = self._pending, 0
+        self._pos = start
+        for x in self._order(self.epoch)[start:]:
+            self._pos += 1
+            yield x
+
+    def __len__(self):
+        return len(self.items)
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def set_skip(self, skip):
+        self._pending = skip
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "position": self._pos}
+
+    def load_state_dict(self, state):
+        self.epoch, self._pending, self._pos = state["epoch"], state["position"], state["position"]
+
+    @property
+    def epoch_length(self):
+        return len(self.items)
+
+    def next_start(self):
+        return self._pending
+
+    def epoch_start(self, epoch):
+        return 0
+
+    def state_at(self, epoch, position):
+        return {"epoch": epoch, "position": position}
+
+    def elastic_rest(self, epoch):
+        return None
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_of_the_resumable_protocol_resumes_exactly(workers):
+    """The protocol (croupier.samplers.Resumable) is the loader's whole contract: a sampler
+    that is not croupier's but implements it resumes at exactly the next batch, even with
+    workers prefetching ahead of training."""
+    from croupier.samplers import Resumable
+
+    assert isinstance(_ListSampler(range(3)), Resumable)
+    ds = Ids(60)
+
+    def make():
+        return StatefulDataLoader(ds, 4, sampler=_ListSampler(range(60)), num_workers=workers)
+
+    whole = []
+    loader = make()
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        whole += [b.tolist() for b in loader]
+    for stop in (1, 7, 15, 17, 29):
+        loader = make()
+        got, it = [], None
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            it = iter(loader)
+            for b in it:
+                got.append(b.tolist())
+                if len(got) == stop:
+                    break
+            if len(got) == stop:
+                break
+        state = loader.state_dict()
+        # The sampler's state at the batches trained, not where prefetching workers stand.
+        in_epoch = stop - 15 * state["epoch"]
+        assert state["sampler"] == {"epoch": state["epoch"], "position": 4 * in_epoch}
+        del it
+        again = make()
+        again.load_state_dict(state)
+        epoch = state["epoch"]
+        while len(got) < len(whole):
+            again.set_epoch(epoch)
+            got += [b.tolist() for b in again]
+            epoch += 1
+        assert got == whole, stop

@@ -365,7 +365,7 @@ class Tagged(FixedBatches):
 
         def commit() -> None:
             # The base has positioned the sampler before it applies the sampler's own keys.
-            assert (self.epoch, self._start_position()) == (loaded.epoch, loaded.position)
+            assert (self.epoch, self.next_start()) == (loaded.epoch, loaded.position)
             self.tag = f"{tag}@{loaded.epoch}:{loaded.position}"
 
         return commit

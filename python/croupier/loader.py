@@ -20,9 +20,10 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from croupier._torch import DistributedSamplerBase
 from croupier._validate import U64_MAX, check_int
-from croupier.samplers._base import BatchSampler, IndexSampler, StatefulSampler
+from croupier.samplers._base import BatchSampler, IndexSampler
 from croupier.samplers._state import StateError
 from croupier.samplers.distributed import DistributedSampler
+from croupier.samplers.protocol import Resumable
 
 __all__ = ["StatefulDataLoader"]
 
@@ -243,17 +244,17 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         self._adopt_sampler_epoch()
         progress = self._progress
         self._give_epoch(progress.epoch)
-        if isinstance(self.source, StatefulSampler):
-            if progress.since == 0 and progress.start > self.source._start_position():
+        if isinstance(self.source, Resumable):
+            if progress.since == 0 and progress.start > self.source.next_start():
                 # An iteration made since the load handed out nothing (dropped before its first
                 # batch, whose prefetching still started the sampler): training stands where
                 # the load put it.
                 self.source.set_skip(progress.start)
-            start = self.source._start_position()
+            start = self.source.next_start()
             # A new iteration without a loaded state starts the epoch again (torch's rule); after
             # an elastic resume, at this world's rest of it, which follows the batches the old
             # world yielded (the sampler's positions count them).
-            first = self.source._first_position(progress.epoch)
+            first = self.source.epoch_start(progress.epoch)
             batches = progress.batches if start > first else -(-first // self._per_batch)
         else:
             if self._loaded_skip is not None:
@@ -312,8 +313,8 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         end, it names the start of the next epoch."""
         p = self._progress
         source = self.source
-        if isinstance(source, StatefulSampler):
-            sampler_state = source._state_at(p.epoch, self._consumed_items(p))
+        if isinstance(source, Resumable):
+            sampler_state = source.state_at(p.epoch, self._consumed_items(p))
         else:
             sampler_state = source.state_dict()
         return {"epoch": p.epoch, "batches_yielded": p.batches, "sampler": sampler_state}
@@ -357,18 +358,18 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
             )
         skip = None if positional else min(batches * self._per_batch, len(self.source))
         if skip is not None and not (
-            isinstance(self.source, StatefulSampler) or hasattr(self.source, "set_skip")
+            isinstance(self.source, Resumable) or hasattr(self.source, "set_skip")
         ):
             raise StateError("state['sampler'] has no position and the sampler has no set_skip")
         if sampler_state is not None:
             self.source.load_state_dict(sampler_state)  # validates; unchanged if refused
         self._epoch_given = epoch
-        if isinstance(self.source, StatefulSampler):
+        if isinstance(self.source, Resumable):
             if skip is not None:
                 self.source.set_epoch(epoch)
                 self.source.set_skip(skip)
             self._loaded_skip = None
-            start = self.source._start_position()
+            start = self.source.next_start()
         else:
             self._loaded_skip = skip
             start = skip or 0
@@ -379,9 +380,9 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         """Batches of a whole epoch of this loader: ``len(self)``, unless the sampler holds
         the rest of an epoch after an elastic resume (then ``len(self)`` is that rest's)."""
         source = self.source
-        if not isinstance(source, StatefulSampler) or source._elastic_of(source.epoch) is None:
+        if not isinstance(source, Resumable) or source.elastic_rest(source.epoch) is None:
             return len(self)
-        n, per = source._length, self._per_batch
+        n, per = source.epoch_length, self._per_batch
         return n // per if self._drop_last_batch else -(-n // per)
 
     @property
@@ -495,7 +496,7 @@ def _is_batch_sampler(sampler: object) -> bool:
 
 
 def _check_sampler(name: str, sampler: object) -> None:
-    if isinstance(sampler, (IndexSampler, BatchSampler)):
+    if isinstance(sampler, (IndexSampler, BatchSampler, Resumable)):
         return
     needed = ("state_dict", "load_state_dict", "set_skip", "set_epoch")
     lacking = [m for m in needed if not callable(getattr(sampler, m, None))]

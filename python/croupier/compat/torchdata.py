@@ -14,7 +14,6 @@ from typing import Any
 
 from croupier._dist import DistInfo
 from croupier._validate import check_int
-from croupier.samplers._base import _Cursor, _Pending
 from croupier.samplers._state import KEMPNERFORGE, StateFormat
 from croupier.samplers.distributed import DistributedSampler
 
@@ -85,15 +84,12 @@ class StatefulDistributedSampler(DistributedSampler):
     @property
     def yielded(self) -> int:
         """This rank's indices of the epoch handed out (or skipped) so far."""
-        return self._consumed(self._now[1])
+        return self._position_now()
 
     @property
     def next_yielded(self) -> int | None:
         """Where the next iteration starts, if not at the epoch's beginning."""
-        at = self._now[1]
-        if isinstance(at, _Pending) or (isinstance(at, _Cursor) and not at.started):
-            return at.position or None
-        return None
+        return self._pending_start() or None
 
     @next_yielded.setter
     def next_yielded(self, value: int | None) -> None:

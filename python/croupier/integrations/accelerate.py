@@ -150,8 +150,8 @@ def check_skip(sampler: Any, skip: int) -> None:
     After a restored state of the same world the loader's position is dropped (the skip
     counts from the epoch's start, Accelerate's meaning), so nothing is skipped twice."""
     epoch = sampler.epoch
-    el = sampler._elastic_of(epoch)
-    start = sampler._start_position()
+    el = sampler.elastic_rest(epoch)
+    start = sampler.next_start()
     if el is not None and start == el.resumed_at and start < len(sampler):
         raise ValueError(
             f"accelerator.skip_first_batches(loader, {skip}) after a checkpoint of "

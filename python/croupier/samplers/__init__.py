@@ -17,6 +17,7 @@ from croupier.samplers.bucket import BucketBatchSampler
 from croupier.samplers.chunk import ChunkSampler
 from croupier.samplers.distributed import DistributedSampler
 from croupier.samplers.mixture import MixtureSampler
+from croupier.samplers.protocol import Rest, Resumable
 from croupier.samplers.rank_aware import RankAwareSampler
 from croupier.samplers.sequential_bucket import SequentialBucketSampler
 
@@ -30,6 +31,8 @@ __all__ = [
     "Loaded",
     "MixtureSampler",
     "RankAwareSampler",
+    "Rest",
+    "Resumable",
     "SequentialBucketSampler",
     "StateError",
     "StateFormat",

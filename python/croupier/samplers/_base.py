@@ -549,10 +549,47 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
             }
         return state
 
-    def _start_position(self) -> int:
-        """Where the next iteration starts in the current epoch (a pending skip or loaded
-        position, else 0)."""
+    # -- the resumable protocol (croupier.samplers.Resumable) ---------------------------------
+
+    @property
+    def epoch_length(self) -> int:
+        """Items of a whole epoch on this rank of this world (``len`` outside an elastic
+        rest)."""
+        return self._length
+
+    def next_start(self) -> int:
+        """The position the next iteration starts at: a pending :meth:`set_skip` or loaded
+        position (or the start of an iterator that has handed out nothing yet), else the
+        epoch's first position (:meth:`epoch_start`)."""
         return self._next_start(self._now[1])
+
+    def epoch_start(self, epoch: int) -> int:
+        """Where an iteration of ``epoch`` starts when nothing is pending: 0, or after an
+        elastic load the position its rest begins at."""
+        return self._first_position(epoch)
+
+    def state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        """:meth:`state_dict` as it reads once ``position`` items of ``epoch`` are consumed
+        (a loader whose workers prefetch saves the position training has reached)."""
+        return self._state_at(epoch, position)
+
+    def elastic_rest(self, epoch: int) -> Rest | None:
+        """The rest of ``epoch`` this world holds after an elastic load, or ``None``."""
+        return self._elastic_of(epoch)
+
+    # -- for subclasses -------------------------------------------------------------------------
+
+    def _position_now(self) -> int:
+        """Items of the current epoch consumed: the position :meth:`state_dict` records."""
+        return self._consumed(self._now[1])
+
+    def _pending_start(self) -> int | None:
+        """The start the next iteration is told to take (a :meth:`set_skip`, a loaded position,
+        or an iterator that has handed out nothing), ``None`` when nothing is pending."""
+        at = self._now[1]
+        if isinstance(at, _Pending) or (isinstance(at, _Cursor) and not at.started):
+            return at.position
+        return None
 
     @classmethod
     def _sampler_kind(cls) -> str:
