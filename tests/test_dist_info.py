@@ -45,6 +45,14 @@ def test_num_replicas_without_rank_or_a_source_of_it_is_refused(cls):
     assert make(num_replicas=4, dist_info=lambda: (3, 8)).rank == 3
 
 
+def test_kempnerforges_samplers_keep_its_rank_0():
+    """kempnerforge's samplers take rank 0 when no process group gives one: the drop-ins
+    keep that (croupier's own classes refuse, see above)."""
+    kempnerforge = pytest.importorskip("croupier.compat.kempnerforge")
+    assert kempnerforge.DistributedSampler(100, 2).rank == 0
+    assert kempnerforge.MixtureSampler([0, 10, 20], [1, 1], num_replicas=2).rank == 0
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

@@ -245,3 +245,30 @@ def test_the_sequential_bucket_samplers_fast_order_keeps_its_name():
         croupier.SequentialBucketSampler(
             Dataset([4, 5]), 2, num_replicas=1, rank=0, order="per_rank"
         )
+
+
+@pytest.mark.parametrize("name", ["DistributedSampler", "MixtureSampler", "BucketBatchSampler"])
+def test_a_sampler_pickled_before_the_rename_unpickles_with_the_new_name(name):
+    """A DataLoader worker or a pickled checkpoint of the build before the rename holds
+    ``order="fast"`` in the sampler's attributes: it unpickles as the per-rank order."""
+    cls = getattr(croupier, name)
+    args = {
+        "DistributedSampler": ([100], {}),
+        "MixtureSampler": ([[0, 30, 100], [0.5, 0.5]], {}),
+        "BucketBatchSampler": ([[(i * 37) % 150 + 1 for i in range(300)]], {"max_tokens": 600}),
+    }[name]
+    s = cls(*args[0], num_replicas=2, rank=1, order="per_rank", **args[1])
+    s.set_skip(2)
+    old = s.__getstate__()
+    old["order"] = "fast"  # what the build before the rename pickled
+    copy = cls.__new__(cls)
+    copy.__setstate__(old)
+    assert copy.order == "per_rank" and copy.state_dict() == s.state_dict()
+    assert _items(copy) == _items(s)
+
+
+def test_the_bench_systems_of_the_renamed_order_keep_their_old_names():
+    from croupier.bench._systems import RENAMED, by_name
+
+    for old, new in RENAMED.items():
+        assert by_name(old) is by_name(new) and "fast" not in new

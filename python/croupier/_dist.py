@@ -139,13 +139,25 @@ def _query(dist_info: DistInfo) -> tuple[int, int]:
     return as_int("dist_info() rank", result[0]), as_int("dist_info() world_size", result[1])
 
 
+def implied_rank(num_replicas: int | None, rank: int | None, dist_info: DistInfo) -> int | None:
+    """kempnerforge's rule for a rank not given: the process group's, else ``RANK``, else 0
+    (``croupier.compat.kempnerforge``, whose samplers take it so; croupier's own refuse
+    ``num_replicas > 1`` without a rank to read)."""
+    if rank is not None or num_replicas is None or dist_info is not None:
+        return rank
+    found = _from_torch(required=False) or _from_env()
+    return 0 if found is None else found[0]
+
+
 def resolve_ranks(
     num_replicas: int | None, rank: int | None, dist_info: DistInfo
 ) -> tuple[int, int]:
     """``(num_replicas, rank)``: explicit values win; whatever is ``None`` comes from ``dist_info``.
 
     ``dist_info=None`` asks ``torch.distributed`` when it is initialised, then the ``RANK`` and
-    ``WORLD_SIZE`` environment variables, and falls back to rank 0 of 1.
+    ``WORLD_SIZE`` environment variables, and falls back to rank 0 of 1; ``num_replicas > 1``
+    given without ``rank`` and with nowhere to read it from is refused (``ValueError``), as
+    torch refuses it.
     """
     accepted = "None, 'torch', 'jax', a callable, (dp_rank, dp_size) or a DeviceMesh"
     if isinstance(dist_info, str) and dist_info not in ("torch", "jax"):
@@ -168,9 +180,9 @@ def resolve_ranks(
             # on the same share.
             raise ValueError(
                 f"rank is needed with num_replicas={num_replicas}: torch.distributed is not "
-                "initialised and RANK is unset, so there is nowhere to read this process's rank "
-                "from (every process would be rank 0 and train on the same share); pass rank=, "
-                "or dist_info="
+                "initialised and RANK/WORLD_SIZE are unset, so there is nowhere to read this "
+                "process's rank from (every process would be rank 0 and train on the same "
+                "share); pass rank=, or dist_info="
             )
     if num_replicas is None or rank is None:
         found_rank, found_world = _query(dist_info)

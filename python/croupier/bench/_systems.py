@@ -336,8 +336,18 @@ SYSTEMS: tuple[System, ...] = (
 )
 
 
+# Names of systems before the per-rank order was renamed (it was "fast"): still accepted.
+RENAMED = {
+    "croupier-fast-order": "croupier-per-rank-order",
+    "croupier-mixture-fast-order": "croupier-mixture-per-rank-order",
+    "croupier-buckets-fast-order": "croupier-buckets-per-rank-order",
+    "croupier-elastic-fast": "croupier-elastic-per-rank",
+}
+
+
 def by_name(name: str) -> System:
-    """The system called ``name``."""
+    """The system called ``name`` (or called so before a rename: :data:`RENAMED`)."""
+    name = RENAMED.get(name, name)
     for s in SYSTEMS:
         if s.name == name:
             return s

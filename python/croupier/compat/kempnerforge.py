@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from croupier._dist import DistInfo
+from croupier._dist import DistInfo, implied_rank
 from croupier.datasets import HuggingFaceDataset, MemoryMappedDataset
 from croupier.loader import StatefulDataLoader as _Loader
 from croupier.samplers.distributed import DistributedSampler as _Sampler
@@ -74,6 +74,7 @@ class DistributedSampler(_Sampler):
         dist_info: DistInfo = None,
         torch_version: str | None = None,
     ) -> None:
+        rank = implied_rank(num_replicas, rank, dist_info)  # kempnerforge's: else rank 0
         super().__init__(
             dataset,
             num_replicas,
@@ -109,6 +110,7 @@ class MixtureSampler(_Mixture):
         order: str = "per_rank",
         interleave: str = "uniform",
     ) -> None:
+        rank = implied_rank(num_replicas, rank, dist_info)  # kempnerforge's: else rank 0
         try:
             super().__init__(
                 cumulative_sizes,
@@ -128,8 +130,8 @@ class MixtureSampler(_Mixture):
             # Where kempnerforge's sampler raises ZeroDivisionError or IndexError, so does
             # this ValueError: code written against it keeps its except clauses.
             kind = _kempnerforge_kind(cumulative_sizes, weights, temperature, num_replicas)
-            if kind is None or isinstance(e, kind):
-                raise
+            if kind is None or isinstance(e, kind) or str(e).startswith(("order", "interleave")):
+                raise  # (croupier's own keywords, which kempnerforge has not, stay as they are)
             raise kind(*e.args) from None
 
     def update_weights(

@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from croupier._frameworks import check_not_sharded_again
 from croupier._torch import Sampler
-from croupier._validate import MAX_LEN, U64_MAX, check_int
+from croupier._validate import MAX_LEN, ORDER_ALIASES, ORDERS, U64_MAX, check_int
 from croupier.samplers._state import STATE_VERSION, StateError, StateFormat, check_state, upgrade
 
 __all__ = ["BatchSampler", "Batches", "IndexSampler", "Loaded", "StatefulSampler"]
@@ -767,6 +767,14 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         if isinstance(at, _Cursor):
             state["_now"] = (epoch, _Pending(at.position, epoch))
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A sampler pickled by a croupier before an order's rename names it the old way.
+        order = state.get("order")
+        if isinstance(order, str) and order in ORDER_ALIASES:
+            if order not in ORDERS.get(self._sampler_kind(), (order,)):
+                state = {**state, "order": ORDER_ALIASES[order]}
+        self.__dict__.update(state)
 
     def __repr__(self) -> str:
         epoch, at = self._now

@@ -459,7 +459,7 @@ class BucketBatchSampler(BatchSampler):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        super().__setstate__(state)
         object.__setattr__(self, "_plan", self._build())
 
 

@@ -177,8 +177,8 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
             if e.differences:
                 raise different(
                     [
-                        f"{d} (the default before the global order; construct the sampler with "
-                        "order='per_rank' to resume it)"
+                        f"{d} (the per-rank order, called 'fast' before, the default before the "
+                        "global order; construct the sampler with order='per_rank' to resume it)"
                         if d.startswith("order:")
                         else d
                         for d in e.differences

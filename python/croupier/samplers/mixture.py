@@ -356,7 +356,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         follows ``num_replicas`` (the per-rank order's default, or the global order with
         ``num_samples``: ``num_samples * W`` positions), a state loaded on another number of
         ranks (at an epoch boundary) moves every start in proportion: ``start * new_len //
-        old_len`` (rounded down; a phase left empty by the rounding is dropped). In the fast
+        old_len`` (rounded down; a phase left empty by the rounding is dropped). In the per-rank
         order with ``num_samples`` the length, and so every start, stays as it is.
 
         Refused input (``TypeError``/``ValueError`` naming the entry) leaves the schedule in

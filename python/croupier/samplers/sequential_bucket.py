@@ -260,5 +260,5 @@ class SequentialBucketSampler(BatchSampler):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        super().__setstate__(state)
         object.__setattr__(self, "_core", self._build_core())
