@@ -771,9 +771,9 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         # A sampler pickled by a croupier before an order's rename names it the old way.
         order = state.get("order")
-        if isinstance(order, str) and order in ORDER_ALIASES:
-            if order not in ORDERS.get(self._sampler_kind(), (order,)):
-                state = {**state, "order": ORDER_ALIASES[order]}
+        known = ORDERS.get(self._sampler_kind(), ())
+        if isinstance(order, str) and order in ORDER_ALIASES and known and order not in known:
+            state = {**state, "order": ORDER_ALIASES[order]}
         self.__dict__.update(state)
 
     def __repr__(self) -> str:
