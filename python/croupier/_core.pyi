@@ -23,9 +23,7 @@ __all__ = [
     "Order",
     "SequentialBuckets",
     "__version__",
-    "largest_remainder",
     "layout",
-    "mixture_probabilities",
     "pass_shares",
     "permutation",
     "permutation_into",
@@ -137,8 +135,6 @@ class Buckets:
         """Batches of an epoch over all ranks, before padding or cutting."""
     def buckets(self) -> list[tuple[int, int, int, int]]:
         """Per bucket: ``(members, batch size, batches, longest sample)``."""
-    def rank_batches(self, num_replicas: int, drop_last: bool) -> int:
-        """Batches each rank yields per epoch."""
     def range(
         self,
         epoch: int,
@@ -186,8 +182,6 @@ class BucketEpoch:
     @property
     def batches(self) -> int:
         """Batches in the epoch over all ranks, before padding or cutting."""
-    def rank_batches(self, num_replicas: int, drop_last: bool) -> int:
-        """Batches each rank yields with ``num_replicas`` ranks."""
     def elastic_batches(self, origin: int, offset: int, num_replicas: int, drop_last: bool) -> int:
         """Batches per rank for the rest of the epoch first dealt over ``origin`` ranks,
         continued on ``num_replicas`` ranks from global batch position ``offset``."""
@@ -260,9 +254,6 @@ class ChunkPlan:
     @property
     def batches_per_request(self) -> int:
         """Batches of one full request."""
-    def rank_chunks(self, epoch: int) -> npt.NDArray[np.uint64]:
-        """This rank's chunk ids of ``epoch`` in reading order (O(its own chunks); sampling
-        does not need it)."""
     def request(
         self, epoch: int, j: int
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], _Indices, npt.NDArray[np.uint64]]:
@@ -313,8 +304,6 @@ class Mixture:
         """Samples in all datasets together."""
     def phase_counts(self, phase: int) -> list[int]:
         """Phase ``phase``'s nominal counts per dataset."""
-    def effective_counts(self, epoch: int, phase: int) -> list[int]:
-        """How many positions of phase ``phase`` each dataset takes in ``epoch``."""
     def indices(self, epoch: int, start: int = 0, stop: int | None = None) -> _Indices:
         """Positions ``[start, stop)`` (default: to the end) of this rank's sequence in
         ``epoch``, as global indices: ``uint32`` while the datasets total at most ``2**32``
@@ -341,12 +330,6 @@ class Mixture:
 
 def pass_shares(sizes: list[int], num_replicas: int, drop_last: bool) -> list[int]:
     """Per-rank positions of one pass of each dataset."""
-
-def mixture_probabilities(weights: list[float], temperature: float) -> list[float]:
-    """The normalised probabilities ``w ** (1 / temperature) / sum``."""
-
-def largest_remainder(probabilities: list[float], length: int) -> list[int]:
-    """Largest-remainder counts of ``probabilities * length``."""
 
 def layout(n: int, num_replicas: int, drop_last: bool) -> tuple[int, int]:
     """``(num_samples, total_size)`` of torch's ``DistributedSampler`` for these arguments."""

@@ -137,13 +137,15 @@ class _Cursor:
     handler or another thread, is exactly what was handed out.
     """
 
-    __slots__ = ("_view", "started")
+    __slots__ = ("_view", "origin", "started")
 
-    def __init__(self, position: int) -> None:
+    def __init__(self, position: int, origin: object | None = None) -> None:
         self._view: tuple[int, int, Iterator[Any]] = (position, 0, iter(()))
         #: Whether the iteration has run (its first ``next``); until then its start stays
         #: pending for the next ``iter``.
         self.started = False
+        #: The pending start this iteration took (see ``StatefulSampler._start_token``).
+        self.origin = origin
 
     @property
     def position(self) -> int:
@@ -489,15 +491,55 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
     def _remaining(self) -> Seg:
         """What the next iteration yields."""
         epoch, at = self._now
-        return self._tail(epoch, self._next_start(at), self._elastic_of(epoch))
+        start = self._next_start(at)
+        preview = self._preview(epoch, start)
+        return self._tail(epoch, start, self._elastic_of(epoch)) if preview is None else preview
 
     def __iter__(self) -> Iterator[T]:
         check_not_sharded_again(self)
         epoch, at = self._now
         start = self._next_start(at)
-        cursor = _Cursor(start)
+        token = self._start_token()
+        self._before_iteration(epoch, start, token)
+        cursor = _Cursor(start, token)
         self._now = (epoch, cursor)
         return _emit(self._segments(epoch, start), cursor, self._chunk)
+
+    # -- hooks for samplers whose next iteration depends on more than the position ----------------
+
+    def _before_iteration(self, epoch: int, start: int, token: object | None) -> None:
+        """Hook: an iteration of ``epoch`` from ``start`` is about to begin (``token``: see
+        :meth:`_start_token`). A sampler that changes what it draws between iterations (the
+        mixture's pending schedule) applies the change here."""
+
+    def _preview(self, epoch: int, start: int) -> Seg | None:
+        """Hook: what an iteration from ``start`` would yield if it differs from what the
+        sampler draws now (a change :meth:`_before_iteration` would apply), else ``None``."""
+        return None
+
+    def _start_token(self) -> object | None:
+        """An object naming the pending start of the next iteration (a loaded position or
+        :meth:`set_skip`; an iterator that has handed out nothing keeps its start's token), or
+        ``None`` when the next iteration starts afresh. The same object until the start
+        changes: a sampler remembers it to recognise the resume of a checkpoint."""
+        at = self._now[1]
+        if isinstance(at, _Pending):
+            return at
+        if isinstance(at, _Cursor) and not at.started:
+            return at.origin
+        return None
+
+    def _iteration_running(self) -> bool:
+        """Whether an iteration has started handing out items (and not been replaced)."""
+        at = self._now[1]
+        return isinstance(at, _Cursor) and at.started
+
+    @staticmethod
+    def _token_in(pickled: dict[str, Any]) -> object | None:
+        """:meth:`_start_token` of the copy that ``pickled`` (this base's
+        ``__getstate__``) makes: a running iteration is frozen into a pending start."""
+        at = pickled["_now"][1]
+        return at if isinstance(at, _Pending) else None
 
     # -- checkpoints ----------------------------------------------------------------------------
 

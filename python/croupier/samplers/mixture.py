@@ -7,7 +7,7 @@ keeps the schedule (the weights in force, from which position) and its checkpoin
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._torch import DistributedSamplerBase
 from croupier._validate import CORE_ORDERS, MAX_LEN, U64_MAX, as_int, check_bool, check_int
-from croupier.samplers._base import IndexSampler, Loaded, Rest, _Cursor, _Pending
+from croupier.samplers._base import IndexSampler, Loaded, Rest
 from croupier.samplers._schedule import (
     _check_layout,
     _checked_order,
@@ -202,7 +202,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         # The start (a loaded position, or an iterator from it not yet started) at which the
         # next iteration continues an iteration checkpointed while it was running: it keeps
         # that iteration's phases, and a pending schedule waits for the iteration after it.
-        self._continuing: _Pending | _Cursor | None = None
+        self._continuing: object | None = None
         self._phases = self._fresh(self._schedule)
         self._active: _core.Mixture | None = self._mixture(self._phases, num_replicas, rank)
         # After an elastic resume: the phases of the epoch in the world it started in (its
@@ -402,22 +402,27 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
 
     # -- iteration -----------------------------------------------------------------------------
 
-    def _continues(self, at: _Pending | _Cursor | None) -> bool:
-        """Whether the next iteration, from ``at``, continues an iteration checkpointed while
-        it was running (see ``_continuing``)."""
-        return at is not None and at is self._continuing and not getattr(at, "started", False)
+    def _continues(self) -> bool:
+        """Whether the next iteration continues an iteration checkpointed while it was
+        running (see ``_continuing``)."""
+        token = self._start_token()
+        return token is not None and token is self._continuing
 
-    def _running(self, at: _Pending | _Cursor | None) -> bool:
-        """Whether a checkpoint at ``at`` is taken inside a running iteration (one that has
+    def _running(self) -> bool:
+        """Whether a checkpoint now is taken inside a running iteration (one that has
         started handing out indices, or the continuation of one)."""
-        return (isinstance(at, _Cursor) and at.started) or self._continues(at)
+        return self._iteration_running() or self._continues()
 
     def _activate(self, start: int, continuing: bool = False) -> None:
+        if self.elastic_rest(self.epoch) is not None:
+            # An elastic rest reads the first world's mixture under the phases it was
+            # iterated with; this world's phases, and a change pending, wait for its next
+            # epoch (this world's mixture may not even exist: see load_state_dict).
+            self._active = None
+            return
         # A checkpointed iteration goes on under its phases (the schedule still waits).
         phases = self._phases if continuing else self._phases_for(start)
-        # An elastic rest reads the first world's mixture; this world's is needed only from
-        # the next epoch on (and may not exist: see load_state_dict).
-        active = None if self._elastic_of(self._now[0]) is not None else self._drawable(phases)
+        active = self._drawable(phases)
         if not continuing and (start == 0 or (self._pending and start < self.num_samples)):
             self._pending = False
         if phases != self._phases:
@@ -442,24 +447,19 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             self._active = self._drawable(self._phases)
         return self._active
 
-    def __iter__(self) -> Iterator[int]:
-        _, at = self._now
-        continuing = self._continues(at)
-        self._activate(self._next_start(at), continuing)
-        it = super().__iter__()
-        # An iterator that hands out nothing leaves its start pending (DataLoader calls iter()
+    def _before_iteration(self, epoch: int, start: int, token: object | None) -> None:
+        # An iterator that hands out nothing keeps its start's token (DataLoader calls iter()
         # twice): the next one from it still continues the checkpointed iteration.
-        self._continuing = self._now[1] if continuing else None
-        return it
+        continuing = token is not None and token is self._continuing
+        self._activate(start, continuing)
+        if not continuing:
+            self._continuing = None
 
-    def indices(self) -> npt.NDArray[Any]:
-        """What the next iteration yields, as a read-only numpy array (``uint32`` while the
-        datasets total at most ``2**32`` samples, else ``int64``), without a copy."""
-        epoch, at = self._now
-        start = self._next_start(at)
-        phases = self._phases if self._continues(at) else self._phases_for(start)
-        if phases == self._phases or self._elastic_of(epoch) is not None:
-            return super().indices()
+    def _preview(self, epoch: int, start: int) -> npt.NDArray[Any] | None:
+        # indices() before an iteration that changes the phases: the new phases' indices.
+        phases = self._phases if self._continues() else self._phases_for(start)
+        if phases == self._phases or self.elastic_rest(epoch) is not None:
+            return None
         arr = self._mixture(phases).indices(epoch, start, None)
         arr.flags.writeable = False
         return arr
@@ -562,7 +562,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         state = super()._state_at(epoch, position)
         state["schedule"] = [[s, list(w), t] for s, w, t in self._schedule]
         state["schedule_pending"] = self._pending
-        state["schedule_deferred"] = self._pending and self._running(self._now[1])
+        state["schedule_deferred"] = self._pending and self._running()
         # During an elastic rest, the phases of the epoch as its first world iterated it.
         phases = self._origin_phases if "elastic" in state else self._phases
         assert phases is not None
@@ -573,8 +573,8 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         # Pickling is a checkpoint (the base freezes a running iterator into a loaded start):
         # a copy taken while an iteration runs continues it, as a state_dict() does.
         state = super().__getstate__()
-        running = self._pending and self._running(self._now[1])
-        state["_continuing"] = state["_now"][1] if running else None
+        running = self._pending and self._running()
+        state["_continuing"] = self._token_in(state) if running else None
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -636,7 +636,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             self._phases = phases
             self._active = active
             self._cache = None
-            self._continuing = self._now[1] if deferred else None
+            self._continuing = self._start_token() if deferred else None
 
         return commit
 

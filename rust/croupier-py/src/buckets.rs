@@ -177,11 +177,6 @@ impl Buckets {
         self.plan.buckets()
     }
 
-    /// Batches each rank yields per epoch with `num_replicas` ranks.
-    fn rank_batches(&self, num_replicas: u64, drop_last: bool) -> PyResult<u64> {
-        core(self.plan.rank_batches(num_replicas, drop_last))
-    }
-
     /// The batches `[start, stop)` of `epoch` that `deal` (a [`BatchDeal`]: the rank, its
     /// world, the shuffles, an elastic rest) names: `(indices, offsets)`, batch `i` being
     /// `indices[offsets[i]:offsets[i + 1]]`.
@@ -340,11 +335,6 @@ impl BucketEpoch {
     #[getter]
     fn batches(&self) -> u64 {
         self.batches.batches()
-    }
-
-    /// Batches each rank yields with `num_replicas` ranks.
-    fn rank_batches(&self, num_replicas: u64, drop_last: bool) -> PyResult<u64> {
-        core(self.batches.rank_batches(num_replicas, drop_last))
     }
 
     /// Batches per rank for the rest of the epoch first dealt over `origin` ranks, continued

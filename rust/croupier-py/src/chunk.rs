@@ -83,14 +83,6 @@ impl ChunkPlan {
         self.plan.batches_per_request()
     }
 
-    /// This rank's chunk ids of `epoch`, in reading order, as a `uint64` array: O(its own
-    /// chunks). Sampling does not need it (each request is computed on its own).
-    fn rank_chunks<'py>(&self, py: Python<'py>, epoch: u64) -> PyResult<Bound<'py, PyAny>> {
-        let plan = std::sync::Arc::clone(&self.plan);
-        let chunks = detached(py, move || Ok(plan.rank_chunks(epoch)))?;
-        Ok(chunks.into_pyarray(py).into_any())
-    }
-
     /// Request `j` of `epoch`, computed on its own in O(`preload`) chunk ids:
     /// `(starts, stops, positions, offsets)`, batch `i` being
     /// `positions[offsets[i]:offsets[i + 1]]`.

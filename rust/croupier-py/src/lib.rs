@@ -49,22 +49,6 @@ fn pass_shares(sizes: Vec<u64>, num_replicas: u64, drop_last: bool) -> PyResult<
     ))
 }
 
-/// The normalised probabilities `w ** (1 / temperature) / sum`, with the core's checks.
-#[pyfunction]
-fn mixture_probabilities(weights: Vec<f64>, temperature: f64) -> PyResult<Vec<f64>> {
-    core(croupier_core::mix::probabilities(
-        &weights,
-        temperature,
-        "weights",
-    ))
-}
-
-/// Largest-remainder counts of `probabilities * length`.
-#[pyfunction]
-fn largest_remainder(probabilities: Vec<f64>, length: u64) -> Vec<u64> {
-    croupier_core::mix::largest_remainder(&probabilities, length)
-}
-
 /// `(num_samples, total_size)` of torch's `DistributedSampler` for these arguments.
 #[pyfunction]
 fn layout(n: u64, num_replicas: u64, drop_last: bool) -> PyResult<(u64, u64)> {
@@ -166,8 +150,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SequentialBuckets>()?;
     m.add_class::<ChunkPlan>()?;
     m.add_function(wrap_pyfunction!(pass_shares, m)?)?;
-    m.add_function(wrap_pyfunction!(mixture_probabilities, m)?)?;
-    m.add_function(wrap_pyfunction!(largest_remainder, m)?)?;
     m.add_function(wrap_pyfunction!(layout, m)?)?;
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
     m.add_function(wrap_pyfunction!(permutation_into, m)?)?;

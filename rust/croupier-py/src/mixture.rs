@@ -161,18 +161,6 @@ impl Mixture {
             })
     }
 
-    /// How many positions of phase `phase` each dataset takes in `epoch` (its nominal counts
-    /// unless the next phase starts before its nominal end).
-    fn effective_counts(&self, epoch: u64, phase: usize) -> PyResult<Vec<u64>> {
-        if phase >= self.phases.len() {
-            return Err(PyValueError::new_err(format!(
-                "phase must be in [0, {}), got {phase}",
-                self.phases.len()
-            )));
-        }
-        Ok(self.mixture.effective_counts(epoch, phase))
-    }
-
     /// Positions `[start, stop)` (default: to the end) of this rank's sequence in `epoch`, as
     /// global indices into the concatenated datasets.
     #[pyo3(signature = (epoch, start=0, stop=None))]
