@@ -223,11 +223,11 @@ def test_a_running_iteration_keeps_its_elastic_rest(order, change):
 
 
 def test_a_state_of_the_old_default_says_how_to_resume_it():
-    old = DistributedSampler(100, num_replicas=2, order="per_rank", seed=3).state_dict()
+    old = DistributedSampler(100, num_replicas=2, rank=0, order="per_rank", seed=3).state_dict()
     with pytest.raises(ValueError, match="construct the sampler with order='per_rank'") as e:
-        DistributedSampler(100, num_replicas=2, seed=4).load_state_dict(old)
+        DistributedSampler(100, num_replicas=2, rank=0, seed=4).load_state_dict(old)
     assert any(d.startswith("seed: state has 3") for d in e.value.differences)
-    resumed = DistributedSampler(100, num_replicas=2, order="per_rank", seed=3)
+    resumed = DistributedSampler(100, num_replicas=2, rank=0, order="per_rank", seed=3)
     resumed.load_state_dict(old)  # as the message says
     with pytest.raises(TypeError, match="order must be a str"):
-        DistributedSampler(100, num_replicas=2, order=None)
+        DistributedSampler(100, num_replicas=2, rank=0, order=None)
