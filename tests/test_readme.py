@@ -201,11 +201,19 @@ def _missing_paths(docs: list[Path], files: list[str]) -> list[str]:
 def _resolves(dotted: str) -> bool:
     """Whether ``croupier.a.b.c`` names a module or an attribute of one."""
     import importlib
+    import importlib.util
 
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
         try:
-            obj = importlib.import_module(".".join(parts[:cut]))
+            obj = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name and not e.name.startswith("croupier") and importlib.util.find_spec(module):
+                # An integration whose framework is not installed here (lightning in a venv
+                # with torch alone): the module exists; its names are checked where it is.
+                return True
+            continue
         except ImportError:
             continue
         try:
@@ -213,6 +221,8 @@ def _resolves(dotted: str) -> bool:
                 obj = getattr(obj, attr)
         except AttributeError:
             return False
+        except ModuleNotFoundError as e:  # a name made on first use from a framework not here
+            return bool(e.name) and not e.name.startswith("croupier")
         return True
     return False
 
