@@ -391,12 +391,18 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
     def _consumed(at: _Pending | _Cursor | None) -> int:
         return 0 if at is None else at.position
 
+    @staticmethod
+    def _is_pending(at: _Pending | _Cursor | None) -> bool:
+        """Whether ``at`` is a start the next iteration takes: a loaded position or skip, or an
+        iterator that has handed out nothing (DataLoader's worker iterator calls iter() on a
+        batch sampler twice and drops the first)."""
+        return isinstance(at, _Pending) or (isinstance(at, _Cursor) and not at.started)
+
     def _next_start(self, at: _Pending | _Cursor | None) -> int:
-        # torch's rule: a new iteration starts the epoch again unless a start is pending. An
-        # iterator that has handed out nothing leaves its start pending: DataLoader's worker
-        # iterator calls iter() on a batch sampler twice and drops the first. After an elastic
-        # resume the epoch (this world's rest of it) starts where the rest begins.
-        if isinstance(at, _Pending) or (isinstance(at, _Cursor) and not at.started):
+        # torch's rule: a new iteration starts the epoch again unless a start is pending.
+        # After an elastic resume the epoch (this world's rest of it) starts where the rest
+        # begins.
+        if at is not None and self._is_pending(at):
             return at.position
         return self._first_position(self._now[0])
 
@@ -629,9 +635,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         """The start the next iteration is told to take (a :meth:`set_skip`, a loaded position,
         or an iterator that has handed out nothing), ``None`` when nothing is pending."""
         at = self._now[1]
-        if isinstance(at, _Pending) or (isinstance(at, _Cursor) and not at.started):
-            return at.position
-        return None
+        return at.position if at is not None and self._is_pending(at) else None
 
     @classmethod
     def _sampler_kind(cls) -> str:
