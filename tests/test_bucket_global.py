@@ -303,10 +303,10 @@ def test_a_resume_reads_its_first_batches_without_the_epochs_plan():
     assert set(state) == set(BucketBatchSampler(lengths, **kw).state_dict())  # O(1) in size
     fresh = BucketBatchSampler(lengths, **kw)
     fresh.load_state_dict(state)
-    assert fresh._epochs == {}
+    assert fresh._plan.kept_epochs == []
     it = iter(fresh)
     assert next(it) == whole[half]  # one batch: its bucket cut, not the epoch
-    assert fresh._epochs == {}
+    assert fresh._plan.kept_epochs == []
     assert list(it) == whole[half + 1 :]
 
 

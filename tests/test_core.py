@@ -257,13 +257,10 @@ def test_typed_configs_take_every_keyword_and_refuse_unknown_or_missing_ones():
     config = {
         "boundaries": None, "num_buckets": 2, "batch_size": 2, "max_tokens": None,
         "multiple": 1, "quadratic": None, "oversized_alone": True, "full_batches": False,
-        "global_plan": False,
+        "order": "per_rank", "sync": None, "seed": 0, "shuffle": False, "shuffle_batches": False,
     }  # fmt: skip
     plan = _core.Buckets(lengths, **config)
-    deal = {
-        "num_replicas": 1, "rank": 0, "drop_last": False, "seed": 0, "shuffle": False,
-        "shuffle_batches": False, "elastic": None,
-    }  # fmt: skip
+    deal = {"num_replicas": 1, "rank": 0, "drop_last": False, "elastic": None}
     flat, offsets = plan.range(0, 0, plan.batches, **deal)
     assert sorted(flat.tolist()) == [0, 1, 2, 3] and offsets[-1] == 4
     with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
@@ -276,6 +273,13 @@ def test_typed_configs_take_every_keyword_and_refuse_unknown_or_missing_ones():
         plan.range(0, 0, 1, **{k: v for k, v in deal.items() if k != "elastic"})
     with pytest.raises(TypeError, match=r"Buckets.range\(\) got an unexpected keyword"):
         plan.range(0, 0, 1, **deal, seeds=3)
+    # The order's name and its run length are checked before any work.
+    with pytest.raises(ValueError, match="order must be one of 'global', 'per_rank'"):
+        _core.Buckets(lengths, **{**config, "order": "fast"})
+    with pytest.raises(ValueError, match="sync applies to the global order"):
+        _core.Buckets(lengths, **{**config, "sync": 4})
+    with pytest.raises(ValueError, match="sync must be a power of two"):
+        _core.Buckets(lengths, **{**config, "order": "global", "sync": 3})
 
 
 def test_a_mixture_pickles_with_its_keywords():

@@ -214,6 +214,7 @@ def test_pickling_and_bad_states():
         ({"drop_last": "no"}, TypeError, "drop_last"),
         ({"order": "random"}, ValueError, "order"),
         ({"num_replicas": 2, "rank": 3}, ValueError, "rank"),
+        ({"torch_version": "2.5.1"}, ValueError, "torch_version applies to order='torch'"),
     ],
 )
 def test_bad_input(kwargs, exc, match):

@@ -10,21 +10,19 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
-    "ELASTIC_FIRST_STOP",
     "MAX_LEN",
     "MIX_FIRST_STOP",
     "TORCH_LARGE_N",
     "U32_MAX_LEN",
-    "BucketEpoch",
     "Buckets",
     "ChunkPlan",
     "Deal",
     "Mixture",
+    "MixtureShape",
     "Order",
     "SequentialBuckets",
     "__version__",
     "layout",
-    "pass_shares",
     "permutation",
     "permutation_into",
     "torch_randperm",
@@ -37,8 +35,6 @@ U32_MAX_LEN: int
 """The largest length whose indices are ``uint32``: 2**32."""
 TORCH_LARGE_N: int
 """From this length (2**32 // 20) on, torch >= 2.6 and torch < 2.6 permute differently."""
-ELASTIC_FIRST_STOP: int
-"""Positions in the first piece of an elastic rest in the fast shuffled order (64)."""
 MIX_FIRST_STOP: int
 """Positions in the first piece a mixture reads (4)."""
 
@@ -86,6 +82,20 @@ class Deal:
         in ``epoch``, padded or cut as torch does: ``uint32`` when ``n <= 2**32``, else
         ``int64``. In the fast shuffled order only the blocks holding the positions are
         computed."""
+    @property
+    def window(self) -> int | None:
+        """Positions worth computing at a time while iterating (``None``: the rest of the
+        share at once): unshuffled or in the global order the share is streamed."""
+    def elastic_first_stop(self, start: int, length: int) -> int:
+        """Where the first piece of an elastic rest from ``start`` (of ``length`` positions)
+        should stop: a few positions in the per-rank shuffled order, else ``length``."""
+    def check_epoch(self, epoch: int) -> None:
+        """``ValueError`` for an epoch the order cannot draw (torch's ``seed + epoch`` over
+        ``2**64 - 1`` when shuffled)."""
+    @property
+    def randperm_variant_matters(self) -> bool:
+        """Whether torch releases disagree on this share (torch's order, shuffled, from
+        ``TORCH_LARGE_N`` samples on)."""
     def first_stop(self, start: int) -> int:
         """Where an :meth:`indices` call starting at ``start`` should stop to hand out its
         first index soonest: in the fast shuffled order, the end of the block holding
@@ -100,8 +110,9 @@ class Deal:
 
 @final
 class Buckets:
-    """Samples grouped into length buckets with their batch sizes (immutable); a rank's
-    batches of any epoch are read from it."""
+    """Samples grouped into length buckets with their batch sizes (immutable), from which any
+    rank's batches of any epoch are read in the order chosen at construction; the global
+    order's epoch plans are kept for the reads that follow."""
 
     def __new__(
         cls,
@@ -115,26 +126,38 @@ class Buckets:
         quadratic: int | None,
         oversized_alone: bool,
         full_batches: bool,
-        global_plan: bool,
+        order: str,
+        sync: int | None,
+        seed: int,
+        shuffle: bool,
+        shuffle_batches: bool,
     ) -> Buckets:
-        """Groups ``lengths`` into buckets (``boundaries``, or ``num_buckets`` quantile
-        buckets) with their batch sizes: at most ``batch_size`` samples, at most ``max_tokens``
-        padded tokens, rounded down to a ``multiple``; a sample over ``max_tokens`` alone
-        (``oversized_alone``); only full batches of ``batch_size`` (``full_batches``). With
-        ``global_plan``, ``num_buckets`` padding-optimal buckets and the members' lengths kept
-        to fill batches to the budget (:meth:`epoch`). Every keyword is required; an unknown
-        one is a ``TypeError``."""
+        """Groups ``lengths`` into buckets (``boundaries``, or ``num_buckets`` found the
+        order's way: padding-optimal for ``order="global"``, quantiles for ``"per_rank"``)
+        with their batch sizes: at most ``batch_size`` samples, at most ``max_tokens`` padded
+        tokens, rounded down to a ``multiple``; a sample over ``max_tokens`` alone
+        (``oversized_alone``); only full batches of ``batch_size`` (``full_batches``). The
+        global order fills batches to the budget and orders runs of ``sync`` batches (a power
+        of two; ``None``: 64); the per-rank order takes no ``sync``. ``seed``, ``shuffle``
+        (within buckets) and ``shuffle_batches`` (the batch order) draw every epoch. Every
+        keyword is required; an unknown one is a ``TypeError``."""
     @property
     def boundaries(self) -> list[int]:
         """The bucket boundaries in use."""
+    @property
+    def sync(self) -> int | None:
+        """The global order's run length, ``None`` in the per-rank order."""
     @property
     def digest(self) -> str:
         """A fingerprint of the lengths (16 hex digits), for checkpoints."""
     @property
     def batches(self) -> int:
-        """Batches of an epoch over all ranks, before padding or cutting."""
+        """Batches of every epoch over all ranks, before padding or cutting."""
+    @property
+    def kept_epochs(self) -> list[int]:
+        """The epochs whose global batch plans are kept, oldest first."""
     def buckets(self) -> list[tuple[int, int, int, int]]:
-        """Per bucket: ``(members, batch size, batches, longest sample)``."""
+        """Per bucket: ``(members, batch size, batches per epoch, longest sample)``."""
     def range(
         self,
         epoch: int,
@@ -144,9 +167,6 @@ class Buckets:
         num_replicas: int,
         rank: int,
         drop_last: bool,
-        seed: int,
-        shuffle: bool,
-        shuffle_batches: bool,
         elastic: tuple[int, int] | None,
     ) -> tuple[_Indices, npt.NDArray[np.uint64]]:
         """Rank ``rank``'s batches ``[start, stop)`` of ``epoch``: ``(indices, offsets)``. With
@@ -156,48 +176,6 @@ class Buckets:
     def elastic_batches(self, origin: int, offset: int, num_replicas: int, drop_last: bool) -> int:
         """Batches per rank for the rest of an epoch first dealt over ``origin`` ranks,
         continued on ``num_replicas`` ranks from global batch position ``offset``."""
-    @property
-    def global_batches(self) -> int:
-        """Batches of every epoch of the global order, over all ranks."""
-    def global_bucket_batches(self) -> list[int]:
-        """Per bucket, its batches in every epoch of the global order."""
-    def epoch(
-        self,
-        epoch: int,
-        *,
-        seed: int,
-        shuffle: bool,
-        shuffle_batches: bool,
-        sync: int,
-        keep: bool,
-    ) -> BucketEpoch:
-        """The global batch plan of ``epoch`` (the same for every world size), in runs of
-        ``sync`` batches of one bucket; with ``keep`` every bucket is cut now and kept, else
-        each read cuts the buckets it reads from."""
-
-@final
-class BucketEpoch:
-    """One epoch's global batch plan (immutable), from which any rank's batches are read."""
-
-    @property
-    def batches(self) -> int:
-        """Batches in the epoch over all ranks, before padding or cutting."""
-    def elastic_batches(self, origin: int, offset: int, num_replicas: int, drop_last: bool) -> int:
-        """Batches per rank for the rest of the epoch first dealt over ``origin`` ranks,
-        continued on ``num_replicas`` ranks from global batch position ``offset``."""
-    def range(
-        self,
-        start: int,
-        stop: int,
-        *,
-        num_replicas: int,
-        rank: int,
-        drop_last: bool,
-        elastic: tuple[int, int] | None,
-    ) -> tuple[_Indices, npt.NDArray[np.uint64]]:
-        """Rank ``rank``'s batches ``[start, stop)``: ``(indices, offsets)``; with
-        ``elastic=(origin, offset)``, of the rest of the epoch first dealt over ``origin``
-        ranks, continued on ``num_replicas`` ranks from global batch position ``offset``."""
 
 @final
 class SequentialBuckets:
@@ -220,6 +198,9 @@ class SequentialBuckets:
     def __len__(self) -> int: ...
     def bucket_batches(self, j: int) -> int:
         """Batches of bucket ``j`` on every rank."""
+    def check_epoch(self, seed: int, epoch: int) -> None:
+        """``ValueError`` for an epoch the order cannot draw with ``seed`` (torch's
+        ``seed + epoch`` over ``2**64 - 1``)."""
     def range(
         self, seed: int, epoch: int, start: int, stop: int
     ) -> tuple[_Indices, npt.NDArray[np.uint64]]:
@@ -259,6 +240,32 @@ class ChunkPlan:
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], _Indices, npt.NDArray[np.uint64]]:
         """Request ``j`` of ``epoch``, computed on its own in O(``preload``) chunk ids:
         ``(starts, stops, positions, offsets)``."""
+
+@final
+class MixtureShape:
+    """The positions of a mixture's epochs in its order (immutable): the arithmetic of
+    ``MixtureSampler``'s length, schedules and elastic resumes."""
+
+    def __new__(
+        cls, sizes: list[int], *, num_samples: int | None, order: Order, drop_last: bool
+    ) -> MixtureShape:
+        """Datasets of ``sizes``, ``num_samples`` positions per rank (``None``: the order's
+        default), in ``order`` (``Order.GLOBAL`` or ``Order.FAST``)."""
+    def __getnewargs_ex__(self) -> tuple[tuple[list[int]], dict[str, object]]:
+        """Pickles as ``MixtureShape(sizes, **keywords)``."""
+    def positions(self, num_replicas: int) -> int:
+        """The positions of an epoch on ``num_replicas`` ranks that phases and schedules
+        count (the global sequence's in the global order, each rank's in the per-rank one)."""
+    def rank_length(self, num_replicas: int) -> int:
+        """Positions per rank of an epoch on ``num_replicas`` ranks."""
+    def schedule_position(self, at: int, num_replicas: int) -> int:
+        """The schedule position at which each of ``num_replicas`` ranks resumes at ``at``."""
+    def global_end(self, origin: int) -> int:
+        """Global positions of an epoch first dealt over ``origin`` ranks."""
+    @property
+    def window(self) -> int | None:
+        """Positions worth computing at a time while iterating (``None``: a rank's epoch
+        whole)."""
 
 @final
 class Mixture:
@@ -327,9 +334,6 @@ class Mixture:
     def first_stop(self, start: int) -> int:
         """Where an :meth:`indices` call starting at ``start`` should stop to hand out its
         first index soonest."""
-
-def pass_shares(sizes: list[int], num_replicas: int, drop_last: bool) -> list[int]:
-    """Per-rank positions of one pass of each dataset."""
 
 def layout(n: int, num_replicas: int, drop_last: bool) -> tuple[int, int]:
     """``(num_samples, total_size)`` of torch's ``DistributedSampler`` for these arguments."""

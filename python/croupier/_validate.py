@@ -23,13 +23,16 @@ __all__ = [
     "MAX_LEN",
     "ORDERS",
     "ORDER_ALIASES",
+    "ORDER_RESUME_HINTS",
     "U64_MAX",
     "as_int",
     "check_bool",
     "check_choice",
     "check_int",
     "check_order",
+    "core_order_of",
     "dataset_length",
+    "resume_hint",
 ]
 
 U64_MAX = 2**64 - 1
@@ -107,6 +110,42 @@ CORE_ORDERS: Mapping[str, _core.Order] = {
 }
 """The core's order for each croupier-drawn order name (``"torch"`` picks its variant by
 torch release: :mod:`croupier._torch_order`)."""
+
+
+def core_order_of(
+    order: str, torch_version: object, own: Mapping[str, _core.Order] = CORE_ORDERS
+) -> tuple[_core.Order, str | None]:
+    """The core's order for a checked order name: croupier's own orders from ``own``, else
+    torch's, with the name of its ``randperm`` variant (picked by ``torch_version``, see
+    :mod:`croupier._torch_order`; ``None`` for croupier's own orders, which take no
+    ``torch_version``)."""
+    from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
+
+    core = own.get(order)
+    if core is not None:
+        if torch_version is not None:
+            raise ValueError("torch_version applies to order='torch' only")
+        return core, None
+    randperm = torch_randperm_order(torch_version)
+    return TORCH_ORDERS[randperm], randperm
+
+
+ORDER_RESUME_HINTS: Mapping[str, str] = {
+    "global": "the global order",
+    "per_rank": "the per-rank order, called 'fast' before, the default before the global order",
+    "torch": "torch's own order",
+}
+"""What a state's order is, for the refusal of a state of another order than the sampler's."""
+
+
+def resume_hint(order: object) -> str | None:
+    """How to resume a state saved in ``order``: what that order is and the constructor
+    argument that resumes it (``None`` for a name that is no order)."""
+    what = ORDER_RESUME_HINTS.get(order) if isinstance(order, str) else None
+    if what is None:
+        return None
+    return f"{what}; construct the sampler with order={order!r} to resume it"
+
 
 ORDER_ALIASES: Mapping[str, str] = {"fast": "per_rank"}
 """Earlier names of an order, accepted with a ``DeprecationWarning`` where the new name is one

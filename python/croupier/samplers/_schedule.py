@@ -21,6 +21,14 @@ _Entry = tuple[int, tuple[float, ...], float]
 
 
 _INTERLEAVES = ("uniform", "balanced")
+# The interleaves each order draws: the per-rank order interleaves each rank's own sequence,
+# uniformly only.
+_ORDER_INTERLEAVES = {"global": _INTERLEAVES, "per_rank": ("uniform",)}
+# How a refused state words each order's default epoch length.
+_DEFAULT_LENGTH_WORDS = {
+    "global": "None (the default length: every dataset once, sum(sizes) in all)",
+    "per_rank": "None (the default length: the sum of the datasets' shares per rank)",
+}
 
 
 def _checked_order(order: object, interleave: object) -> tuple[str, str]:
@@ -28,9 +36,9 @@ def _checked_order(order: object, interleave: object) -> tuple[str, str]:
     in the global order only."""
     order = check_order("MixtureSampler", order)
     interleave = check_choice("interleave", interleave, _INTERLEAVES)
-    if order == "per_rank" and interleave == "balanced":
+    if interleave not in _ORDER_INTERLEAVES[order]:
         raise ValueError(
-            "interleave='balanced' needs order='global' (each rank's own sequence in the "
+            f"interleave={interleave!r} needs order='global' (each rank's own sequence in the "
             "per-rank order is interleaved uniformly)"
         )
     return order, interleave
@@ -129,11 +137,7 @@ def _temperature(temperature: object) -> float:
 
 
 def _length_words(num_samples: object, order: str) -> str:
-    if num_samples is None:
-        if order == "global":
-            return "None (the default length: every dataset once, sum(sizes) in all)"
-        return "None (the default length: the sum of the datasets' shares per rank)"
-    return repr(num_samples)
+    return _DEFAULT_LENGTH_WORDS[order] if num_samples is None else repr(num_samples)
 
 
 def _check_layout(phases: Sequence[_Phase], length: int, num_replicas: int) -> None:

@@ -25,6 +25,7 @@ from croupier._validate import (
     check_choice,
     check_int,
     check_order,
+    resume_hint,
 )
 from croupier.samplers._base import Batches, BatchSampler
 from croupier.samplers._state import StateFormat, different
@@ -35,12 +36,6 @@ _BUCKET_ORDERS = ("shuffled", "sequential")
 _OVERSIZED = ("alone", "error")
 DEFAULT_BUCKETS = 64
 """Buckets when ``buckets`` is not given."""
-DEFAULT_SYNC = 64
-"""Consecutive batches of one bucket in the global order when ``sync`` is not given."""
-# Epoch plans kept per sampler (the current epoch, and one more for a loader that looks ahead).
-_EPOCH_PLANS = 2
-# Batches read on their own (cutting only their buckets) before the epoch's plan is computed.
-_FEW = 4
 
 
 def _lengths(lengths: object) -> npt.NDArray[Any]:
@@ -243,9 +238,9 @@ class BucketBatchSampler(BatchSampler):
             raise ValueError("quadratic applies to max_tokens batches: give max_tokens too")
         oversized = check_choice("oversized", oversized, _OVERSIZED)
         bucket_order = check_choice("bucket_order", bucket_order, _BUCKET_ORDERS)
-        order = check_order("BucketBatchSampler", order)
-        self.sync = _checked_sync(sync, order)
-        self.order = order
+        self.order = check_order("BucketBatchSampler", order)
+        # The order's default when None; the core refuses a run length for the per-rank order.
+        self.sync = None if sync is None else _checked_sync(sync)
         self.oversized = oversized
         self.bucket_order = bucket_order
         boundaries, count = self._buckets(buckets)
@@ -258,8 +253,8 @@ class BucketBatchSampler(BatchSampler):
         # torch's BatchSampler(drop_last=True) promise: every batch holds batch_size.
         self._full_batches = self.drop_last and self.max_tokens is None
         self._plan = self._build()
+        self.sync = self._plan.sync
         self._digest = self._plan.digest
-        self._epochs: dict[int, _core.BucketEpoch] = {}
         super().__init__(num_replicas, rank)
 
     @staticmethod
@@ -292,28 +287,12 @@ class BucketBatchSampler(BatchSampler):
             quadratic=self.quadratic,
             oversized_alone=self.oversized == "alone",
             full_batches=self._full_batches,
-            global_plan=self.order == "global",
+            order=self.order,
+            sync=self.sync,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            shuffle_batches=self.bucket_order == "shuffled",
         )
-
-    def _draw(self) -> dict[str, Any]:
-        """How the global order draws an epoch (the core's keywords)."""
-        return {
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "shuffle_batches": self.bucket_order == "shuffled",
-            "sync": self.sync or 1,
-        }
-
-    def _epoch_plan(self, epoch: int) -> _core.BucketEpoch:
-        """Epoch ``epoch``'s global batch plan (computed once, kept for two epochs)."""
-        plans = self._epochs
-        plan = plans.get(epoch)
-        if plan is None:
-            plan = self._plan.epoch(epoch, **self._draw(), keep=True)
-            while len(plans) >= _EPOCH_PLANS:
-                plans.pop(next(iter(plans)), None)
-            plans[epoch] = plan
-        return plan
 
     @property
     def boundaries(self) -> list[int]:
@@ -326,11 +305,7 @@ class BucketBatchSampler(BatchSampler):
         global order, the batch size is the fewest samples a batch cut by the budget holds
         (what the per-rank order would use; filled batches hold more) and the batches are every
         epoch's."""
-        sizes = list(self._plan.buckets())
-        if self.order == "per_rank":
-            return sizes
-        counts = self._plan.global_bucket_batches()
-        return [(n, s, b, longest) for (n, s, _, longest), b in zip(sizes, counts, strict=True)]
+        return list(self._plan.buckets())
 
     # -- the sampler base ----------------------------------------------------------------------
 
@@ -357,27 +332,14 @@ class BucketBatchSampler(BatchSampler):
 
     def _batches(self) -> int:
         """Batches of an epoch over all ranks, before padding or cutting."""
-        if self.order == "per_rank":
-            return int(self._plan.batches)
-        return int(self._plan.global_batches)
+        return int(self._plan.batches)
 
     def _compute(self, epoch: int, start: int, stop: int | None) -> Batches:
         return self._range(None, epoch, start, self._length if stop is None else stop)
 
     def _range(self, elastic: tuple[int, int] | None, epoch: int, start: int, stop: int) -> Batches:
         """Batches ``[start, stop)`` of ``epoch`` (of its elastic rest when ``elastic`` is
-        ``(origin, offset)``)."""
-        if self.order == "global":
-            deal: dict[str, Any] = {"num_replicas": self.num_replicas, "rank": self.rank}
-            deal.update(drop_last=self.drop_last, elastic=elastic)
-            plan = self._epochs.get(epoch)
-            if plan is None and stop - start <= _FEW:
-                # A few batches (an iteration's or a resume's first): only their buckets.
-                plan = self._plan.epoch(epoch, **self._draw(), keep=False)
-            elif plan is None:
-                plan = self._epoch_plan(epoch)
-            flat, offsets = plan.range(start, stop, **deal)
-            return _frozen(flat, offsets)
+        ``(origin, offset)``); the core picks the order's algorithm and keeps epoch plans."""
         flat, offsets = self._plan.range(
             epoch,
             start,
@@ -385,9 +347,6 @@ class BucketBatchSampler(BatchSampler):
             num_replicas=self.num_replicas,
             rank=self.rank,
             drop_last=self.drop_last,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            shuffle_batches=self.bucket_order == "shuffled",
             elastic=elastic,
         )
         return _frozen(flat, offsets)
@@ -405,11 +364,7 @@ class BucketBatchSampler(BatchSampler):
         return min(batches, _core.layout(batches, origin, self.drop_last)[1])
 
     def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
-        if self.order == "per_rank":
-            return int(self._plan.elastic_batches(origin, offset, num_replicas, self.drop_last))
-        # One sequence for every world size: the rest is dealt like a fresh epoch.
-        rest = self._global_end(origin) - offset
-        return int(_core.layout(rest, num_replicas, self.drop_last)[0]) if rest else 0
+        return int(self._plan.elastic_batches(origin, offset, num_replicas, self.drop_last))
 
     def _compute_elastic(
         self, origin: int, offset: int, epoch: int, start: int, stop: int | None
@@ -439,15 +394,10 @@ class BucketBatchSampler(BatchSampler):
         """Refuses a state of the other order with how to resume it."""
         theirs = native.get("order")
         if theirs in ORDERS["BucketBatchSampler"] and theirs != self.order:
-            hint = (
-                "the per-rank order (called 'fast' before), the only one before the global order"
-                if theirs == "per_rank"
-                else "the global order"
-            )
             raise different(
                 [
-                    f"order: state has {theirs!r} ({hint}; construct the sampler with "
-                    f"order={theirs!r} to resume it), this sampler has {self.order!r}"
+                    f"order: state has {theirs!r} ({resume_hint(theirs)}), this sampler has "
+                    f"{self.order!r}"
                 ]
             )
 
@@ -455,7 +405,6 @@ class BucketBatchSampler(BatchSampler):
         # The plan is rebuilt from the lengths in the new process rather than shipped.
         state = super().__getstate__()
         state.pop("_plan", None)
-        state["_epochs"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -463,17 +412,8 @@ class BucketBatchSampler(BatchSampler):
         object.__setattr__(self, "_plan", self._build())
 
 
-def _checked_sync(sync: object, order: str) -> int | None:
-    """``sync`` checked: a power of two for the global order (``None``: the default), none for
-    the per-rank order."""
-    if order == "per_rank":
-        if sync is not None:
-            raise ValueError(
-                "sync applies to the global order (order='global'); the per-rank order has no runs"
-            )
-        return None
-    if sync is None:
-        return DEFAULT_SYNC
+def _checked_sync(sync: object) -> int:
+    """A run length given for the global order: a power of two in ``[1, 2**20]``."""
     value = check_int("sync", sync, 1, 1 << 20)
     if value & (value - 1):
         raise ValueError(f"sync must be a power of two in [1, 2**20], got {value}")

@@ -14,14 +14,14 @@ import numpy.typing as npt
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._torch import DistributedSamplerBase
-from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
 from croupier._validate import (
-    CORE_ORDERS,
     U64_MAX,
     check_bool,
     check_int,
     check_order,
+    core_order_of,
     dataset_length,
+    resume_hint,
 )
 from croupier.samplers._base import IndexSampler
 from croupier.samplers._state import (
@@ -124,12 +124,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
     ) -> None:
         n = dataset_length(dataset)
         order = check_order("DistributedSampler", order)
-        if order == "torch":
-            randperm: str | None = torch_randperm_order(torch_version)
-        elif torch_version is not None:
-            raise ValueError("torch_version applies to order='torch' only")
-        else:
-            randperm = None
+        core_order, randperm = core_order_of(order, torch_version)
         self.shuffle = check_bool("shuffle", shuffle)
         self.drop_last = check_bool("drop_last", drop_last)
         self.seed = check_int("seed", seed, 0, U64_MAX)
@@ -145,7 +140,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
             shuffle=self.shuffle,
             seed=self.seed,
             drop_last=self.drop_last,
-            order=CORE_ORDERS[order] if randperm is None else TORCH_ORDERS[randperm],
+            order=core_order,
         )
         self.num_samples, self.total_size = self._deal.num_samples, self._deal.total_size
         super().__init__(num_replicas, rank, self.num_samples)
@@ -158,7 +153,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
             "drop_last": self.drop_last,
             "seed": self.seed,
         }
-        if self.order == "torch" and self.shuffle and self._n >= _core.TORCH_LARGE_N:
+        if self._deal.randperm_variant_matters:
             # Only here do torch releases disagree; a resume must use the same variant.
             config["torch_randperm"] = self._randperm
         return config
@@ -167,22 +162,18 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
         return _core.layout(self._n, num_replicas, self.drop_last)[0]
 
     def _check_config(self, native: Mapping[str, Any]) -> None:
-        # A state of croupier 0.1's default order says how to resume it: the base's check,
-        # its order difference worded with the fix (the other differences as they are).
-        if native.get("order") != "per_rank" or self.order != "global":
+        # A state of another order (croupier 0.1's default among them) says how to resume it:
+        # the base's check, its order difference worded with the fix (the other differences as
+        # they are).
+        fix = resume_hint(native.get("order"))
+        if fix is None or native.get("order") == self.order:
             return
         try:
             check_state(native, ints=(), config=self._state_config())
         except StateError as e:
             if e.differences:
                 raise different(
-                    [
-                        f"{d} (the per-rank order, called 'fast' before, the default before the "
-                        "global order; construct the sampler with order='per_rank' to resume it)"
-                        if d.startswith("order:")
-                        else d
-                        for d in e.differences
-                    ]
+                    [f"{d} ({fix})" if d.startswith("order:") else d for d in e.differences]
                 ) from None
 
     # Elastic resume: the epoch's global order (drawn for the world size it started with) from
@@ -204,19 +195,13 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
         return arr
 
     def _elastic_first_stop(self, start: int, length: int) -> int:
-        # Fast and shuffled: a short first piece reads a few positions of each old share it
-        # meets, so the first index comes before the rest of the epoch is computed.
-        if self.shuffle and self.order == "per_rank":
-            return min(start + _core.ELASTIC_FIRST_STOP, length)
-        return length
+        # Per-rank and shuffled: a short first piece reads a few positions of each old share
+        # it meets, so the first index comes before the rest of the epoch is computed.
+        return int(self._deal.elastic_first_stop(start, length))
 
     def _check_epoch(self, epoch: int) -> None:
         # torch seeds its generator only to shuffle: unshuffled, any epoch is fine, as in torch.
-        if self.order == "torch" and self.shuffle and self.seed + epoch > U64_MAX:
-            raise ValueError(
-                f"seed + epoch must be at most 2**64 - 1 for order='torch' (torch.manual_seed "
-                f"refuses more), got seed={self.seed} epoch={epoch}"
-            )
+        self._deal.check_epoch(epoch)
 
     def _compute(self, epoch: int, start: int, stop: int | None) -> npt.NDArray[Any]:
         arr = self._deal.indices(epoch, start, stop)
@@ -226,7 +211,8 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
     def _window(self) -> int | None:
         # Unshuffled or in the global order, any range costs its length: stream it instead of
         # holding the whole share.
-        return 1 << 16 if not self.shuffle or self.order == "global" else None
+        window: int | None = self._deal.window
+        return window
 
     def _first_stop(self, start: int) -> int:
         # In the per-rank shuffled order: the end of the block holding `start`, or the next 64

@@ -16,7 +16,15 @@ import numpy.typing as npt
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._torch import DistributedSamplerBase
-from croupier._validate import CORE_ORDERS, MAX_LEN, U64_MAX, as_int, check_bool, check_int
+from croupier._validate import (
+    CORE_ORDERS,
+    MAX_LEN,
+    U64_MAX,
+    as_int,
+    check_bool,
+    check_int,
+    resume_hint,
+)
 from croupier.samplers._base import IndexSampler, Loaded, Rest
 from croupier.samplers._schedule import (
     _check_layout,
@@ -41,9 +49,6 @@ __all__ = ["MixtureSampler"]
 
 # How a state names the default epoch length of each order.
 _DEFAULT_LENGTH = {"per_rank": "sum of pass shares", "global": "sum of sizes"}
-# Rank positions per window while iterating the global order: each call walks the phase's
-# tree from its root (about 2 ms at 1e9), so windows are long; 4-8 MiB of indices.
-_GLOBAL_WINDOW = 1 << 20
 
 
 class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
@@ -182,6 +187,10 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         self.interleave = interleave
         self._sizes = sizes
         self._fixed_length = length
+        # The order's arithmetic of positions (the core's).
+        self._shape = _core.MixtureShape(
+            sizes, num_samples=length, order=CORE_ORDERS[order], drop_last=drop_last
+        )
         self.cumulative_sizes = tuple(np.cumsum([0, *sizes], dtype=object).tolist())
         # What the schedule's starts count: this rank's positions (per-rank) or the epoch's
         # global positions (global).
@@ -250,18 +259,13 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         count: in the global order the global sequence's (``sum(sizes)``, or ``num_samples``
         per rank), in the per-rank order each rank's (one pass of every dataset's share, or
         ``num_samples``)."""
-        fixed = self._fixed_length
-        if self.order == "global":
-            return sum(self._sizes) if fixed is None else fixed * num_replicas
-        if fixed is not None:
-            return fixed
-        return sum(_core.pass_shares(self._sizes, num_replicas, self.drop_last))
+        return int(self._shape.positions(num_replicas))
 
     def _schedule_position(self, at: int) -> int:
         """The schedule's position where every rank resumes at rank position ``at``: ``at``
         itself in the per-rank order; ``at * num_replicas`` in the global one, the first global
         position no rank has consumed (each consumed ``at``)."""
-        return at * self.num_replicas if self.order == "global" else at
+        return int(self._shape.schedule_position(at, self.num_replicas))
 
     def _fresh(self, schedule: tuple[_Entry, ...]) -> tuple[_Phase, ...]:
         """The phases of an epoch that starts under ``schedule``."""
@@ -480,10 +484,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         return {**config, "length": "num_samples", "num_samples": self._fixed_length}
 
     def _epoch_length(self, num_replicas: int) -> int:
-        positions = self._positions_of(num_replicas)
-        if self.order == "global":
-            return int(_core.layout(positions, num_replicas, self.drop_last)[0])
-        return positions
+        return int(self._shape.rank_length(num_replicas))
 
     def _compute(self, epoch: int, start: int, stop: int | None) -> npt.NDArray[Any]:
         arr = self._current().indices(epoch, start, stop)
@@ -495,8 +496,9 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
 
     def _window(self) -> int | None:
         # The global order reads any range by random access: stream it in windows instead
-        # of holding the whole share.
-        return _GLOBAL_WINDOW if self.order == "global" else None
+        # of holding the whole share (the per-rank order computes it whole).
+        window: int | None = self._shape.window
+        return window
 
     # Elastic resume: the epoch's global order is position t of every old rank's sequence,
     # rank after rank, then position t + 1 (what W ranks consumed, p each, is its first p W
@@ -505,11 +507,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     _elastic_supported = True
 
     def _global_end(self, origin: int) -> int:
-        if self.order == "global":
-            # The global sequence, or what drop_last keeps of it on the first world.
-            positions = self._positions_of(origin)
-            return min(positions, int(_core.layout(positions, origin, self.drop_last)[1]))
-        return origin * self._epoch_length(origin)
+        return int(self._shape.global_end(origin))
 
     def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
         rest = self._global_end(origin) - offset
@@ -679,11 +677,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         except TypeError:
             return  # the base's check says so
         # A state of the other order says how to resume it.
-        fix = {
-            "per_rank": "the per-rank order (called 'fast' before), the only one before the "
-            "global order; construct the sampler with order='per_rank' to resume it",
-            "global": "construct the sampler with order='global' to resume it",
-        }.get(str(state.get("order")))
+        fix = resume_hint(state.get("order"))
         if fix is not None and state.get("order") != self.order:
             differ = tuple(f"{d} ({fix})" if d.startswith("order:") else d for d in differ)
         if differ or extra:

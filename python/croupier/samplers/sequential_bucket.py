@@ -15,12 +15,21 @@ import numpy as np
 from croupier import _core
 from croupier._dist import DistInfo, resolve_ranks
 from croupier._frameworks import refuse_a_sampler
-from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
-from croupier._validate import MAX_LEN, U64_MAX, check_bool, check_int, check_order
+from croupier._validate import (
+    MAX_LEN,
+    U64_MAX,
+    check_bool,
+    check_int,
+    check_order,
+    core_order_of,
+)
 from croupier.samplers._base import Batches, BatchSampler
 from croupier.samplers._state import NEMO
 
 __all__ = ["SequentialBucketSampler"]
+
+# croupier's own order: each bucket's shuffle from its seekable streams ("torch": NeMo's).
+_OWN_ORDERS = {"fast": _core.Order.FAST}
 
 
 def _resolution(name: str, value: object) -> tuple[int, int]:
@@ -110,11 +119,7 @@ class SequentialBucketSampler(BatchSampler):
         self.seed = check_int("seed", seed, 0, U64_MAX)
         order = check_order("SequentialBucketSampler", order)
         self.order = order
-        core_order = (
-            TORCH_ORDERS[torch_randperm_order(torch_version)]
-            if order == "torch"
-            else _core.Order.FAST
-        )
+        core_order, _ = core_order_of(order, torch_version, _OWN_ORDERS)
         num_replicas, rank = resolve_ranks(num_replicas, rank, dist_info)
         self.dataset = dataset
         self.bucket_keys = list(dataset.sorted_bucket_keys)
@@ -237,11 +242,7 @@ class SequentialBucketSampler(BatchSampler):
         return self._length
 
     def _check_epoch(self, epoch: int) -> None:
-        if self.order == "torch" and self.seed + epoch > U64_MAX:
-            raise ValueError(
-                f"seed + epoch must be at most 2**64 - 1 for order='torch' (torch.manual_seed "
-                f"refuses more), got seed={self.seed} epoch={epoch}"
-            )
+        self._core.check_epoch(self.seed, epoch)
 
     def _compute(self, epoch: int, start: int, stop: int | None) -> Batches:
         stop = self._length if stop is None else stop

@@ -9,6 +9,9 @@ use crate::config::{config, Config};
 use crate::order::Order;
 use crate::runtime::{core, sized, to_numpy};
 
+/// Positions per piece of a streamed share (see `Deal.window`).
+const STREAM_WINDOW: u64 = 1 << 16;
+
 config! {
     /// How one rank is dealt an epoch (`Deal(**config)`).
     struct DealConfig {
@@ -98,6 +101,41 @@ impl Deal {
             self.order.core(),
             start,
         ))
+    }
+
+    /// Positions worth computing at a time while iterating (`None`: the rest of the share at
+    /// once). Unshuffled or in the global order a range costs its length, so the share is
+    /// streamed; the per-rank and torch orders compute a share whole.
+    #[getter]
+    fn window(&self) -> Option<u64> {
+        (!self.shuffle || self.order == Order::Global).then_some(STREAM_WINDOW)
+    }
+
+    /// Where the first piece of an elastic rest from `start` (of `length` positions) should
+    /// stop: in the per-rank shuffled order a few positions of each old share it meets, so
+    /// the first index comes before the rest is computed; else the rest at once.
+    fn elastic_first_stop(&self, start: u64, length: u64) -> u64 {
+        if self.shuffle && self.order == Order::Fast {
+            start
+                .saturating_add(croupier_core::deal::ELASTIC_FIRST_STOP)
+                .min(length)
+        } else {
+            length
+        }
+    }
+
+    /// Refuses an epoch the order cannot draw: torch seeds its generator with `seed + epoch`
+    /// to shuffle, and `torch.manual_seed` refuses more than `2**64 - 1`.
+    fn check_epoch(&self, epoch: u64) -> PyResult<()> {
+        self.order.check_epoch(self.shuffle, self.seed, epoch)
+    }
+
+    /// Whether torch releases disagree on this share (torch's order, shuffled, from
+    /// `TORCH_LARGE_N` samples on): a checkpoint must then record the `randperm` variant.
+    #[getter]
+    fn randperm_variant_matters(&self) -> bool {
+        let torch = matches!(self.order, Order::TorchForward | Order::TorchInsideOut);
+        torch && self.shuffle && self.layout.n() >= croupier_core::LARGE_N_THRESHOLD
     }
 
     /// Positions `[start, stop)` (default: to the end) of this rank's sequence for the rest of

@@ -30,24 +30,13 @@ use croupier_core::Layout;
 use pyo3::exceptions::{PyImportError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::buckets::{BucketEpoch, Buckets};
+use crate::buckets::Buckets;
 use crate::chunk::ChunkPlan;
 use crate::deal::Deal;
-use crate::mixture::Mixture;
+use crate::mixture::{Mixture, MixtureShape};
 use crate::order::Order;
 use crate::runtime::{core, detached, quiet_panics_of_abandoned_work, sized, to_numpy};
 use crate::sequential::SequentialBuckets;
-
-/// Per-rank positions of one pass of each dataset (`size // W` with `drop_last`, else
-/// `ceil(size / W)`).
-#[pyfunction]
-fn pass_shares(sizes: Vec<u64>, num_replicas: u64, drop_last: bool) -> PyResult<Vec<u64>> {
-    core(croupier_core::mix::pass_shares(
-        &sizes,
-        num_replicas,
-        drop_last,
-    ))
-}
 
 /// `(num_samples, total_size)` of torch's `DistributedSampler` for these arguments.
 #[pyfunction]
@@ -145,11 +134,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Order>()?;
     m.add_class::<Deal>()?;
     m.add_class::<Mixture>()?;
+    m.add_class::<MixtureShape>()?;
     m.add_class::<Buckets>()?;
-    m.add_class::<BucketEpoch>()?;
     m.add_class::<SequentialBuckets>()?;
     m.add_class::<ChunkPlan>()?;
-    m.add_function(wrap_pyfunction!(pass_shares, m)?)?;
     m.add_function(wrap_pyfunction!(layout, m)?)?;
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
     m.add_function(wrap_pyfunction!(permutation_into, m)?)?;
@@ -157,10 +145,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_LEN", croupier_core::MAX_LEN)?;
     m.add("U32_MAX_LEN", croupier_core::U32_MAX_LEN)?;
     m.add("TORCH_LARGE_N", croupier_core::LARGE_N_THRESHOLD)?;
-    m.add(
-        "ELASTIC_FIRST_STOP",
-        croupier_core::deal::ELASTIC_FIRST_STOP,
-    )?;
     m.add("MIX_FIRST_STOP", croupier_core::mix::MIX_FIRST_STOP)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -264,3 +264,76 @@ impl Mixture {
         self.config.interleave == "balanced"
     }
 }
+
+/// The positions of a mixture's epochs in its order (`croupier_core::mix::EpochShape`): the
+/// arithmetic of `MixtureSampler`'s length, schedules and elastic resumes. Immutable.
+#[pyclass(module = "croupier._core", frozen)]
+pub(crate) struct MixtureShape {
+    shape: croupier_core::mix::EpochShape,
+    /// The constructor's arguments, for pickling.
+    args: (Vec<u64>, Option<u64>, Order, bool),
+}
+
+#[pymethods]
+impl MixtureShape {
+    /// Datasets of `sizes`, `num_samples` positions per rank (`None`: the order's default),
+    /// in `order` (`Order.GLOBAL` or `Order.FAST`).
+    #[new]
+    #[pyo3(signature = (sizes, *, num_samples, order, drop_last))]
+    fn new(
+        sizes: Vec<u64>,
+        num_samples: Option<u64>,
+        order: Order,
+        drop_last: bool,
+    ) -> PyResult<Self> {
+        let shape = core(croupier_core::mix::EpochShape::new(
+            sizes.clone(),
+            num_samples,
+            order.core(),
+            drop_last,
+        ))?;
+        Ok(MixtureShape {
+            shape,
+            args: (sizes, num_samples, order, drop_last),
+        })
+    }
+
+    /// Pickles as `MixtureShape(sizes, **keywords)`.
+    fn __getnewargs_ex__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<((Vec<u64>,), Bound<'py, PyDict>)> {
+        let (sizes, num_samples, order, drop_last) = &self.args;
+        let d = PyDict::new(py);
+        d.set_item("num_samples", *num_samples)?;
+        d.set_item("order", *order)?;
+        d.set_item("drop_last", *drop_last)?;
+        Ok(((sizes.clone(),), d))
+    }
+
+    /// The positions of an epoch on `num_replicas` ranks that phases and schedules count.
+    fn positions(&self, num_replicas: u64) -> PyResult<u64> {
+        core(self.shape.positions(num_replicas))
+    }
+
+    /// Positions per rank of an epoch on `num_replicas` ranks.
+    fn rank_length(&self, num_replicas: u64) -> PyResult<u64> {
+        core(self.shape.rank_length(num_replicas))
+    }
+
+    /// The schedule position at which each of `num_replicas` ranks resumes at position `at`.
+    fn schedule_position(&self, at: u64, num_replicas: u64) -> PyResult<u64> {
+        core(self.shape.schedule_position(at, num_replicas))
+    }
+
+    /// Global positions of an epoch first dealt over `origin` ranks.
+    fn global_end(&self, origin: u64) -> PyResult<u64> {
+        core(self.shape.global_end(origin))
+    }
+
+    /// Positions worth computing at a time while iterating (`None`: a rank's epoch whole).
+    #[getter]
+    fn window(&self) -> Option<u64> {
+        self.shape.window()
+    }
+}

@@ -2,6 +2,7 @@
 //! torch's `randperm`).
 
 use croupier_core::TorchRandperm;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
@@ -34,6 +35,20 @@ impl Order {
             Order::TorchInsideOut => croupier_core::Order::Torch(TorchRandperm::InsideOutForLargeN),
             Order::Global => croupier_core::Order::Global,
         }
+    }
+
+    /// Refuses an epoch the order cannot draw: torch seeds its generator with `seed + epoch`
+    /// to shuffle, and `torch.manual_seed` refuses more than `2**64 - 1` (unshuffled, torch
+    /// seeds nothing and any epoch is fine).
+    pub(crate) fn check_epoch(self, shuffled: bool, seed: u64, epoch: u64) -> PyResult<()> {
+        let torch = matches!(self, Order::TorchForward | Order::TorchInsideOut);
+        if torch && shuffled && seed.checked_add(epoch).is_none() {
+            return Err(PyValueError::new_err(format!(
+                "seed + epoch must be at most 2**64 - 1 for order='torch' (torch.manual_seed \
+                 refuses more), got seed={seed} epoch={epoch}"
+            )));
+        }
+        Ok(())
     }
 
     pub(crate) fn name(self) -> &'static str {

@@ -53,6 +53,7 @@ impl TryFrom<&SequentialConfig> for croupier_core::bucket::SequentialConfig {
 #[pyclass(module = "croupier._core", frozen)]
 pub(crate) struct SequentialBuckets {
     inner: std::sync::Arc<croupier_core::bucket::SequentialBuckets>,
+    order: Order,
 }
 
 #[pymethods]
@@ -72,7 +73,14 @@ impl SequentialBuckets {
         ))?;
         Ok(SequentialBuckets {
             inner: std::sync::Arc::new(inner),
+            order: config.order,
         })
+    }
+
+    /// Refuses an epoch the order cannot draw with `seed` (torch's: `seed + epoch` at most
+    /// `2**64 - 1`; the buckets are always shuffled).
+    fn check_epoch(&self, seed: u64, epoch: u64) -> PyResult<()> {
+        self.order.check_epoch(true, seed, epoch)
     }
 
     /// Batches per rank and epoch.

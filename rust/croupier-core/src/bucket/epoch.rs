@@ -82,6 +82,23 @@ impl Default for EpochDraw {
 }
 
 impl EpochDraw {
+    /// Checks a run length: `sync` a power of two, at least 1.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::bucket::EpochDraw;
+    ///
+    /// assert!(EpochDraw::check_sync(64).is_ok());
+    /// assert!(EpochDraw::check_sync(48).is_err());
+    /// ```
+    pub fn check_sync(sync: u64) -> Result<()> {
+        if sync == 0 || !sync.is_power_of_two() {
+            return Err(Error::out_of_range("sync", "a power of two >= 1", sync));
+        }
+        Ok(())
+    }
+
     fn keys(&self) -> (u64, u64, bool) {
         (self.seed, self.epoch, self.shuffle)
     }
@@ -181,13 +198,7 @@ impl EpochBatches {
     /// The plan of the epoch without cutting any bucket: each read cuts the buckets its
     /// batches come from (a few batches read one or two buckets).
     pub fn lazy(plan: &BucketPlan, draw: EpochDraw) -> Result<Self> {
-        if draw.sync == 0 || !draw.sync.is_power_of_two() {
-            return Err(Error::out_of_range(
-                "sync",
-                "a power of two >= 1",
-                draw.sync,
-            ));
-        }
+        EpochDraw::check_sync(draw.sync)?;
         let counts = plan.global_bucket_batches();
         let runs = Runs::new(&counts, draw);
         if cancelled() {

@@ -7,6 +7,7 @@
 //! - [`mixture`]: a rank's epoch, phase by phase, computed over contiguous buffers.
 //! - `global`: the world-size-invariant order, one global sequence read by random access.
 //! - `balanced`: the balanced interleave, every prefix within one sample of its share.
+//! - [`shape`]: an epoch's positions per order and world size, and where a resume's fall.
 
 pub(crate) mod balanced;
 pub mod counts;
@@ -14,7 +15,9 @@ pub(crate) mod global;
 pub(crate) mod interleave;
 pub mod mixture;
 pub(crate) mod passes;
+pub mod shape;
 
 pub use counts::{largest_remainder, phase_counts, probabilities};
 pub use global::Interleaving;
 pub use mixture::{pass_shares, Mixture, MixtureConfig, PhaseSpec, MIX_FIRST_STOP};
+pub use shape::{EpochShape, GLOBAL_WINDOW};
