@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # The documents whose examples run: the README and every page under docs/.
 DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
-TEST_COMMAND = 'python -m pip install ".[test]" && cargo test --workspace && python -m pytest -n auto'
+TEST_COMMAND = (
+    'python -m pip install ".[test]" && cargo test --workspace && python -m pytest -n auto'
+)
 # Blocks that import torch, or use croupier's classes built on it (the loader and datasets).
 _NEEDS_TORCH = re.compile(
     r"^\s*(import|from)\s+torch\b|\b(StatefulDataLoader|MemoryMappedDataset|HuggingFaceDataset)\b",

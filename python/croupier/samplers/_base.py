@@ -467,7 +467,7 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         releases the GIL) while short first pieces (:meth:`_first_stop`, read by random
         access) keep the consumer going; then the rest, from where the pieces reached. A
         DataLoader draws several batches of indices at once, so without this its first batch
-        after a resume would wait for the whole rest of the epoch (0.15 s at 1e8)."""
+        after a resume would wait for the whole rest of the epoch."""
         done = threading.Event()
         box: list[Any] = []
 

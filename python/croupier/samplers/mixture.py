@@ -91,9 +91,10 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     (global order only): Megatron's kind of blend, deterministic, in which every prefix of the
     epoch holds each dataset within one sample of its share (Megatron's greedy can miss by
     more; this one cannot). Its dataset pattern is the same every epoch (only the passes are
-    reshuffled). It is computed sequentially, so it costs about 0.1 µs per global position
-    and rank (minutes per epoch at 1e9, a resume replays up to its position): for mixtures
-    that must be even at every step, not as the default.
+    reshuffled). It is computed sequentially, position after position, on every rank (an
+    epoch of 1e9 takes minutes; a resume replays up to its position; figures in
+    ``docs/performance.md``): for mixtures that must be even at every step, not as the
+    default.
 
     **Schedules.** :meth:`update_weights` and :meth:`set_schedule` change the weights from the
     next iteration on; a schedule changes them at exact positions inside every epoch (global
@@ -132,7 +133,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     temperature included) and the phases of the current epoch; :meth:`load_state_dict`
     restores all of it and continues with exactly the next index, in milliseconds at any
     position (with ``interleave="balanced"``, after replaying the balanced sequence up to the
-    resume position: about 0.1 µs per global position, 1.5 s at 4e7). kempnerforge's
+    resume position, a cost that grows with the position). kempnerforge's
     ``{"epoch", "seed", "num_replicas", "rank"}`` loads too, as the start of its epoch.
 
     With torch installed it is an instance of ``torch.utils.data.DistributedSampler`` (whose

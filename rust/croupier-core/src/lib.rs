@@ -21,8 +21,8 @@
 //!   reproduced exactly ([`torch_randperm()`]).
 //! - [`deal`]: dealing an epoch to data-parallel ranks: torch's padding and striding
 //!   ([`Layout`]; a rank's place in its world, [`Deal`]), a rank's positions in either order
-//!   ([`rank_range`], [`first_stop`], [`Order`], drawn as a [`Draw`] says), and for
-//!   `order="fast"` a rank's share computed alone (class splitting by exact hypergeometric
+//!   ([`rank_range`], [`first_stop`], [`Order`], drawn as a [`Draw`] says), and for the
+//!   per-rank order (`order="per_rank"`, [`Order::Fast`]) a rank's share computed alone (class splitting by exact hypergeometric
 //!   draws with keyed per-cell generators, per-block orders, a seekable order for long
 //!   blocks).
 //!
@@ -43,6 +43,8 @@
 //!
 //! Folders depend on the root; `deal` also uses `shuffle` (Fisher–Yates, torch's `randperm`,
 //! the bucket kernels of the parallel permutation); `shuffle` uses nothing in `deal`.
+
+#![warn(missing_docs)]
 
 pub mod bucket;
 mod cancel;

@@ -22,12 +22,10 @@
 //! levels, and the program would cost `k V log V`).
 
 use super::quantiles::quantile_boundaries;
-use crate::cancel::{cancelled, CHECK_EVERY};
-use rayon::prelude::*;
+use crate::cancel::cancelled;
 
 /// Distinct lengths the program runs over at most.
 pub const MAX_LEVELS: usize = 1 << 12;
-const HISTOGRAM_MAX: u64 = 1 << 24;
 
 /// The boundaries of at most `k >= 1` buckets of `lengths` (not empty) that minimise the
 /// padded cost `sum_j n_j g(L_j)`, `g(L) = L` or, with `quadratic = Some(q)`,
@@ -144,55 +142,7 @@ where
     L: Copy + Into<u64> + Send + Sync,
     F: Fn(u64) -> bool + Sync,
 {
-    let max = crate::cancel::par_max(lengths);
-    let (values, counts): (Vec<u64>, Vec<u64>) = if max < HISTOGRAM_MAX {
-        let hist = lengths
-            .par_chunks(1 << 16)
-            .fold(
-                || vec![0u64; (max + 1) as usize],
-                |mut h, chunk| {
-                    if crate::cancel::cancelled() {
-                        return h; // the caller discards the histogram
-                    }
-                    for &x in chunk {
-                        h[x.into() as usize] += 1;
-                    }
-                    h
-                },
-            )
-            .reduce(
-                || vec![0u64; (max + 1) as usize],
-                |mut a, b| {
-                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                    a
-                },
-            );
-        hist.iter()
-            .enumerate()
-            .filter(|&(v, &c)| c > 0 && keep(v as u64))
-            .map(|(v, &c)| (v as u64, c))
-            .unzip()
-    } else {
-        let mut sorted: Vec<u64> = lengths
-            .par_iter()
-            .map(|&l| l.into())
-            .filter(|&l| keep(l))
-            .collect();
-        crate::cancel::sort_values(&mut sorted);
-        let mut out: (Vec<u64>, Vec<u64>) = (Vec::new(), Vec::new());
-        for (i, v) in sorted.into_iter().enumerate() {
-            if i % CHECK_EVERY == 0 && cancelled() {
-                break; // the caller discards the levels
-            }
-            if out.0.last() == Some(&v) {
-                *out.1.last_mut().expect("a level") += 1;
-            } else {
-                out.0.push(v);
-                out.1.push(1);
-            }
-        }
-        out
-    };
+    let (values, counts) = super::histogram::length_counts(lengths, keep);
     if values.len() <= MAX_LEVELS {
         return (values.clone(), values, counts);
     }

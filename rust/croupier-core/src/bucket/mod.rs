@@ -1,6 +1,7 @@
 //! Bucket batching: samples grouped by length, batches within a bucket under a size or
 //! padded-token budget, and the batches dealt to the ranks in equal numbers.
 //!
+//! - `histogram`: how many samples have each length (what the boundary finders count).
 //! - [`quantiles`]: bucket boundaries from length quantiles (the per-rank order's default).
 //! - [`boundaries`]: bucket boundaries that minimise padding (the global order's default).
 //! - [`plan`]: the buckets, batch sizes and a rank's batches of an epoch in the per-rank order.
@@ -13,6 +14,7 @@
 pub mod boundaries;
 pub mod epoch;
 pub mod fill;
+mod histogram;
 pub mod plan;
 pub mod quantiles;
 pub mod sequential;

@@ -213,124 +213,19 @@ impl BucketPlan {
         boundaries: &[u64],
         limits: Limits,
     ) -> Result<Self> {
-        if lengths.is_empty() {
-            return Err(Error::out_of_range(
-                "lengths",
-                "a non-empty array",
-                "an empty one",
-            ));
-        }
-        if boundaries.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(Error::out_of_range(
-                "buckets",
-                "strictly increasing boundaries",
-                format!("{boundaries:?}"),
-            ));
-        }
-        if limits.batch_size.is_none() && limits.max_tokens.is_none() {
-            return Err(Error::out_of_range(
-                "batch_size, max_tokens",
-                "at least one of them given",
-                "neither",
-            ));
-        }
-        if limits.quadratic.is_some() && limits.max_tokens.is_none() {
-            return Err(Error::out_of_range(
-                "quadratic",
-                "with max_tokens",
-                "without",
-            ));
-        }
-        if limits.batch_size == Some(0)
-            || limits.max_tokens == Some(0)
-            || limits.multiple == 0
-            || limits.quadratic == Some(0)
-        {
-            return Err(Error::out_of_range(
-                "batch_size, max_tokens, batch_size_multiple, quadratic",
-                ">= 1",
-                0,
-            ));
-        }
+        check_arguments(lengths.len(), boundaries, &limits)?;
         let regular = boundaries.len() + 1;
-        // Every sample's bucket, in parallel: a table for lengths below 2**24 (one load a
-        // sample), a binary search over the boundaries above.
-        let bucket_of = |len: u64| -> u32 {
-            match limits.fitting(len) {
-                Some(0) => regular as u32,
-                _ => boundaries.partition_point(|&b| b <= len) as u32,
-            }
-        };
-        let max = par_max(lengths);
-        let ids: Vec<u32> = if max < TABLE_MAX {
-            let mut table: Vec<u32> = Vec::with_capacity(max as usize + 1);
-            let mut v = 0u64;
-            while v <= max && !cancelled() {
-                let hi = max.min(v + CHECK_EVERY as u64);
-                table.extend((v..=hi).map(bucket_of));
-                v = hi + 1;
-            }
-            if cancelled() {
-                return Err(cancelled_error()); // the caller discards it
-            }
-            par_map(lengths, CHECK_EVERY, |l| table[l.into() as usize])
-        } else {
-            par_map(lengths, CHECK_EVERY, |l| bucket_of(l.into()))
-        };
-        let (counts, longest) = ids
-            .par_chunks(1 << 16)
-            .zip(lengths.par_chunks(1 << 16))
-            .fold(
-                || (vec![0u64; regular + 1], vec![0u64; regular + 1]),
-                |(mut c, mut m), (ids, lens)| {
-                    if cancelled() {
-                        return (c, m); // the caller discards the counts
-                    }
-                    for (&j, &len) in ids.iter().zip(lens) {
-                        c[j as usize] += 1;
-                        m[j as usize] = m[j as usize].max(len.into());
-                    }
-                    (c, m)
-                },
-            )
-            .reduce(
-                || (vec![0u64; regular + 1], vec![0u64; regular + 1]),
-                |(mut c, mut m), (c2, m2)| {
-                    c.iter_mut().zip(&c2).for_each(|(a, b)| *a += b);
-                    m.iter_mut().zip(&m2).for_each(|(a, b)| *a = (*a).max(*b));
-                    (c, m)
-                },
-            );
+        let ids = bucket_ids(lengths, boundaries, &limits)?;
+        let (counts, longest) = counts_and_longest(&ids, lengths, regular);
         if counts[regular] > 0 && !limits.oversized_alone {
-            let first = lengths
-                .iter()
-                .position(|&l| limits.fitting(l.into()) == Some(0))
-                .unwrap_or(0);
-            return Err(Error::out_of_range(
-                "lengths",
-                format!(
-                    "costing at most max_tokens = {} with oversized='error'",
-                    limits.max_tokens.unwrap_or(0)
-                ),
-                format!(
-                    "{} longer samples, the first at index {first} ({})",
-                    counts[regular],
-                    lengths[first].into()
-                ),
-            ));
+            return Err(oversized_error(lengths, &limits, counts[regular]));
         }
-        let mut starts = Vec::with_capacity(regular + 2);
-        let mut acc = 0u64;
-        for &c in &counts {
-            starts.push(acc);
-            acc += c;
-        }
-        starts.push(acc);
+        let starts = running_starts(&counts, |&c| c);
         if cancelled() {
             return Err(cancelled_error());
         }
         let at: Vec<u64> = starts[..regular + 1].to_vec();
-        let members = if acc <= U32_MAX_LEN {
+        let members = if lengths.len() as u64 <= U32_MAX_LEN {
             Indices::U32(scatter::<u32>(&ids, at)?)
         } else {
             Indices::U64(scatter::<u64>(&ids, at)?)
@@ -344,47 +239,19 @@ impl BucketPlan {
         } else {
             None
         };
-        let sizes: Vec<u64> = (0..=regular)
+        let sizes = batch_sizes(&limits, &longest);
+        let per_bucket: Vec<u64> = (0..=regular)
             .map(|j| {
-                if j == regular {
-                    return 1;
+                if limits.full_batches && j < regular {
+                    counts[j] / sizes[j]
+                } else {
+                    counts[j].div_ceil(sizes[j])
                 }
-                let mut s = limits.batch_size.unwrap_or(u64::MAX);
-                if let Some(fit) = limits.fitting(longest[j]) {
-                    s = s.min(fit);
-                }
-                if s >= limits.multiple {
-                    s -= s % limits.multiple;
-                }
-                s.max(1)
             })
             .collect();
-        let mut batch_starts = Vec::with_capacity(regular + 2);
-        let mut b = 0u64;
-        for j in 0..=regular {
-            batch_starts.push(b);
-            b += if limits.full_batches && j < regular {
-                counts[j] / sizes[j]
-            } else {
-                counts[j].div_ceil(sizes[j])
-            };
-        }
-        batch_starts.push(b);
-        // A fingerprint of the lengths, for checkpoints: chunk hashes folded in order.
-        let digest = lengths
-            .par_chunks(1 << 16)
-            .map(|c| {
-                if cancelled() {
-                    return 0; // the caller discards the digest
-                }
-                c.iter()
-                    .fold(0x6c65_6e67_7468_7300u64, |h, &x| fold(h, x.into()))
-            })
-            .collect::<Vec<u64>>()
-            .into_iter()
-            .fold(lengths.len() as u64, fold);
+        let batch_starts = running_starts(&per_bucket, |&b| b);
         let mut plan = BucketPlan {
-            digest,
+            digest: digest(lengths),
             n: lengths.len() as u64,
             members,
             starts,
@@ -983,6 +850,186 @@ fn scatter<T: Index>(ids: &[u32], mut at: Vec<u64>) -> Result<Vec<T>> {
         }
     }
     Ok(members)
+}
+
+/// Refuses what [`BucketPlan::new`] cannot build: no lengths, boundaries not increasing, no
+/// size limit, `quadratic` without `max_tokens`, a zero limit.
+fn check_arguments(n: usize, boundaries: &[u64], limits: &Limits) -> Result<()> {
+    if n == 0 {
+        return Err(Error::out_of_range(
+            "lengths",
+            "a non-empty array",
+            "an empty one",
+        ));
+    }
+    if boundaries.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(Error::out_of_range(
+            "buckets",
+            "strictly increasing boundaries",
+            format!("{boundaries:?}"),
+        ));
+    }
+    if limits.batch_size.is_none() && limits.max_tokens.is_none() {
+        return Err(Error::out_of_range(
+            "batch_size, max_tokens",
+            "at least one of them given",
+            "neither",
+        ));
+    }
+    if limits.quadratic.is_some() && limits.max_tokens.is_none() {
+        return Err(Error::out_of_range(
+            "quadratic",
+            "with max_tokens",
+            "without",
+        ));
+    }
+    if limits.batch_size == Some(0)
+        || limits.max_tokens == Some(0)
+        || limits.multiple == 0
+        || limits.quadratic == Some(0)
+    {
+        return Err(Error::out_of_range(
+            "batch_size, max_tokens, batch_size_multiple, quadratic",
+            ">= 1",
+            0,
+        ));
+    }
+    Ok(())
+}
+
+/// Every sample's bucket (the last, `boundaries.len() + 1`, holds the oversized ones), in
+/// parallel: a table for lengths below 2**24 (one load a sample), a binary search over the
+/// boundaries above.
+fn bucket_ids<L: Copy + Into<u64> + Send + Sync>(
+    lengths: &[L],
+    boundaries: &[u64],
+    limits: &Limits,
+) -> Result<Vec<u32>> {
+    let regular = boundaries.len() + 1;
+    let bucket_of = |len: u64| -> u32 {
+        match limits.fitting(len) {
+            Some(0) => regular as u32,
+            _ => boundaries.partition_point(|&b| b <= len) as u32,
+        }
+    };
+    let max = par_max(lengths);
+    if max >= TABLE_MAX {
+        return Ok(par_map(lengths, CHECK_EVERY, |l| bucket_of(l.into())));
+    }
+    let mut table: Vec<u32> = Vec::with_capacity(max as usize + 1);
+    let mut v = 0u64;
+    while v <= max && !cancelled() {
+        let hi = max.min(v + CHECK_EVERY as u64);
+        table.extend((v..=hi).map(bucket_of));
+        v = hi + 1;
+    }
+    if cancelled() {
+        return Err(cancelled_error()); // the caller discards it
+    }
+    Ok(par_map(lengths, CHECK_EVERY, |l| table[l.into() as usize]))
+}
+
+/// Per bucket (`regular` of them, then the oversized one): its members and its longest.
+fn counts_and_longest<L: Copy + Into<u64> + Send + Sync>(
+    ids: &[u32],
+    lengths: &[L],
+    regular: usize,
+) -> (Vec<u64>, Vec<u64>) {
+    ids.par_chunks(1 << 16)
+        .zip(lengths.par_chunks(1 << 16))
+        .fold(
+            || (vec![0u64; regular + 1], vec![0u64; regular + 1]),
+            |(mut c, mut m), (ids, lens)| {
+                if cancelled() {
+                    return (c, m); // the caller discards the counts
+                }
+                for (&j, &len) in ids.iter().zip(lens) {
+                    c[j as usize] += 1;
+                    m[j as usize] = m[j as usize].max(len.into());
+                }
+                (c, m)
+            },
+        )
+        .reduce(
+            || (vec![0u64; regular + 1], vec![0u64; regular + 1]),
+            |(mut c, mut m), (c2, m2)| {
+                c.iter_mut().zip(&c2).for_each(|(a, b)| *a += b);
+                m.iter_mut().zip(&m2).for_each(|(a, b)| *a = (*a).max(*b));
+                (c, m)
+            },
+        )
+}
+
+/// The refusal of `oversized` samples costing more than `max_tokens` (`oversized='error'`),
+/// naming the first.
+fn oversized_error<L: Copy + Into<u64>>(lengths: &[L], limits: &Limits, oversized: u64) -> Error {
+    let first = lengths
+        .iter()
+        .position(|&l| limits.fitting(l.into()) == Some(0))
+        .unwrap_or(0);
+    Error::out_of_range(
+        "lengths",
+        format!(
+            "costing at most max_tokens = {} with oversized='error'",
+            limits.max_tokens.unwrap_or(0)
+        ),
+        format!(
+            "{oversized} longer samples, the first at index {first} ({})",
+            lengths[first].into()
+        ),
+    )
+}
+
+/// Where each of `items` starts when they are laid end to end (`size` of each), then the end.
+fn running_starts<T>(items: &[T], size: impl Fn(&T) -> u64) -> Vec<u64> {
+    let mut starts = Vec::with_capacity(items.len() + 1);
+    let mut acc = 0u64;
+    for item in items {
+        starts.push(acc);
+        acc += size(item);
+    }
+    starts.push(acc);
+    starts
+}
+
+/// Each bucket's batch size: at most `batch_size`, at most what fits `max_tokens` at its
+/// longest sample, rounded down to a `multiple` (when one fits), at least 1; the oversized
+/// bucket (the last) serves samples alone.
+fn batch_sizes(limits: &Limits, longest: &[u64]) -> Vec<u64> {
+    let regular = longest.len() - 1;
+    longest
+        .iter()
+        .enumerate()
+        .map(|(j, &long)| {
+            if j == regular {
+                return 1;
+            }
+            let mut s = limits.batch_size.unwrap_or(u64::MAX);
+            if let Some(fit) = limits.fitting(long) {
+                s = s.min(fit);
+            }
+            if s >= limits.multiple {
+                s -= s % limits.multiple;
+            }
+            s.max(1)
+        })
+        .collect()
+}
+
+/// A fingerprint of the lengths, for checkpoints: chunk hashes folded in order.
+fn digest<L: Copy + Into<u64> + Send + Sync>(lengths: &[L]) -> u64 {
+    lengths
+        .par_chunks(1 << 16)
+        .map(|c| {
+            if cancelled() {
+                return 0; // the caller discards the digest
+            }
+            c.iter()
+                .fold(0x6c65_6e67_7468_7300u64, |h, &x| fold(h, x.into()))
+        })
+        .collect::<Vec<u64>>()
+        .into_iter()
+        .fold(lengths.len() as u64, fold)
 }
 
 #[cfg(test)]

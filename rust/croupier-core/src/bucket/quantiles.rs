@@ -6,10 +6,6 @@
 //! is `[b_j, b_{j+1})`, the first starting at 0 and the last open. Lengths below `2**24` are
 //! counted in a histogram (`O(N + max)`); longer ones are sorted (a copy, in parallel).
 
-use rayon::prelude::*;
-
-const HISTOGRAM_MAX: u64 = 1 << 24;
-
 /// The boundaries of `k >= 1` quantile buckets of `lengths` (not empty).
 ///
 /// # Examples
@@ -26,52 +22,21 @@ pub fn quantile_boundaries<L: Copy + Into<u64> + Send + Sync>(lengths: &[L], k: 
     let ranks: Vec<u64> = (1..k)
         .map(|j| (u128::from(j) * u128::from(n) / u128::from(k)) as u64)
         .collect();
-    let max = crate::cancel::par_max(lengths);
     let min = crate::cancel::par_min(lengths);
-    let values: Vec<u64> = if max < HISTOGRAM_MAX {
-        let hist = lengths
-            .par_chunks(1 << 16)
-            .fold(
-                || vec![0u64; (max + 1) as usize],
-                |mut h, chunk| {
-                    if crate::cancel::cancelled() {
-                        return h; // the caller discards the histogram
-                    }
-                    for &x in chunk {
-                        h[x.into() as usize] += 1;
-                    }
-                    h
-                },
-            )
-            .reduce(
-                || vec![0u64; (max + 1) as usize],
-                |mut a, b| {
-                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                    a
-                },
-            );
-        // The value at rank q is the first v whose cumulative count exceeds q.
-        let mut out = Vec::with_capacity(ranks.len());
-        let (mut v, mut below) = (0usize, 0u64);
-        for &q in &ranks {
-            if crate::cancel::cancelled() {
-                break; // the caller discards the boundaries
-            }
-            while below + hist[v] <= q {
-                below += hist[v];
-                v += 1;
-            }
-            out.push(v as u64);
-        }
-        out
-    } else {
-        let mut sorted: Vec<u64> = lengths.par_iter().map(|&l| l.into()).collect();
-        crate::cancel::sort_values(&mut sorted);
+    let (levels, counts) = super::histogram::length_counts(lengths, |_| true);
+    // The value at rank q is the first whose cumulative count exceeds q.
+    let mut values = Vec::with_capacity(ranks.len());
+    let (mut v, mut below) = (0usize, 0u64);
+    for &q in &ranks {
         if crate::cancel::cancelled() {
             return Vec::new(); // the caller discards the boundaries
         }
-        ranks.iter().map(|&q| sorted[q as usize]).collect()
-    };
+        while below + counts[v] <= q {
+            below += counts[v];
+            v += 1;
+        }
+        values.push(levels[v]);
+    }
     let mut bounds: Vec<u64> = Vec::with_capacity(values.len());
     for v in values {
         if v > min && bounds.last().is_none_or(|&b| v > b) {

@@ -154,6 +154,7 @@ impl ChunkPlan {
     /// assert!(ChunkPlan::new(&ChunkConfig { start: 1001, ..config }).is_err()); // start > stop
     /// ```
     pub fn new(config: &ChunkConfig) -> Result<Self> {
+        config.check()?;
         let ChunkConfig {
             start,
             stop,
@@ -165,33 +166,6 @@ impl ChunkPlan {
             deal,
         } = *config;
         let (w, rank, drop_last) = (deal.num_replicas, deal.rank, deal.drop_last);
-        for (name, v) in [
-            ("chunk_size", chunk_size),
-            ("preload_nchunks", preload),
-            ("batch_size", batch_size),
-        ] {
-            if v == 0 {
-                return Err(Error::out_of_range(name, ">= 1", v));
-            }
-        }
-        let memory = chunk_size.checked_mul(preload).ok_or_else(|| {
-            Error::out_of_range("chunk_size * preload_nchunks", "< 2**64", "more")
-        })?;
-        if memory % batch_size != 0 {
-            return Err(Error::out_of_range(
-                "chunk_size * preload_nchunks",
-                format!("a multiple of batch_size = {batch_size}"),
-                memory,
-            ));
-        }
-        if start > stop {
-            return Err(Error::out_of_range(
-                "start",
-                format!("<= stop = {stop}"),
-                start,
-            ));
-        }
-        deal.check()?;
         let n = stop - start;
         let chunks = n.div_ceil(chunk_size);
         let dealt = if drop_last {
@@ -199,7 +173,30 @@ impl ChunkPlan {
         } else {
             chunks.div_ceil(w) * w
         };
-        let mut plan = ChunkPlan {
+        let short = n % chunk_size;
+        let obs = |r: u64| rank_observations(chunks, dealt, w, chunk_size, short, r);
+        let (least, most) = observation_range(chunks, w, obs);
+        let mine = obs(rank);
+        let (batches, served) = if drop_last {
+            let batches = least / batch_size;
+            (batches, batches * batch_size)
+        } else {
+            let batches = most.div_ceil(batch_size);
+            let needed = if batches == 0 {
+                0
+            } else {
+                (batches - 1) * batch_size + 1
+            };
+            (batches, mine.max(needed))
+        };
+        // Chunks read: all of this rank's when padding; with drop_last only those holding the
+        // observations served.
+        let reads = match (mine, drop_last) {
+            (0, _) => 0,
+            (_, true) => served.div_ceil(chunk_size),
+            (_, false) => dealt / w,
+        };
+        Ok(ChunkPlan {
             start,
             stop,
             chunk_size,
@@ -210,47 +207,10 @@ impl ChunkPlan {
             w,
             rank,
             chunks,
-            batches: 0,
-            served: 0,
-            reads: 0,
-        };
-        let short = n % chunk_size;
-        let obs = |r: u64| rank_observations(chunks, dealt, w, chunk_size, short, r);
-        let (least, most) = if w <= 1 << 16 {
-            (0..w)
-                .map(obs)
-                .fold((u64::MAX, 0), |(a, b), o| (a.min(o), b.max(o)))
-        } else {
-            // Only the short chunk's holder differs (and, with fewer chunks than ranks, the
-            // ranks past the chunks, which take repeats): rank 0 is full, the holder short.
-            let holder = (chunks - 1) % w;
-            let (a, b) = (obs(0), obs(holder));
-            (a.min(b), a.max(b))
-        };
-        let mine = obs(rank);
-        if drop_last {
-            plan.batches = least / batch_size;
-            plan.served = plan.batches * batch_size;
-        } else {
-            plan.batches = most.div_ceil(batch_size);
-            let needed = if plan.batches == 0 {
-                0
-            } else {
-                (plan.batches - 1) * batch_size + 1
-            };
-            plan.served = mine.max(needed);
-        }
-        // Chunks read: all of this rank's when padding; with drop_last only those holding the
-        // observations served.
-        plan.reads = if drop_last {
-            plan.served.div_ceil(chunk_size)
-        } else {
-            dealt / w
-        };
-        if mine == 0 {
-            plan.reads = 0;
-        }
-        Ok(plan)
+            batches,
+            served,
+            reads,
+        })
     }
 
     /// Batches every rank yields in an epoch.
@@ -490,6 +450,54 @@ fn rank_observations(chunks: u64, dealt: u64, w: u64, chunk_size: u64, short: u6
     // position chunks - 1 (if dealt) holds the short chunk.
     let holds_short = short > 0 && chunks <= dealt && (chunks - 1) % w == r;
     per_rank * chunk_size - if holds_short { chunk_size - short } else { 0 }
+}
+
+impl ChunkConfig {
+    /// Refuses a configuration no plan has: a zero size, `chunk_size * preload` not a
+    /// multiple of `batch_size`, `start > stop`, no ranks or a rank outside them.
+    fn check(&self) -> Result<()> {
+        for (name, v) in [
+            ("chunk_size", self.chunk_size),
+            ("preload_nchunks", self.preload),
+            ("batch_size", self.batch_size),
+        ] {
+            if v == 0 {
+                return Err(Error::out_of_range(name, ">= 1", v));
+            }
+        }
+        let memory = self.chunk_size.checked_mul(self.preload).ok_or_else(|| {
+            Error::out_of_range("chunk_size * preload_nchunks", "< 2**64", "more")
+        })?;
+        if memory % self.batch_size != 0 {
+            return Err(Error::out_of_range(
+                "chunk_size * preload_nchunks",
+                format!("a multiple of batch_size = {}", self.batch_size),
+                memory,
+            ));
+        }
+        if self.start > self.stop {
+            return Err(Error::out_of_range(
+                "start",
+                format!("<= stop = {}", self.stop),
+                self.start,
+            ));
+        }
+        self.deal.check()
+    }
+}
+
+/// The fewest and the most observations a rank of `w` holds (`obs(r)` is rank `r`'s).
+fn observation_range(chunks: u64, w: u64, obs: impl Fn(u64) -> u64) -> (u64, u64) {
+    if w <= 1 << 16 {
+        return (0..w)
+            .map(obs)
+            .fold((u64::MAX, 0), |(a, b), o| (a.min(o), b.max(o)));
+    }
+    // Only the short chunk's holder differs (and, with fewer chunks than ranks, the ranks
+    // past the chunks, which take repeats): rank 0 is full, the holder short.
+    let holder = chunks.saturating_sub(1) % w;
+    let (a, b) = (obs(0), obs(holder));
+    (a.min(b), a.max(b))
 }
 
 #[cfg(test)]

@@ -127,9 +127,8 @@ impl RankClasses {
 ///
 /// Every block is a class level of the walk, visited at every value node where the blocks
 /// read have values, so fewer, longer blocks make a whole share cheaper; a read of a prefix
-/// `[0, u)` walks the blocks up to `u`'s, at most `g u` values. One rank's share of 1e9
-/// over 8 ranks (`docs/performance.md`): 2.0 s with `g = 2`, 1.4 s with `g = 8`, 1.1 s
-/// with two blocks.
+/// `[0, u)` walks the blocks up to `u`'s, at most `g u` values (`docs/performance.md` times
+/// a share with `g = 2`, `g = 8` and two blocks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Blocks {
     /// `log2` of the growth.
@@ -137,16 +136,15 @@ pub(crate) struct Blocks {
 }
 
 impl Blocks {
-    /// `order="fast"`'s shares: `[0, F)`, `[F, 2F)`, `[2F, 4F)`, …. A resume's rest starts at
+    /// The per-rank order's shares: `[0, F)`, `[F, 2F)`, `[2F, 4F)`, …. A resume's rest starts at
     /// a block at most twice as far back as the resume point.
     pub(crate) const DOUBLING: Blocks = Blocks { bits: 1 };
     /// A mixture's passes, read whole or from their start: two blocks, `[0, F)` and the rest.
     /// A third of the class levels of [`Blocks::DOUBLING`] at 1.25e6 positions: a whole pass
     /// costs about half. The price is a pass read in part: its walk covers the whole pass,
-    /// where doubling blocks walk about twice the positions used. Measured on one share of
-    /// 1e9 over 8 ranks: two blocks are faster down to 1% of the pass used (787 against
-    /// 1146 ms) and slower below (769 against 290 ms at 0.1%); a partly read pass never costs
-    /// more than a whole one (`docs/performance.md`).
+    /// where doubling blocks walk about twice the positions used: two blocks are faster down
+    /// to about 1% of the pass used and slower below, and a partly read pass never costs
+    /// more than a whole one (measured in `docs/performance.md`).
     pub(crate) const PASSES: Blocks = Blocks { bits: 64 };
 
     /// Blocks growing by `2**bits` (`bits >= 1`; from 54 on, a share has two blocks).

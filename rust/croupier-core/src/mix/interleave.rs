@@ -38,7 +38,8 @@ pub(crate) fn leaf_size(datasets: usize) -> u64 {
 /// Positions per leaf of a phase of the global order over `datasets` datasets: `2**20`, or
 /// `16 D` rounded up to a power of two. Larger than [`leaf_size`]: every rank walks the whole
 /// phase's tree (its positions are strided over all of it), so fewer, larger leaves keep the
-/// tree's hypergeometric draws (about 2 µs each) to about one per 10,000 positions; a leaf
+/// tree's hypergeometric draws (the costly step, `docs/performance.md`) to about one per
+/// 10,000 positions; a leaf
 /// is read by random access, so its size costs nothing else.
 pub(crate) fn global_leaf_size(datasets: usize) -> u64 {
     // The unit tests' phases are far smaller than a leaf: there, 2**12 makes them many leaves.
@@ -151,7 +152,7 @@ impl Interleave {
         let mut draws = (mid - a) * self.leaf;
         let mut rng = CellRng::for_cell(self.base, a, b, 0, 0);
         let (mut left, mut right) = (Counts::new(), Counts::new());
-        // A node of many datasets takes a while (about 2 µs a draw): once the call is
+        // A node of many datasets takes a while (a draw per dataset): once the call is
         // cancelled the rest is split greedily, still a valid split (so nothing downstream
         // trips over it), and the caller discards the result.
         let mut stopped = false;

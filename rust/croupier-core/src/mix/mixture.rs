@@ -181,19 +181,11 @@ impl Mixture {
     /// assert!(Mixture::new(&[100, 50], &[one_weight], &MixtureConfig::default()).is_err());
     /// ```
     pub fn new(sizes: &[u64], phases: &[PhaseSpec], config: &MixtureConfig) -> Result<Self> {
-        let MixtureConfig {
-            deal,
-            shuffle,
-            seed,
-            length,
-            order,
-            interleave,
-        } = *config;
         let Deal {
             num_replicas,
             rank,
             drop_last,
-        } = deal;
+        } = config.deal;
         if sizes.is_empty() {
             return Err(Error::out_of_range(
                 "cumulative_sizes",
@@ -203,90 +195,90 @@ impl Mixture {
         }
         let shares = pass_shares(sizes, num_replicas, drop_last)?;
         check_world(num_replicas, rank)?;
-        match (order, interleave) {
-            (Order::Global, _) | (Order::Fast, Interleaving::Uniform) => {}
-            (Order::Fast, Interleaving::Balanced) => {
-                return Err(Error::out_of_range(
-                    "interleave",
-                    "'uniform' in order='fast' (the balanced interleave is the global order's)",
-                    "'balanced'",
-                ))
-            }
-            (Order::Torch(_), _) => {
-                return Err(Error::out_of_range(
-                    "order",
-                    "'global' or 'fast' for a mixture",
-                    "torch's order",
-                ))
-            }
+        check_order(config.order, config.interleave)?;
+        let (offsets, total) = dataset_offsets(sizes)?;
+        let mixture = Mixture {
+            offsets,
+            total,
+            passes: Vec::new(),
+            num_replicas,
+            rank,
+            shuffle: config.shuffle,
+            seed: config.seed,
+            length: 0,
+            phases: Vec::new(),
+            global: None,
+        };
+        if config.order == Order::Global {
+            mixture.in_global_order(sizes, phases, config)
+        } else {
+            mixture.in_per_rank_order(sizes, &shares, phases, config)
         }
-        let mut offsets = Vec::with_capacity(sizes.len());
-        let mut total: u64 = 0;
-        for &n in sizes {
-            offsets.push(total);
-            total = total
-                .checked_add(n)
-                .filter(|&t| t <= MAX_LEN)
-                .ok_or_else(|| {
-                    Error::out_of_range("cumulative_sizes", "at most 2**63 - 1 in total", "more")
-                })?;
-        }
-        if order == Order::Global {
-            let t = length.unwrap_or(total);
-            let layout = Layout::new(t, num_replicas, drop_last)?;
-            // Every dataset is drawn whole, so only an empty one cannot be.
-            let checked = Self::phases(phases, sizes, sizes, t)?;
-            let global = Global {
-                sizes: sizes.to_vec(),
-                offsets: offsets.clone(),
-                phases: checked
-                    .iter()
-                    .map(|p| GlobalPhase::new(p.start, p.end, p.counts.clone(), interleave))
-                    .collect(),
-                shuffle,
-                seed,
-            };
-            return Ok(Mixture {
-                offsets,
-                total,
-                passes: Vec::new(),
-                num_replicas,
-                rank,
-                shuffle,
-                seed,
-                length: layout.num_samples(),
-                phases: checked,
-                global: Some((global, layout)),
-            });
-        }
-        let length = match length {
+    }
+
+    /// The mixture in the global order: one sequence of `length` (or every sample) global
+    /// positions, dealt as torch deals.
+    fn in_global_order(
+        mut self,
+        sizes: &[u64],
+        phases: &[PhaseSpec],
+        config: &MixtureConfig,
+    ) -> Result<Self> {
+        let t = config.length.unwrap_or(self.total);
+        let layout = Layout::new(t, self.num_replicas, config.deal.drop_last)?;
+        // Every dataset is drawn whole, so only an empty one cannot be.
+        let checked = Self::phases(phases, sizes, sizes, t)?;
+        let global = Global {
+            sizes: sizes.to_vec(),
+            offsets: self.offsets.clone(),
+            phases: checked
+                .iter()
+                .map(|p| GlobalPhase::new(p.start, p.end, p.counts.clone(), config.interleave))
+                .collect(),
+            shuffle: self.shuffle,
+            seed: self.seed,
+        };
+        self.length = layout.num_samples();
+        self.phases = checked;
+        self.global = Some((global, layout));
+        Ok(self)
+    }
+
+    /// The mixture in the per-rank order: this rank's own sequence of `length` (or one pass
+    /// of each dataset's `shares`) positions, drawn from per-dataset pass streams.
+    fn in_per_rank_order(
+        mut self,
+        sizes: &[u64],
+        shares: &[u64],
+        phases: &[PhaseSpec],
+        config: &MixtureConfig,
+    ) -> Result<Self> {
+        let length = match config.length {
             Some(l) => l,
             None => shares
                 .iter()
                 .try_fold(0u64, |a, &s| a.checked_add(s))
                 .ok_or_else(|| Error::out_of_range("num_samples", "at most 2**64 - 1", "more"))?,
         };
-        let phases = Self::phases(phases, sizes, &shares, length)?;
-        let passes = sizes
+        self.phases = Self::phases(phases, sizes, shares, length)?;
+        self.passes = sizes
             .iter()
             .map(|&n| {
                 (n > 0)
-                    .then(|| Passes::new(n, num_replicas, rank, drop_last, shuffle))
+                    .then(|| {
+                        Passes::new(
+                            n,
+                            self.num_replicas,
+                            self.rank,
+                            config.deal.drop_last,
+                            self.shuffle,
+                        )
+                    })
                     .transpose()
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Mixture {
-            offsets,
-            total,
-            passes,
-            num_replicas,
-            rank,
-            shuffle,
-            seed,
-            length,
-            phases,
-            global: None,
-        })
+        self.length = length;
+        Ok(self)
     }
 
     fn phases(
@@ -1096,6 +1088,40 @@ struct Segment {
     at: u64,
     from: u64,
     len: u64,
+}
+
+/// Refuses an order a mixture does not draw: torch's, and the balanced interleave outside
+/// the global order.
+fn check_order(order: Order, interleave: Interleaving) -> Result<()> {
+    match (order, interleave) {
+        (Order::Global, _) | (Order::Fast, Interleaving::Uniform) => Ok(()),
+        (Order::Fast, Interleaving::Balanced) => Err(Error::out_of_range(
+            "interleave",
+            "'uniform' in the per-rank order (the balanced interleave is the global order's)",
+            "'balanced'",
+        )),
+        (Order::Torch(_), _) => Err(Error::out_of_range(
+            "order",
+            "the global or the per-rank order for a mixture",
+            "torch's order",
+        )),
+    }
+}
+
+/// Where each dataset starts in the concatenation, and its total (at most `2**63 - 1`).
+fn dataset_offsets(sizes: &[u64]) -> Result<(Vec<u64>, u64)> {
+    let mut offsets = Vec::with_capacity(sizes.len());
+    let mut total: u64 = 0;
+    for &n in sizes {
+        offsets.push(total);
+        total = total
+            .checked_add(n)
+            .filter(|&t| t <= MAX_LEN)
+            .ok_or_else(|| {
+                Error::out_of_range("cumulative_sizes", "at most 2**63 - 1 in total", "more")
+            })?;
+    }
+    Ok((offsets, total))
 }
 
 #[cfg(test)]
