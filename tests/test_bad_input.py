@@ -195,7 +195,7 @@ def test_refusals_happen_before_any_work(monkeypatch):
     import croupier.samplers.distributed as mod
 
     calls = []
-    real_deal = mod._core.Deal
+    real_deal = mod._core.RankShare
 
     class Deal:
         """Records every call into the core."""
@@ -214,7 +214,7 @@ def test_refusals_happen_before_any_work(monkeypatch):
         def __getattr__(self, name):  # the order's properties and checks: the real ones
             return getattr(self._real, name)
 
-    monkeypatch.setattr(mod._core, "Deal", Deal)
+    monkeypatch.setattr(mod._core, "RankShare", Deal)
     for bad in ({"rank": 9}, {"seed": -1}, {"dataset": object()}, {"shuffle": "no"}):
         with pytest.raises((ValueError, TypeError)):
             make(**bad)

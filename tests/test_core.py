@@ -15,11 +15,11 @@ import croupier
 from croupier import _core
 
 
-def _deal(n: int, num_replicas: int, rank: int, **kw: object) -> _core.Deal:
-    """A ``_core.Deal`` with the sampler's defaults (shuffled, seed 0, padded, per-rank order)
+def _deal(n: int, num_replicas: int, rank: int, **kw: object) -> _core.RankShare:
+    """A ``_core.RankShare`` with the sampler's defaults (shuffled, seed 0, padded, per-rank order)
     unless given."""
     config = {"shuffle": True, "seed": 0, "drop_last": False, "order": _core.Order.FAST, **kw}
-    return _core.Deal(n=n, num_replicas=num_replicas, rank=rank, **config)
+    return _core.RankShare(n=n, num_replicas=num_replicas, rank=rank, **config)
 
 
 def test_permutation_is_a_permutation_and_uint32():
@@ -113,14 +113,14 @@ FAST, TORCH = _core.Order.FAST, _core.Order.TORCH_INSIDE_OUT
         # The core checks its own invariants again, behind them.
         (lambda: _core.layout(5, 0, False), ValueError, "num_replicas must be in [1, 2**63 - 1]"),
         (
-            lambda: _core.Deal(
+            lambda: _core.RankShare(
                 n=5, num_replicas=4, rank=4, shuffle=True, seed=0, drop_last=False, order=FAST
             ),
             ValueError,
             "rank must be in [0, num_replicas) = [0, 4), got 4",
         ),
         (
-            lambda: _core.Deal(
+            lambda: _core.RankShare(
                 n=5, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=False, order=FAST
             ).indices(0, 3, 2),
             ValueError,
@@ -130,7 +130,7 @@ FAST, TORCH = _core.Order.FAST, _core.Order.TORCH_INSIDE_OUT
         # A value of the wrong type or sign never reaches the core.
         (lambda: _core.permutation(-1, 0, 0), OverflowError, ""),
         (
-            lambda: _core.Deal(
+            lambda: _core.RankShare(
                 n=5, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=False, order="per_rank"
             ),
             TypeError,
@@ -164,7 +164,7 @@ def test_orders_and_deals_pickle_and_compare():
     for order in (FAST, _core.Order.TORCH_FORWARD, TORCH):
         assert pickle.loads(pickle.dumps(order)) == order
     assert FAST != TORCH and len({FAST, TORCH, _core.Order.FAST}) == 2
-    deal = _core.Deal(
+    deal = _core.RankShare(
         n=1000, num_replicas=3, rank=2, shuffle=True, seed=9, drop_last=True, order=TORCH
     )
     clone = pickle.loads(pickle.dumps(deal))
@@ -173,6 +173,11 @@ def test_orders_and_deals_pickle_and_compare():
     assert (clone.num_samples, clone.total_size) == (333, 999)
     assert (deal.num_samples, deal.total_size) == (333, 999)
     assert np.array_equal(clone.indices(4), deal.indices(4))
+    # Samplers pickled before the class's rename name it croupier._core.Deal.
+    assert pickle.loads(b"ccroupier._core\nDeal\n.") is _core.RankShare
+    shape = _core.MixtureShape([5, 7], num_samples=None, order=_core.Order.GLOBAL, drop_last=False)
+    again = pickle.loads(pickle.dumps(shape))
+    assert [again.positions(3), again.rank_length(3), again.window] == [12, 4, 1 << 20]
 
 
 big = st.integers(min_value=-(2**70), max_value=2**70)
@@ -200,7 +205,7 @@ def test_no_argument_ever_panics(n, w, r, seed, epoch, shuffle, drop, order):
             s.indices()
         core_order = FAST if order == "per_rank" else TORCH
         with contextlib.suppress(ValueError, OverflowError, MemoryError):
-            _core.Deal(
+            _core.RankShare(
                 n=n,
                 num_replicas=w,
                 rank=r,

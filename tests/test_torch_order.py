@@ -165,7 +165,7 @@ def test_seed_plus_epoch_past_u64_is_refused_like_torch():
     with pytest.raises(ValueError, match=r"seed \+ epoch must be at most 2\*\*64 - 1"):
         s.set_epoch(1)
     with pytest.raises(ValueError, match=r"seed \+ epoch must be at most"):
-        _core.Deal(
+        _core.RankShare(
             n=5,
             num_replicas=1,
             rank=0,

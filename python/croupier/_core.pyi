@@ -20,6 +20,7 @@ __all__ = [
     "Mixture",
     "MixtureShape",
     "Order",
+    "RankShare",
     "SequentialBuckets",
     "__version__",
     "layout",
@@ -54,8 +55,9 @@ class Order:
     def __int__(self) -> int: ...
 
 @final
-class Deal:
-    """How one rank is dealt an epoch (immutable; the epoch is given per call)."""
+class RankShare:
+    """One rank's share of a ``DistributedSampler`` epoch: how the rank is dealt an epoch
+    (immutable; the epoch is given per call)."""
 
     def __new__(
         cls,
@@ -67,10 +69,10 @@ class Deal:
         seed: int,
         drop_last: bool,
         order: Order,
-    ) -> Deal:
+    ) -> RankShare:
         """Every keyword is required; an unknown one is a ``TypeError``."""
     def __getnewargs_ex__(self) -> tuple[tuple[()], dict[str, object]]:
-        """Pickles as ``Deal(**config)``."""
+        """Pickles as ``RankShare(**config)``."""
     @property
     def num_samples(self) -> int:
         """This rank's number of indices per epoch (torch's ``num_samples``)."""
@@ -240,6 +242,9 @@ class ChunkPlan:
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], _Indices, npt.NDArray[np.uint64]]:
         """Request ``j`` of ``epoch``, computed on its own in O(``preload``) chunk ids:
         ``(starts, stops, positions, offsets)``."""
+
+Deal = RankShare
+"""``RankShare``'s name before 0.2.0 (samplers pickled then refer to it)."""
 
 @final
 class MixtureShape:

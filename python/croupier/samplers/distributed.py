@@ -133,7 +133,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
         self.order = order
         self._n = n
         self._randperm = randperm
-        self._deal = _core.Deal(
+        self._deal = _core.RankShare(
             n=n,
             num_replicas=num_replicas,
             rank=rank,

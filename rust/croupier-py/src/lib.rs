@@ -1,7 +1,7 @@
 //! `croupier._core`: the PyO3 face of croupier-core.
 //!
 //! This crate only converts. Arguments arrive as typed values (`u64`, `bool`, the [`Order`]
-//! enum, the [`Deal`] configuration of a rank's share); the work runs in croupier-core with the
+//! enum, the [`RankShare`] configuration of a rank's share); the work runs in croupier-core with the
 //! GIL released; the resulting Rust buffers become numpy arrays that own them (no copy).
 //!
 //! Where arguments are checked: user-facing checks, with messages that name the argument and
@@ -18,9 +18,9 @@
 mod buckets;
 mod chunk;
 mod config;
-mod deal;
 mod mixture;
 mod order;
+mod rank_share;
 mod runtime;
 mod sequential;
 
@@ -32,9 +32,9 @@ use pyo3::prelude::*;
 
 use crate::buckets::Buckets;
 use crate::chunk::ChunkPlan;
-use crate::deal::Deal;
 use crate::mixture::{Mixture, MixtureShape};
 use crate::order::Order;
+use crate::rank_share::RankShare;
 use crate::runtime::{core, detached, quiet_panics_of_abandoned_work, sized, to_numpy};
 use crate::sequential::SequentialBuckets;
 
@@ -125,14 +125,16 @@ fn load_numpy_api(py: Python<'_>) -> PyResult<()> {
 ///
 /// `gil_used = false`: on a free-threaded Python the module does not need the GIL. Its only
 /// shared state is the per-process thread pool, published through an atomic pointer; `Order`
-/// and `Deal` are frozen (immutable, so `Sync`); every call works on its own buffers, or, for
+/// and the classes are frozen (immutable, so `Sync`); every call works on its own buffers, or, for
 /// `permutation_into`, on an array borrowed mutably through rust-numpy's borrow checking.
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     load_numpy_api(m.py())?;
     quiet_panics_of_abandoned_work();
     m.add_class::<Order>()?;
-    m.add_class::<Deal>()?;
+    m.add_class::<RankShare>()?;
+    // Its name before 0.2.0: samplers pickled then name `croupier._core.Deal`.
+    m.add("Deal", m.getattr("RankShare")?)?;
     m.add_class::<Mixture>()?;
     m.add_class::<MixtureShape>()?;
     m.add_class::<Buckets>()?;

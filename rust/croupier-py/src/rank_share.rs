@@ -1,5 +1,6 @@
-//! `Deal`: one rank's share of a `DistributedSampler` epoch, whole, in ranges, or after an
-//! elastic resume.
+//! `RankShare`: one rank's share of a `DistributedSampler` epoch, whole, in ranges, or after
+//! an elastic resume (the core's `Deal` is only a rank's place in its world; this is the
+//! whole configuration of the share).
 
 use croupier_core::Layout;
 use pyo3::prelude::*;
@@ -9,12 +10,12 @@ use crate::config::{config, Config};
 use crate::order::Order;
 use crate::runtime::{core, sized, to_numpy};
 
-/// Positions per piece of a streamed share (see `Deal.window`).
+/// Positions per piece of a streamed share (see `RankShare.window`).
 const STREAM_WINDOW: u64 = 1 << 16;
 
 config! {
-    /// How one rank is dealt an epoch (`Deal(**config)`).
-    struct DealConfig {
+    /// How one rank is dealt an epoch (`RankShare(**config)`).
+    struct ShareConfig {
         /// The dataset length.
         n: u64,
         num_replicas: u64,
@@ -29,7 +30,7 @@ config! {
 /// How one rank is dealt an epoch: the dataset length, the ranks, shuffling, seed,
 /// `drop_last` and the order. Immutable; the epoch is given per call.
 #[pyclass(module = "croupier._core", frozen)]
-pub(crate) struct Deal {
+pub(crate) struct RankShare {
     layout: Layout,
     rank: u64,
     shuffle: bool,
@@ -38,14 +39,14 @@ pub(crate) struct Deal {
 }
 
 #[pymethods]
-impl Deal {
+impl RankShare {
     #[new]
     #[pyo3(signature = (**config))]
     fn new(config: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let c = DealConfig::from_kwargs(config, "Deal")?;
+        let c = ShareConfig::from_kwargs(config, "RankShare")?;
         let layout = core(Layout::new(c.n, c.num_replicas, c.drop_last))?;
         core(layout.check_rank(c.rank))?;
-        Ok(Deal {
+        Ok(RankShare {
             layout,
             rank: c.rank,
             shuffle: c.shuffle,
@@ -164,7 +165,7 @@ impl Deal {
         Ok(to_numpy(py, out))
     }
 
-    /// Pickles as `Deal(**config)`.
+    /// Pickles as `RankShare(**config)`.
     fn __getnewargs_ex__<'py>(&self, py: Python<'py>) -> PyResult<((), Bound<'py, PyDict>)> {
         let d = PyDict::new(py);
         d.set_item("n", self.layout.n())?;
@@ -179,7 +180,7 @@ impl Deal {
 
     fn __repr__(&self) -> String {
         format!(
-            "Deal(n={}, num_replicas={}, rank={}, shuffle={}, seed={}, drop_last={}, order=Order.{})",
+            "RankShare(n={}, num_replicas={}, rank={}, shuffle={}, seed={}, drop_last={}, order=Order.{})",
             self.layout.n(),
             self.layout.num_replicas(),
             self.rank,
@@ -191,7 +192,7 @@ impl Deal {
     }
 }
 
-impl Deal {
+impl RankShare {
     /// How this rank's epoch `epoch` is drawn.
     fn draw(&self, epoch: u64) -> croupier_core::Draw {
         croupier_core::Draw {
