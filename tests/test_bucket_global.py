@@ -139,8 +139,9 @@ def test_sync_one_shuffles_batches_one_by_one_and_sync_must_be_a_power_of_two():
             BucketBatchSampler(lengths, max_tokens=20000, sync=bad)
     with pytest.raises(TypeError, match="sync"):
         BucketBatchSampler(lengths, max_tokens=20000, sync=True)
-    with pytest.raises(ValueError, match="sync applies to the global order"):
-        BucketBatchSampler(lengths, max_tokens=20000, order="per_rank", sync=64)
+    for bad in (64, 3):  # a run length, valid or not, for an order without runs
+        with pytest.raises(ValueError, match="sync applies to the global order"):
+            BucketBatchSampler(lengths, max_tokens=20000, order="per_rank", sync=bad)
     with pytest.raises(ValueError, match="order must be one of"):
         BucketBatchSampler(lengths, max_tokens=20000, order="torch")
 

@@ -2,13 +2,13 @@
 ``sized``) peaks within the estimate it checked.
 
 The estimates are read as the binding checks them (``CROUPIER_MEMORY_TRACE`` writes each to
-standard error); an operation may make several checked calls (a bucket epoch's kept orders,
-then the rank's batches), whose estimates add up. The operation runs in a fresh process,
-whose peak resident memory above what it held just before (``VmHWM``) must stay within that
-sum (plus a small allowance for the allocator and Python). Only calls of at least 64 MiB are
-refused when they cannot fit, so every shape here is at least that large, and under
-``CROUPIER_MEMORY_LIMIT=1`` each operation is refused before its work. The mixture's calls
-are covered beside its other tests.
+standard error); an operation may make several checked calls, whose estimates add up (a
+bucket read that keeps an epoch's plan checks the plan and the batches as one). The operation
+runs in a fresh process, whose peak resident memory above what it held just before
+(``VmHWM``) must stay within that sum (plus a small allowance for the allocator and Python).
+Only calls of at least 64 MiB are refused when they cannot fit, so every shape here is at
+least that large, and under ``CROUPIER_MEMORY_LIMIT=1`` each operation is refused before its
+work. The mixture's calls are covered beside its other tests.
 """
 
 from __future__ import annotations

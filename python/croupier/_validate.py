@@ -132,7 +132,7 @@ def core_order_of(
 
 ORDER_RESUME_HINTS: Mapping[str, str] = {
     "global": "the global order",
-    "per_rank": "the per-rank order, called 'fast' before, the default before the global order",
+    "per_rank": "the per-rank order, called 'fast' before, croupier's order before the global one",
     "torch": "torch's own order",
 }
 """What a state's order is, for the refusal of a state of another order than the sampler's."""

@@ -12,8 +12,9 @@ length: the sampler starts its iteration there; no batch is replayed.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from torch.utils.data import BatchSampler as TorchBatchSampler
 from torch.utils.data import DataLoader, IterableDataset
@@ -57,6 +58,20 @@ def _from_config(config: object) -> dict[str, Any]:
         if value is not None:
             out[name] = value
     return out
+
+
+_RESUMABLE: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def _resumable(source: object) -> TypeGuard[Resumable[Any]]:
+    """Whether ``source`` implements :class:`~croupier.samplers.Resumable`, decided once per
+    class: a runtime protocol check looks up every member of the protocol (tens of
+    microseconds), and the loader asks at every ``state_dict()``."""
+    kind = type(source)
+    known = _RESUMABLE.get(kind)
+    if known is None:
+        known = _RESUMABLE[kind] = isinstance(source, Resumable)
+    return known
 
 
 class _Progress(NamedTuple):
@@ -244,7 +259,7 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         self._adopt_sampler_epoch()
         progress = self._progress
         self._give_epoch(progress.epoch)
-        if isinstance(self.source, Resumable):
+        if _resumable(self.source):
             if progress.since == 0 and progress.start > self.source.next_start():
                 # An iteration made since the load handed out nothing (dropped before its first
                 # batch, whose prefetching still started the sampler): training stands where
@@ -313,7 +328,7 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         end, it names the start of the next epoch."""
         p = self._progress
         source = self.source
-        if isinstance(source, Resumable):
+        if _resumable(source):
             sampler_state = source.state_at(p.epoch, self._consumed_items(p))
         else:
             sampler_state = source.state_dict()
@@ -357,14 +372,12 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
                 f"this loader), got {batches}"
             )
         skip = None if positional else min(batches * self._per_batch, len(self.source))
-        if skip is not None and not (
-            isinstance(self.source, Resumable) or hasattr(self.source, "set_skip")
-        ):
+        if skip is not None and not (_resumable(self.source) or hasattr(self.source, "set_skip")):
             raise StateError("state['sampler'] has no position and the sampler has no set_skip")
         if sampler_state is not None:
             self.source.load_state_dict(sampler_state)  # validates; unchanged if refused
         self._epoch_given = epoch
-        if isinstance(self.source, Resumable):
+        if _resumable(self.source):
             if skip is not None:
                 self.source.set_epoch(epoch)
                 self.source.set_skip(skip)
@@ -380,7 +393,7 @@ class StatefulDataLoader(DataLoader):  # type: ignore[type-arg]
         """Batches of a whole epoch of this loader: ``len(self)``, unless the sampler holds
         the rest of an epoch after an elastic resume (then ``len(self)`` is that rest's)."""
         source = self.source
-        if not isinstance(source, Resumable) or source.elastic_rest(source.epoch) is None:
+        if not _resumable(source) or source.elastic_rest(source.epoch) is None:
             return len(self)
         n, per = source.epoch_length, self._per_batch
         return n // per if self._drop_last_batch else -(-n // per)
@@ -496,7 +509,7 @@ def _is_batch_sampler(sampler: object) -> bool:
 
 
 def _check_sampler(name: str, sampler: object) -> None:
-    if isinstance(sampler, (IndexSampler, BatchSampler, Resumable)):
+    if isinstance(sampler, (IndexSampler, BatchSampler)) or _resumable(sampler):
         return
     needed = ("state_dict", "load_state_dict", "set_skip", "set_epoch")
     lacking = [m for m in needed if not callable(getattr(sampler, m, None))]

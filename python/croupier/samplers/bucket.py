@@ -239,8 +239,9 @@ class BucketBatchSampler(BatchSampler):
         oversized = check_choice("oversized", oversized, _OVERSIZED)
         bucket_order = check_choice("bucket_order", bucket_order, _BUCKET_ORDERS)
         self.order = check_order("BucketBatchSampler", order)
-        # The order's default when None; the core refuses a run length for the per-rank order.
-        self.sync = None if sync is None else _checked_sync(sync)
+        # The order's default when None; the core checks the rest before any work (a power of
+        # two for the global order, none at all for the per-rank order, which has no runs).
+        self.sync = None if sync is None else check_int("sync", sync, 1, 1 << 20)
         self.oversized = oversized
         self.bucket_order = bucket_order
         boundaries, count = self._buckets(buckets)
@@ -410,11 +411,3 @@ class BucketBatchSampler(BatchSampler):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         object.__setattr__(self, "_plan", self._build())
-
-
-def _checked_sync(sync: object) -> int:
-    """A run length given for the global order: a power of two in ``[1, 2**20]``."""
-    value = check_int("sync", sync, 1, 1 << 20)
-    if value & (value - 1):
-        raise ValueError(f"sync must be a power of two in [1, 2**20], got {value}")
-    return value

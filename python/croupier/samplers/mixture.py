@@ -188,10 +188,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         self.interleave = interleave
         self._sizes = sizes
         self._fixed_length = length
-        # The order's arithmetic of positions (the core's).
-        self._shape = _core.MixtureShape(
-            sizes, num_samples=length, order=CORE_ORDERS[order], drop_last=drop_last
-        )
+        self._shape = self._epoch_shape()
         self.cumulative_sizes = tuple(np.cumsum([0, *sizes], dtype=object).tolist())
         # What the schedule's starts count: this rank's positions (per-rank) or the epoch's
         # global positions (global).
@@ -575,6 +572,23 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         running = self._pending and self._running()
         state["_continuing"] = self._token_in(state) if running else None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if "_shape" not in self.__dict__:
+            # Pickled by a croupier whose Python computed the positions: the core's object
+            # made from the configuration the pickle carries.
+            self._shape = self._epoch_shape()
+
+    def _epoch_shape(self) -> _core.MixtureShape:
+        """The order's arithmetic of positions (the core's), for these datasets, length,
+        order and ``drop_last``."""
+        return _core.MixtureShape(
+            list(self._sizes),
+            num_samples=self._fixed_length,
+            order=CORE_ORDERS[self.order],
+            drop_last=self.drop_last,
+        )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores a :meth:`state_dict`, schedule and phases included, so the next iteration

@@ -14,7 +14,10 @@ fn main() {
         a.get(3).copied().unwrap_or(0),
         a.get(4).copied().unwrap_or(ns),
     );
-    let draw = Draw::default(); // the fast order, seed 0, epoch 0
+    let draw = Draw {
+        order: Order::Fast,
+        ..Draw::default()
+    }; // the per-rank order, seed 0, epoch 0
     let t = Instant::now();
     let first = first_stop(&layout, r, true, Order::Fast, start).expect("first stop");
     let head = rank_range(&layout, r, draw, start..first).expect("head");

@@ -40,6 +40,8 @@
 //! - `index`: index element types ([`Index`]: `u32` up to [`U32_MAX_LEN`] samples, `u64`
 //!   above, up to [`MAX_LEN`]) and owned buffers ([`Indices`]).
 //! - `error`: the one error type, [`Error`].
+//! - `cancel`: cooperative cancellation of long calls ([`Cancel`]), looked at by every long
+//!   loop.
 //!
 //! Folders depend on the root; `deal` also uses `shuffle` (Fisher–Yates, torch's `randperm`,
 //! the bucket kernels of the parallel permutation); `shuffle` uses nothing in `deal`.

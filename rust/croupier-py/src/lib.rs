@@ -1,17 +1,19 @@
 //! `croupier._core`: the PyO3 face of croupier-core.
 //!
 //! This crate only converts. Arguments arrive as typed values (`u64`, `bool`, the [`Order`]
-//! enum, the [`RankShare`] configuration of a rank's share); the work runs in croupier-core with the
-//! GIL released; the resulting Rust buffers become numpy arrays that own them (no copy).
+//! enum, the [`RankShare`] configuration of a rank's share); the work runs in croupier-core
+//! with the GIL released; the resulting Rust buffers become numpy arrays that own them (no copy).
 //!
 //! Where arguments are checked: user-facing checks, with messages that name the argument and
 //! its range, are made once, in Python (`python/croupier/_validate.py`), before any call
-//! reaches this module. The core checks its own invariants again as a library must, and those
+//! reaches this module; the few that depend on the order are made here, by the class that
+//! owns the order, before it computes anything. The core checks its own invariants again as a library must, and those
 //! errors arrive here as `ValueError` (`MemoryError` for buffers that cannot be allocated). A
 //! value of the wrong type or sign is refused by the conversion itself (`TypeError` or
 //! `OverflowError`), which only a caller of this private module can meet.
 //!
-//! One file per Python class (`order`, `deal`, `buckets`, `sequential`, `chunk`, `mixture`),
+//! One file per Python class (`order`, `rank_share`, `buckets`, `sequential`, `chunk`;
+//! `mixture` holds `MixtureShape` too),
 //! the module's functions here, and `runtime` for what every call shares: the per-process
 //! thread pool, the GIL released, Ctrl-C, panics and errors, the memory check, numpy buffers.
 
@@ -125,7 +127,8 @@ fn load_numpy_api(py: Python<'_>) -> PyResult<()> {
 ///
 /// `gil_used = false`: on a free-threaded Python the module does not need the GIL. Its only
 /// shared state is the per-process thread pool, published through an atomic pointer; `Order`
-/// and the classes are frozen (immutable, so `Sync`); every call works on its own buffers, or, for
+/// and the classes are frozen (immutable, so `Sync`; `Buckets` keeps its epoch plans behind a
+/// mutex); every call works on its own buffers, or, for
 /// `permutation_into`, on an array borrowed mutably through rust-numpy's borrow checking.
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -21,8 +21,8 @@ config! {
         drop_last: bool,
         shuffle: bool,
         seed: u64,
-        /// Positions per epoch (per rank in the fast order, global in the global one);
-        /// `None` for one pass of every dataset (of its share, in the fast order).
+        /// Positions per epoch (per rank in the per-rank order, global in the global one);
+        /// `None` for one pass of every dataset (of its share, in the per-rank order).
         length: Option<u64>,
         /// `Order.GLOBAL` or `Order.FAST`.
         order: Order,

@@ -2,7 +2,7 @@
 //!
 //! # The plan
 //!
-//! - **Batches.** Bucket `j`'s members are shuffled as in the fast order (the `order="fast"`
+//! - **Batches.** Bucket `j`'s members are shuffled as in the per-rank order (that order's
 //!   permutation of one rank under `Stream(seed, epoch, BucketShuffle, j)`), and cut into
 //!   batches: filled to the budget with their running longest sample when the plan has
 //!   [`Limits::fill_to_budget`](super::Limits) and a token budget, exactly the bucket's target

@@ -14,12 +14,12 @@
 //!   batch, whatever the shuffle. A bucket of `n_j` members has `⌈n_j / s_j⌉` batches, its last
 //!   one possibly short; with [`Limits::full_batches`], `⌊n_j / s_j⌋`, all full (the short
 //!   one's samples, different ones each shuffled epoch, are left out).
-//! - **Shuffle** (per epoch): bucket `j`'s members are permuted by the `order="fast"`
+//! - **Shuffle** (per epoch): bucket `j`'s members are permuted by the `order="per_rank"`
 //!   permutation of `n_j` (one rank) under the seed `Stream(seed, epoch, BucketShuffle, j)`;
 //!   batch `i` of the bucket is positions `[i s_j, (i + 1) s_j)` of it. Without shuffling the
 //!   members stay in index order.
 //! - **Batch order**: the `B` batches are numbered bucket by bucket; the epoch's order of them
-//!   is a `DistributedSampler` epoch over `B` "samples" (`order="fast"`, seed
+//!   is a `DistributedSampler` epoch over `B` "samples" (`order="per_rank"`, seed
 //!   `Stream(seed, epoch, BucketOrder, 0)`), or `0..B` in bucket order: rank `r` takes
 //!   positions `r, r + W, …`, `drop_last` cuts `B` to a multiple of `W` and otherwise the
 //!   first batches are repeated, so every rank has the same number of batches.
@@ -155,7 +155,7 @@ impl BatchDraw {
         (self.seed, self.epoch, self.shuffle)
     }
 
-    /// The draw of the batch order, an `order="fast"` epoch over the batch ids.
+    /// The draw of the batch order, an `order="per_rank"` epoch over the batch ids.
     fn batch_order(&self) -> Draw {
         let key = Stream::new(self.seed, self.epoch, Purpose::BucketOrder, 0).next_u64();
         Draw {

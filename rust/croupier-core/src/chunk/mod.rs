@@ -31,7 +31,7 @@
 //! The chunk order used to be a Fisher–Yates shuffle of all `F` full chunk ids, drawn whole by
 //! every rank before its first request (tens of milliseconds at 1e9 rows in chunks of 256, 8
 //! GiB of ids at 2**30 chunks), and handed whole to every request. It is now `draw::prp::Prp`,
-//! the permutation the fast order's permuted leaves use (`deal::class_split`): a
+//! the permutation the per-rank order's permuted leaves use (`deal::class_split`): a
 //! six-round Feistel network with cycle walking (Black and Rogaway), or for `F <= 256` an
 //! explicit Fisher–Yates table, keyed by the first word of the stream
 //! `(seed, epoch, ChunkOrder, 0)`. Order position `p < F` holds full chunk `prp(p)`, computed
@@ -39,7 +39,7 @@
 //! shuffle.
 //!
 //! Rejected: a seekable Fisher–Yates (there is none: its last swap can touch any slot); a
-//! rank's share drawn by hypergeometric splitting as the fast order does (still O(its chunks)
+//! rank's share drawn by hypergeometric splitting as the per-rank order does (still O(its chunks)
 //! before the first request); caching the whole order (the memory and the first-request cost
 //! this removes). Given up: a Feistel permutation is pseudorandom, not a uniform draw from all
 //! `F!` orders (a keyed family reaches only a structured subset of them), which is immaterial

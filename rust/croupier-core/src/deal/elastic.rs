@@ -12,7 +12,7 @@
 //! `π` from a larger `O`, so a state needs only `(W₀, O)`.
 //!
 //! Reading `π` at a position: without shuffling it is the position itself; in torch's order
-//! the epoch's whole `randperm`; in the fast order position `g` is position `g div W₀` of old
+//! the epoch's whole `randperm`; in the per-rank order position `g` is position `g div W₀` of old
 //! rank `g mod W₀`'s share. A new rank reads the old shares one at a time, only the range its
 //! positions fall in (`fast_share_range_into`), and picks every position it takes from it:
 //! O(N) time over all the old shares it meets, memory for its own share plus one old range.
@@ -207,7 +207,7 @@ impl Elastic {
     /// assert_eq!(el.range_bytes(plain, 0..250), 250 * 4); // the output, u32
     /// // The global order reads its positions by random access: the output only.
     /// assert_eq!(el.range_bytes(Draw::default(), 0..250), 250 * 4);
-    /// // The fast order reads an old rank's share too.
+    /// // The per-rank order reads an old rank's share too.
     /// let fast = Draw { order: Order::Fast, ..Draw::default() };
     /// assert!(el.range_bytes(fast, 0..250) > 250 * 4);
     /// ```

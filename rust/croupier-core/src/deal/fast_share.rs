@@ -1,4 +1,4 @@
-//! One rank's share of an epoch in `order="fast"`, computed without the other ranks' shares.
+//! One rank's share of an epoch in `order="per_rank"`, computed without the other ranks' shares.
 //!
 //! # The order
 //!
@@ -495,7 +495,7 @@ pub(crate) fn fast_share_bytes(layout: &Layout, rank: u64, start: u64, stop: u64
     (values / 64 + values / 16 + scratch + (stop - start)).saturating_mul(elem)
 }
 
-/// Positions `[start, stop)` of rank `rank`'s sequence for the epoch, in `order="fast"` with
+/// Positions `[start, stop)` of rank `rank`'s sequence for the epoch, in `order="per_rank"` with
 /// shuffling; `start <= stop <= layout.num_samples()`.
 pub(crate) fn fast_share<T: Index>(
     layout: &Layout,
@@ -584,7 +584,7 @@ pub(crate) fn fast_share_range_into<T: Index>(
     Ok(())
 }
 
-/// Where the first call from `start` should stop (`order="fast"`): the end of the block
+/// Where the first call from `start` should stop (`order="per_rank"`): the end of the block
 /// holding `start`, or [`RANDOM_ACCESS_MAX`] positions on inside a bucketed block (read by
 /// random access).
 pub(crate) fn first_stop(layout: &Layout, rank: u64, start: u64) -> Result<u64> {
@@ -611,7 +611,7 @@ mod tests {
     use super::*;
     use crate::deal::rank::{rank_indices, rank_range, Draw, Order};
 
-    /// The fast order, seed 0, epoch 0 (these tests are of the fast order, whatever
+    /// The per-rank order, seed 0, epoch 0 (these tests are of the per-rank order, whatever
     /// `Draw::default()` is).
     const FAST: Draw = Draw {
         shuffle: true,
@@ -1023,7 +1023,7 @@ mod tests {
 
     #[test]
     fn value_stability_pins() {
-        // Deliberate pins of order="fast": a change here is a breaking change.
+        // Deliberate pins of order="per_rank": a change here is a breaking change.
         assert_eq!(share(1000, 4, 1, false, 0, 0)[..8], PIN_1000_4_1);
         assert_eq!(share(10, 3, 2, false, 1234, 7), PIN_10_3_2);
         let big = (1u64 << 33) + 5;

@@ -92,7 +92,7 @@ impl Default for Draw {
 }
 
 impl Draw {
-    /// The fast order keyed by `key` alone (epoch 0): the permutations the buckets draw, keyed
+    /// The per-rank order keyed by `key` alone (epoch 0): the permutations the buckets draw, keyed
     /// by a stream of their own.
     pub(crate) fn keyed(key: u64) -> Self {
         Draw {
@@ -135,7 +135,7 @@ fn share_range<T: Index>(
 ///
 /// With `draw.shuffle`, the global order is the epoch's `draw.order`; without, it is
 /// `0, 1, …, n-1` (in both orders, as in torch). Padding, `drop_last` and striding follow
-/// torch (see [`Layout`]). `order="fast"` computes only the blocks holding the positions asked
+/// torch (see [`Layout`]). `order="per_rank"` computes only the blocks holding the positions asked
 /// for; the other modes compute the whole share and cut it.
 ///
 /// # Examples
@@ -178,7 +178,7 @@ pub fn rank_range(layout: &Layout, rank: u64, draw: Draw, range: Range<u64>) -> 
 
 /// Bytes a [`rank_range`] call with these arguments holds at its peak: the positions asked
 /// for, and whatever is computed whole to reach them (the blocks holding them in
-/// `order="fast"`, the whole permutation of `n` in torch's order). An estimate, so that a call
+/// `order="per_rank"`, the whole permutation of `n` in torch's order). An estimate, so that a call
 /// that cannot fit is refused before any work.
 ///
 /// # Examples
@@ -212,7 +212,7 @@ pub(crate) fn rank_indices(layout: &Layout, rank: u64, draw: Draw) -> Result<Ind
 }
 
 /// Where a call that starts at `start` should stop to hand out its first index soonest: in
-/// `order="fast"` with shuffling the end of the block holding `start`, or at most
+/// `order="per_rank"` with shuffling the end of the block holding `start`, or at most
 /// `RANDOM_ACCESS_MAX` (64) positions on inside a long block (read by random
 /// access); `num_samples` otherwise.
 ///

@@ -1246,7 +1246,8 @@ mod tests {
             weights: vec![1.0, 1.0],
             temperature: 1.0,
         };
-        // A dataset smaller than the world: the fast order deals it nothing, the global draws it.
+        // A dataset smaller than the world: the per-rank order deals it nothing, the global
+        // order draws it.
         assert!(Mixture::new(&[100, 3], std::slice::from_ref(&phase), &config).is_ok());
         let fast = MixtureConfig {
             order: Order::Fast,

@@ -4,7 +4,7 @@
 //! Pass `k` of dataset `d` in epoch `e` is laid out like a `DistributedSampler` epoch over the
 //! dataset's `n` samples ([`Layout`]: `drop_last` cuts to `⌊n/W⌋` per rank, otherwise the
 //! head pads to `⌈n/W⌉`), so the ranks never overlap inside a pass, and shuffled as
-//! `order="fast"` shuffles an epoch ([`crate::deal::fast_share`]: a rank's share computed
+//! `order="per_rank"` shuffles an epoch ([`crate::deal::fast_share`]: a rank's share computed
 //! alone, readable from any position), under the seed
 //! `Stream(seed, e, MixPass, fold(fold(0, d), k)).next_u64()` and epoch 0, with one
 //! difference: a rank's share is cut into two blocks ([`Blocks::PASSES`]: its first 1024

@@ -148,7 +148,7 @@ mod tests {
 
     #[test]
     fn value_stability_pins() {
-        // Deliberate pins of the fast order: a change here is a breaking change.
+        // Deliberate pins of the per-rank order: a change here is a breaking change.
         assert_eq!(perm(10, 0, 0), PIN_10_0_0);
         assert_eq!(perm(10, 1234, 7), PIN_10_1234_7);
     }

@@ -23,7 +23,7 @@
 //!   in place for a level-1 bucket, and for a sub-bucket by the inside-out variant from the
 //!   scratch buffer back into place, which saves copying it back.
 //!
-//! A rank's long blocks in `order="fast"` use a different bucket shuffle, one with buckets of
+//! A rank's long blocks in `order="per_rank"` use a different bucket shuffle, one with buckets of
 //! fixed sizes that can be read at any position (`seekable`); this one, with random
 //! bucket sizes, needs no hypergeometric draws and is the faster in bulk.
 //!
