@@ -16,8 +16,8 @@ def make(**kw):
 @pytest.mark.parametrize(
     ("kwargs", "exc", "message"),
     [
-        ({"rank": 4}, ValueError, "rank must be in [0, 3], got 4"),
-        ({"rank": -1}, ValueError, "rank must be in [0, 3], got -1"),
+        ({"rank": 4}, ValueError, "Invalid rank 4, rank should be in the interval [0, 3] (num"),
+        ({"rank": -1}, ValueError, "Invalid rank -1, rank should be in the interval [0, 3] ("),
         (
             {"num_replicas": 0, "rank": 0},
             ValueError,
@@ -36,8 +36,13 @@ def make(**kw):
             TypeError,
             "dataset must be a sized object (with __len__) or an int",
         ),
-        ({"dataset": -5}, ValueError, "dataset must be in [0, 9223372036854775807], got -5"),
-        ({"dataset": 2**63}, ValueError, "dataset must be in [0, 9223372036854775807]"),
+        (
+            {"dataset": -5},
+            ValueError,
+            "dataset given as an int is the number of samples: it must be in [0, 2**63 - 1], "
+            "got -5",
+        ),
+        ({"dataset": 2**63}, ValueError, "number of samples: it must be in [0, 2**63 - 1], got"),
         ({"dataset": True}, TypeError, "dataset must be a sized object"),
         ({"shuffle": "false"}, TypeError, "shuffle must be a bool, got str"),
         ({"drop_last": 1}, TypeError, "drop_last must be a bool, got int"),

@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import itertools
 import json
+import os
 import sys
 
 import pytest
@@ -87,6 +88,7 @@ def test_every_system_has_a_known_baseline_and_estimate():
 def test_harness_measures_checks_and_compares():
     lines: list[str] = []
     cfg = BenchConfig(
+        repeats=1,
         ns=(5000,),
         ranks=4,
         rank=1,
@@ -113,7 +115,9 @@ def test_harness_measures_checks_and_compares():
 
 
 def test_reads_family_reads_the_rank_share_both_ways():
-    cfg = BenchConfig(ns=(6000,), ranks=3, rank=2, systems=("croupier-chunks", "random-reads"))
+    cfg = BenchConfig(
+        repeats=1, ns=(6000,), ranks=3, rank=2, systems=("croupier-chunks", "random-reads")
+    )
     results = run(cfg)
     rows = {r["system"]: r for r in results["rows"]}
     assert all(r["status"] == "ok" for r in rows.values()), rows
@@ -124,12 +128,14 @@ def test_reads_family_reads_the_rank_share_both_ways():
     assert rows["croupier-chunks"]["runs"][0]["count"] == 1024 + 880
     assert rows["croupier-chunks"]["mb_s"] > 0
     text = table(results)
-    assert "| 6,000 | random-reads |" in text and "MB/s" in text
+    assert "| 6,000 | random-reads (hand-written) |" in text and "MB/s" in text
 
 
 def test_elastic_family_resumes_on_three_quarters_of_the_ranks():
     pytest.importorskip("torch")
-    cfg = BenchConfig(ns=(10_007,), ranks=8, rank=7, systems=("croupier-elastic", "torch-elastic"))
+    cfg = BenchConfig(
+        repeats=1, ns=(10_007,), ranks=8, rank=7, systems=("croupier-elastic", "torch-elastic")
+    )
     results = run(cfg)
     rows = {r["system"]: r for r in results["rows"]}
     assert all(r["status"] == "ok" for r in rows.values()), rows
@@ -148,7 +154,9 @@ def test_many_datasets_mixture_row():
     sizes = [b - a for a, b in itertools.pairwise(cum)]
     assert len(sizes) == 156 and min(sizes) >= 64 and cum[-1] == 20_000
     assert len(set(sizes)) > 10 and len(set(weights)) == 13  # unequal sizes and weights
-    results = run(BenchConfig(ns=(20_000,), ranks=4, rank=1, systems=("croupier-mixture-10k",)))
+    results = run(
+        BenchConfig(repeats=1, ns=(20_000,), ranks=4, rank=1, systems=("croupier-mixture-10k",))
+    )
     (row,) = results["rows"]
     assert row["status"] == "ok" and row["checks_ok"]
     assert row["runs"][0]["count"] == cum[-1] // 4  # the global sequence, dealt to 4 ranks
@@ -156,7 +164,12 @@ def test_many_datasets_mixture_row():
 
 def test_repeats_go_round_robin_over_systems():
     lines: list[str] = []
-    cfg = BenchConfig(ns=(3000,), repeats=2, systems=("croupier-permutation", "numpy-permutation"))
+    cfg = BenchConfig(
+        ns=(3000,),
+        repeats=2,
+        more_repeats=0,  # (runs of a few microseconds are often 2x apart)
+        systems=("croupier-permutation", "numpy-permutation"),
+    )
     results = run(cfg, progress=lines.append)
     started = [line.split("] ")[1] for line in lines if line.endswith("...")]
     assert started == [
@@ -173,7 +186,7 @@ def test_repeats_go_round_robin_over_systems():
 
 @needs_torch
 def test_runs_that_cannot_fit_are_skipped_and_said_so():
-    cfg = BenchConfig(ns=(10**10,), systems=("torch-sampler",))
+    cfg = BenchConfig(repeats=1, ns=(10**10,), systems=("torch-sampler",))
     results = run(cfg)
     (row,) = results["rows"]
     assert row["status"] == "skipped"
@@ -183,7 +196,7 @@ def test_runs_that_cannot_fit_are_skipped_and_said_so():
 
 def test_sizes_the_timeout_cannot_hold_are_skipped_and_said_so():
     # croupier-chunks at 1e9: ~30 s of work by its estimate, with little memory.
-    results = run(BenchConfig(ns=(10**9,), systems=("croupier-chunks",), timeout=5))
+    results = run(BenchConfig(repeats=1, ns=(10**9,), systems=("croupier-chunks",), timeout=5))
     (row,) = results["rows"]
     assert row["status"] == "skipped", row
     assert "over the 5 s timeout" in row["detail"]
@@ -194,6 +207,7 @@ def test_sizes_the_timeout_cannot_hold_are_skipped_and_said_so():
 
 def test_bucket_rows_time_both_orders_and_compare_them():
     cfg = BenchConfig(
+        repeats=1,
         ns=(20_000,),
         ranks=4,
         rank=1,
@@ -238,7 +252,9 @@ def test_without_lhotse_its_row_says_not_installed_and_the_rest_run(monkeypatch,
     """lhotse is an optional baseline: without it its row is "not installed", as torch's rows
     are without torch, and croupier's row runs alone, compared with nothing."""
     _without(monkeypatch, "lhotse")
-    cfg = BenchConfig(ns=(5000,), ranks=8, rank=3, systems=("croupier-buckets", "lhotse-buckets"))
+    cfg = BenchConfig(
+        repeats=1, ns=(5000,), ranks=8, rank=3, systems=("croupier-buckets", "lhotse-buckets")
+    )
     results = run(cfg)
     rows = {r["system"]: r for r in results["rows"]}
     assert rows["lhotse-buckets"]["status"] == "not installed"
@@ -259,7 +275,9 @@ def test_without_lhotse_its_row_says_not_installed_and_the_rest_run(monkeypatch,
 
 def test_lhotse_row_measures_its_dynamic_bucketing_sampler():
     pytest.importorskip("lhotse")
-    cfg = BenchConfig(ns=(20_000,), ranks=8, rank=3, systems=("croupier-buckets", "lhotse-buckets"))
+    cfg = BenchConfig(
+        repeats=1, ns=(20_000,), ranks=8, rank=3, systems=("croupier-buckets", "lhotse-buckets")
+    )
     results = run(cfg)
     rows = {r["system"]: r for r in results["rows"]}
     assert all(r["status"] == "ok" for r in rows.values()), rows
@@ -308,6 +326,8 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
             "--systems",
             "croupier",
             "numpy-permutation",
+            "--repeats",
+            "1",
             "--out",
             str(tmp_path),
         ]
@@ -319,12 +339,16 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["config"]["ranks"] == 2
     assert data["machine"]["cpus"] >= 1
-    assert (tmp_path / "bench.md").read_text().count("|") > 10
+    md = (tmp_path / "bench.md").read_text()
+    assert md.count("|") > 10
+    assert "Key: every time is the median of 1 run(s)" in md  # the key under the table
+    assert data["config"]["repeats"] == 1 and all(len(r["runs"]) == 1 for r in data["rows"])
     png = (tmp_path / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_help_answers_without_importing_torch():
+@pytest.mark.parametrize(("argv", "printed"), [(["--help"], "bench"), (["demo"], "indices")])
+def test_help_and_demo_answer_without_importing_torch(argv, printed):
     import subprocess
     import sys
 
@@ -332,13 +356,13 @@ def test_help_answers_without_importing_torch():
         "import sys\n"
         "from croupier import cli\n"
         "try:\n"
-        "    cli.main(['--help'])\n"
+        f"    cli.main({argv!r})\n"
         "except SystemExit:\n"
         "    pass\n"
         "print('torch' in sys.modules, 'croupier.samplers' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "bench" in out.stdout
+    assert printed in out.stdout
     assert out.stdout.splitlines()[-1] == "False False"
 
 
@@ -439,17 +463,19 @@ def test_bench_help_lists_the_sweep(capsys):
 
 def _all_families_results() -> dict:
     """Results as a full run returns them, every system at three N (made-up times that grow
-    with N; the plot's layout is under test, not the numbers)."""
+    with N, a range around each; the plot's layout is under test, not the numbers)."""
     rows = []
     for i, s in enumerate(SYSTEMS):
         for n in (10**5, 10**6, 10**7):
-            rows.append(
-                {
-                    "system": s.name, "family": s.family, "n": n, "status": "ok",
-                    "epoch_s": n * 1e-8 * (i + 1), "first_s": 1e-3, "peak_mib": 600.0,
-                    "rss_base_mib": 500.0,
-                }
-            )  # fmt: skip
+            epoch = n * 1e-8 * (i + 1)
+            row = {
+                "system": s.name, "family": s.family, "n": n, "status": "ok", "epoch_s": epoch,
+                "first_s": 1e-3, "peak_mib": 600.0, "rss_base_mib": 500.0,
+                "spread": {"epoch_s": [epoch * 0.9, epoch * 1.3]},
+            }  # fmt: skip
+            if s.family in ("samplers", "mixtures", "buckets", "elastic"):
+                row["resume_s"] = 2e-3
+            rows.append(row)
     return {
         "config": {"ranks": 8, "rank": 3},
         "machine": {"croupier": "0.2.0", "python": "3.11.7", "cpu": "AMD EPYC", "cpus": 2},
@@ -462,12 +488,20 @@ def _all_families_results() -> dict:
     }
 
 
+def _inside(inner, outer) -> bool:
+    return (
+        inner.x0 >= outer.x0 - 1 and inner.y0 >= outer.y0 - 1
+        and inner.x1 <= outer.x1 + 1 and inner.y1 <= outer.y1 + 1
+    )  # fmt: skip
+
+
 @needs_matplotlib
-def test_the_plot_has_one_readable_panel_per_family(tmp_path):
-    """One log-log panel per family, croupier drawn the same distinct way in each, every
-    legend inside its own panel, title and caption (machine, command) inside the figure, no
-    two panels overlapping; it renders to a PNG."""
-    from croupier.bench._report import OURS, PANELS, figure, plot
+def test_the_plot_shows_each_familys_epoch_first_index_resume_and_memory(tmp_path):
+    """A row of log-log panels per family, one per metric it has (whole epoch, first index,
+    resume, memory added), medians with the range of the runs as error bars, croupier drawn
+    the same distinct way in each, every legend inside its own panel, title and caption
+    (machine, command) inside the figure, no two panels overlapping; it renders to a PNG."""
+    from croupier.bench._report import FAMILY_TITLES, OURS, figure, panel_title, plot
 
     results = _all_families_results()
     fig = figure(results)
@@ -475,26 +509,30 @@ def test_the_plot_has_one_readable_panel_per_family(tmp_path):
     renderer = fig.canvas.get_renderer()
     box = fig.bbox
     axes = fig.get_axes()
-    assert [ax.get_title() for ax in axes] == [title for title, _key in PANELS.values()]
-
-    def inside(inner, outer) -> bool:
-        return (
-            inner.x0 >= outer.x0 - 1 and inner.y0 >= outer.y0 - 1
-            and inner.x1 <= outer.x1 + 1 and inner.y1 <= outer.y1 + 1
-        )  # fmt: skip
-
+    has_resume = ("samplers", "mixtures", "buckets", "elastic")
+    want = [
+        panel_title(f, k)
+        for f in FAMILY_TITLES
+        for k in ("epoch_s", "first_s", "resume_s", "added_mib")
+        if k != "resume_s" or f in has_resume
+    ]
+    assert [ax.get_title() for ax in axes] == want
     for ax in axes:
         assert ax.get_xscale() == ax.get_yscale() == "log"
-        assert "N, samples" in ax.get_xlabel() and "time" in ax.get_ylabel()
+        memory = ax.get_title().endswith("memory added")
+        assert "N, samples" in ax.get_xlabel()
+        assert ("MiB added" if memory else "time") in ax.get_ylabel()
         legend = ax.get_legend()
         assert legend is not None
-        assert inside(legend.get_window_extent(renderer), ax.get_window_extent(renderer))
-        assert inside(ax.get_tightbbox(renderer), box)
+        assert _inside(legend.get_window_extent(renderer), ax.get_window_extent(renderer))
+        assert _inside(ax.get_tightbbox(renderer), box)
         labels = [t.get_text() for t in legend.get_texts()]
-        family = next(f for f, (title, _k) in PANELS.items() if title == ax.get_title())
+        family = next(f for f, t in FAMILY_TITLES.items() if ax.get_title().startswith(t + ":"))
         assert labels == [s.name for s in SYSTEMS if s.family == family]
-        ours = [line for line in ax.get_lines() if line.get_label().startswith("croupier")]
-        theirs = [line for line in ax.get_lines() if not line.get_label().startswith("croupier")]
+        # Every system's medians with their runs' range: one error bar set each.
+        assert [c.get_label() for c in ax.containers] == labels
+        ours = [c.lines[0] for c in ax.containers if c.get_label().startswith("croupier")]
+        theirs = [c.lines[0] for c in ax.containers if not c.get_label().startswith("croupier")]
         assert ours and theirs
         for line in ours:
             assert (line.get_color(), line.get_linewidth(), line.get_marker()) == (
@@ -502,13 +540,96 @@ def test_the_plot_has_one_readable_panel_per_family(tmp_path):
             )  # fmt: skip
         for line in theirs:
             assert line.get_color() != OURS["color"] and line.get_linewidth() < OURS["linewidth"]
-        # Tick labels carry units: times like "1 ms", sizes like "1e6".
-        assert any(t.get_text().endswith(("s", "ms", "us")) for t in ax.get_yticklabels())
+        # Tick labels carry units: times like "1 ms", memory like "100 MiB".
+        unit = ("MiB",) if memory else ("s", "ms", "us")
+        assert any(t.get_text().endswith(unit) for t in ax.get_yticklabels())
     for a, b in itertools.combinations(axes, 2):
         assert not a.get_window_extent(renderer).overlaps(b.get_window_extent(renderer))
     texts = [t for t in fig.texts if "croupier bench --all" in t.get_text()]
     assert len(texts) == 1 and "AMD EPYC, 2 cores" in texts[0].get_text()
-    assert inside(texts[0].get_window_extent(renderer), box)
-    assert inside(fig._suptitle.get_window_extent(renderer), box)
-    assert plot(results, tmp_path / "bench.png")
+    assert _inside(texts[0].get_window_extent(renderer), box)
+    assert _inside(fig._suptitle.get_window_extent(renderer), box)
+    # One family, one metric: the title still fits.
+    one = {**results, "rows": [r for r in results["rows"] if r["family"] == "permutations"]}
+    for r in one["rows"]:
+        r.pop("peak_mib"), r.pop("first_s")
+    small = figure(one)
+    small.canvas.draw()
+    assert len(small.get_axes()) == 1
+    assert _inside(small._suptitle.get_window_extent(small.canvas.get_renderer()), small.bbox)
+    assert plot(one, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- repeats, spreads, a busy machine, the key ----------------------------------------------------
+
+
+def test_runs_that_disagree_get_more_runs_and_every_median_its_range(monkeypatch):
+    """Three runs by default; a measurement whose runs are more than 2x apart gets
+    ``more_repeats`` more, the steady one does not; each metric's median comes with its
+    fastest and slowest run, and the load average before every run is kept."""
+    from croupier.bench import _runner
+
+    calls: dict[str, int] = {}
+
+    def fake(system, n, cfg, seed, extra=None):
+        k = calls[system.name] = calls.get(system.name, 0) + 1
+        first = 1.0 if system.name == "croupier-permutation" else (1.0 if k % 2 else 3.0)
+        return {"status": "ok", "epoch_s": first, "peak_mib": 10.0 + k, "rss_base_mib": 5.0}
+
+    monkeypatch.setattr(_runner, "_one", fake)
+    cfg = BenchConfig(ns=(1000,), systems=("croupier-permutation", "numpy-permutation"))
+    results = run(cfg)
+    rows = {r["system"]: r for r in results["rows"]}
+    steady, noisy = rows["croupier-permutation"], rows["numpy-permutation"]
+    assert len(steady["runs"]) == 3 and steady["wide"] == []
+    assert len(noisy["runs"]) == 3 + cfg.more_repeats and noisy["wide"] == ["epoch_s"]
+    assert noisy["epoch_s"] == 1.0 and noisy["spread"]["epoch_s"] == [1.0, 3.0]  # 1,3,1,3,1
+    assert steady["spread"]["peak_mib"] == [11.0, 13.0] and steady["peak_mib"] == 12.0
+    assert results["load"]["cores"] == os.cpu_count()
+    assert results["load"]["max"] is None or results["load"]["max"] >= 0
+    assert "incomplete" not in results
+
+
+def test_the_table_shows_ranges_and_the_notes_a_busy_machine_disagreeing_runs_and_the_key():
+    from croupier.bench._report import notes
+
+    ours = {"label": "x", "family": "buckets", "ours": True, "same_output": False}
+    theirs = {**ours, "ours": False, "hand_written": "greedy token batches in numpy"}
+    base = {"family": "buckets", "n": 10**7, "status": "ok", "peak_mib": 700.0}
+    results = {
+        "config": {"ranks": 8, "rank": 3, "repeats": 3, "seeds": [0]},
+        "systems": {"croupier-buckets": ours, "python-buckets": theirs},
+        "baselines": {"python-buckets": "croupier-buckets"},
+        "load": {"max": 3.5, "cores": 2},
+        "rows": [
+            {
+                **base,
+                "system": "croupier-buckets",
+                "epoch_s": 0.8,
+                "rss_base_mib": 530.0,
+                "spread": {"epoch_s": [0.7, 2.0]},
+                "wide": ["epoch_s"],
+            },
+            {
+                **base,
+                "system": "python-buckets",
+                "epoch_s": 8.0,
+                "rss_base_mib": 40.0,
+                "spread": {"epoch_s": [8.0, 8.0]},
+                "wide": [],
+            },
+        ],
+    }
+    text = table(results)
+    assert "| 1e7 | croupier-buckets | - | 800.0 ms [700.0 ms-2.00 s] |" in text
+    assert "| 1e7 | python-buckets (hand-written) | - | 8.00 s (10x) |" in text  # no range: equal
+    assert "+170 (peak 700)" in text and "+660 (peak 700)" in text  # what each added
+    said = notes(results)
+    assert "**The machine was busy**: a load average up to 3.5 on 2 cores" in said
+    assert "**Runs more than 2x apart**: croupier-buckets at N = 1e7 (whole epoch)" in said
+    assert "Key: every time is the median of 3 run(s)" in said
+    assert "python-buckets, greedy token batches in numpy" in said
+    quiet = {**results, "load": {"max": 1.4, "cores": 2}}
+    quiet["rows"] = [{**r, "wide": []} for r in results["rows"]]
+    assert "busy" not in notes(quiet) and "2x apart" not in notes(quiet)

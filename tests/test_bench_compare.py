@@ -21,11 +21,15 @@ def run(**groups: tuple[float, dict[str, float]]) -> dict:
     """A pytest-benchmark JSON: group -> (croupier's median, {alternative: median})."""
     benches = []
     for group, (ours, theirs) in groups.items():
-        benches.append(
-            {"group": group, "name": f"test_croupier_{group}", "stats": {"median": ours}}
-        )
-        for name, median in theirs.items():
-            benches.append({"group": group, "name": name, "stats": {"median": median}})
+        for name, median in {f"test_croupier_{group}": ours, **theirs}.items():
+            benches.append(
+                {
+                    "group": group,
+                    "name": name,
+                    "fullname": f"benches/test_{group}.py::{name}",
+                    "stats": {"median": median},
+                }
+            )
     return {"benchmarks": benches, "machine_info": {"cpu": {"brand_raw": "cpu", "count": 2}}}
 
 
@@ -60,6 +64,28 @@ def test_baseline_is_the_median_and_comparison_the_best_of_runs(tmp_path, capsys
     assert bench_compare.main([str(slow), "--baseline", str(base)]) == 1
     assert "FAIL (more than 30% slower, and below the baseline's runs)" in capsys.readouterr().out
     assert bench_compare.main([str(slow), str(better), "--baseline", str(base)]) == 0
+
+
+def test_the_failing_groups_benchmarks_are_written_for_a_second_run(tmp_path):
+    runs = [
+        write(tmp_path, f"r{i}.json", run(a=(1.0, {"test_torch_a": 10.0}), b=(1.0, {"t_b": 5.0})))
+        for i in range(2)
+    ]
+    base = tmp_path / "base.json"
+    bench_compare.main([*map(str, runs), "--margin", "0.3", "--write-baseline", str(base)])
+    # Group a falls to 2x (fails), b holds: only a's two benchmarks are run again.
+    now = write(tmp_path, "now.json", run(a=(1.0, {"test_torch_a": 2.0}), b=(1.0, {"t_b": 5.0})))
+    rerun = tmp_path / "rerun.txt"
+    assert bench_compare.main([str(now), "--baseline", str(base), "--rerun", str(rerun)]) == 1
+    assert rerun.read_text().splitlines() == [
+        "benches/test_a.py::test_croupier_a",
+        "benches/test_a.py::test_torch_a",
+    ]
+    # The second run holds only a; judged with the first, each group by its best run.
+    again = write(tmp_path, "again.json", run(a=(1.0, {"test_torch_a": 9.0})))
+    assert bench_compare.main([str(now), str(again), "--baseline", str(base), "--rerun",
+                               str(rerun)]) == 0  # fmt: skip
+    assert rerun.read_text() == ""  # nothing to run again
 
 
 def test_a_ratio_the_baseline_itself_measured_is_not_a_regression(tmp_path):

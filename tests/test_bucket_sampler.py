@@ -243,6 +243,21 @@ def test_as_a_dataloader_batch_sampler(workers):
     assert got == want
 
 
+def test_given_as_sampler_it_is_refused_naming_batch_sampler():
+    # A plain DataLoader batches what a sampler= yields: it would hand the dataset lists of
+    # lists. croupier says so, where torch's own error names neither.
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    s = BucketBatchSampler(_lognormal(500), max_tokens=4096, num_replicas=1, rank=0, seed=1)
+    data = torch.arange(500)
+    for kwargs in ({}, {"batch_size": 4}, {"batch_size": 4, "drop_last": True}):
+        with pytest.raises(TypeError, match=r"given to a DataLoader as sampler=.*batch_sampler="):
+            next(iter(DataLoader(data, sampler=s, **kwargs)))
+    assert s.state_dict()["position"] == 0  # nothing consumed
+    assert [b.tolist() for b in DataLoader(data, batch_sampler=s)] == list(s)
+
+
 # -- bad input -------------------------------------------------------------------------------------
 
 

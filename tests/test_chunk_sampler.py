@@ -563,7 +563,7 @@ def test_annbatch_wrapper_loads_a_state_saved_before_sampling():
         (lambda: (True, 2), TypeError, "rank must be an int, got bool"),
         (lambda: (0, True), TypeError, "world_size must be an int, got bool"),
         (lambda: (0.0, 2), TypeError, "rank must be an int, got float"),
-        (lambda: (2, 2), ValueError, r"rank must be in \[0, 1\]"),
+        (lambda: (2, 2), ValueError, r"rank should be in the interval \[0, 1\]"),
         (lambda: (0, 0), ValueError, "num_replicas"),
     ],
 )

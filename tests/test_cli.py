@@ -9,9 +9,11 @@ import importlib.util
 import io
 import json
 import os
+from pathlib import Path
 
 import pytest
 
+import croupier
 from croupier import cli
 from croupier.bench import BenchConfig
 from croupier.bench._progress import progress_for
@@ -126,29 +128,41 @@ def test_demo_takes_sizes_and_ranks_as_bench_does(capsys):
     out = capsys.readouterr().out
     assert "N=100,000, rank 3 of 4" in out and "this rank's epoch: 25,000 indices" in out
     assert "first 3 indices: [" in out
+    # The indices are the sampler's, which the demo names.
+    got = out.split("first 3 indices: ")[1].split("\n")[0]
+    sampler = croupier.DistributedSampler(10**5, num_replicas=4, rank=3, seed=0)
+    assert got == str(list(sampler)[:3])
+    assert "croupier.DistributedSampler(100000, num_replicas=4, rank=3, seed=0)" in out
     # --num-replicas, torch's name, is the same option.
     assert cli.main(["demo", "--n", "2**10", "--num-replicas", "4", "--count", "2"]) == 0
     assert "N=1,024, rank 0 of 4" in capsys.readouterr().out
 
 
-def test_the_default_run_is_the_headline_systems_in_about_three_minutes():
+def test_the_default_run_is_the_headline_systems_three_times_with_one_cpu_estimate():
     """The default: croupier and the main alternative of each family at three decades of N,
-    estimated (by the per-system cost model) at about 3 minutes of CPU; --all is every system."""
+    3 runs each, estimated by the per-system cost model; that one estimate is what --help,
+    the plan line and the README say. --all is every system."""
+    from croupier.bench._runner import default_cpu_estimate
+
     headline = choose()
     assert {s.family for s in headline} == set(FAMILIES)
     for family in FAMILIES:
         mine = [s for s in headline if s.family == family]
         assert any(s.ours for s in mine) and any(not s.ours for s in mine), family
-    assert DEFAULT_NS == (10**5, 10**6, 10**7)
+    assert DEFAULT_NS == (10**5, 10**6, 10**7) and BenchConfig().repeats == 3
     # Every headline system's estimate, installed here or not (plan() leaves out the ones
     # that are not: without torch, a third of them).
-    cpu = sum(s.cpu_estimate(n) for s in headline for n in DEFAULT_NS)
-    assert 100 < cpu < 240, cpu
+    cpu = 3 * sum(s.cpu_estimate(n) for s in headline for n in DEFAULT_NS)
+    assert default_cpu_estimate() == pytest.approx(cpu)
+    assert 300 < cpu < 720, cpu
     planned = plan(BenchConfig())
     assert [(p.system.name, p.n) for p in planned] == [
         (s.name, n) for n in DEFAULT_NS for s in headline
     ]
-    assert all(p.cpu_s == p.system.cpu_estimate(p.n) for p in planned if p.skip is None)
+    assert all(p.cpu_s == 3 * p.system.cpu_estimate(p.n) for p in planned if p.skip is None)
+    words = f"estimated at {cli._minutes(cpu)} of CPU"
+    assert words in cli._parser()[1]["bench"].description
+    assert words in (Path(__file__).parent.parent / "README.md").read_text()
     assert choose(everything=True) == list(SYSTEMS)
     assert [s.name for s in choose(families=("buckets",))] == [
         "croupier-buckets",
@@ -190,7 +204,8 @@ def test_progress_is_a_bar_with_the_time_left_on_a_terminal_and_lines_elsewhere(
 def _small(out, *extra: str) -> list[str]:
     return [
         "bench", "--n", "2000", "--ranks", "2", "--rank", "1",
-        "--systems", "croupier-permutation", "numpy-permutation", "--out", str(out), *extra,
+        "--systems", "croupier-permutation", "numpy-permutation", "--repeats", "1",
+        "--out", str(out), *extra,
     ]  # fmt: skip
 
 
@@ -291,7 +306,17 @@ def test_a_stopped_run_kills_its_measurement_and_writes_nothing(tmp_path, signam
         "from croupier import cli\n"
         "sys.exit(cli.main(sys.argv[1:]))\n"
     )
-    argv = ["bench", "--n", "1e7", "--systems", "python-buckets", "--out", str(out)]
+    argv = [
+        "bench",
+        "--n",
+        "1e7",
+        "--systems",
+        "python-buckets",
+        "--repeats",
+        "1",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen([sys.executable, "-c", code, *argv], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     children: list[int] = []
@@ -307,3 +332,45 @@ def test_a_stopped_run_kills_its_measurement_and_writes_nothing(tmp_path, signam
     time.sleep(0.5)
     assert not any(_running(c) for c in children)
     assert not out.exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the child through /proc")
+def test_ctrl_c_writes_the_runs_that_finished_marked_incomplete(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "res"
+    code = (
+        "import signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # as in a terminal
+        "from croupier import cli\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    argv = ["bench", "--n", "1e3", "1e7", "--systems", "python-buckets", "--repeats", "1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *argv, "--out", str(out)], stderr=subprocess.PIPE, text=True
+    )
+
+    def at_1e7(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/cmdline") as f:
+                return '"n": 10000000' in f.read()
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(at_1e7(c) for c in _children(proc.pid)):
+        time.sleep(0.05)
+    assert any(at_1e7(c) for c in _children(proc.pid)), "the run at 1e7 never started"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "the runs that finished are written, marked incomplete" in err
+    results = json.loads((out / "bench.json").read_text())
+    assert results["incomplete"] is True
+    assert [(r["system"], r["n"], r["status"]) for r in results["rows"]] == [
+        ("python-buckets", 1000, "ok")
+    ]
+    assert "**Incomplete**" in (out / "bench.md").read_text()

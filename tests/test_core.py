@@ -18,7 +18,7 @@ from croupier import _core
 def _deal(n: int, num_replicas: int, rank: int, **kw: object) -> _core.RankShare:
     """A ``_core.RankShare`` with the sampler's defaults (shuffled, seed 0, padded, per-rank order)
     unless given."""
-    config = {"shuffle": True, "seed": 0, "drop_last": False, "order": _core.Order.FAST, **kw}
+    config = {"shuffle": True, "seed": 0, "drop_last": False, "order": _core.Order.PER_RANK, **kw}
     return _core.RankShare(n=n, num_replicas=num_replicas, rank=rank, **config)
 
 
@@ -76,6 +76,13 @@ def test_layout_is_torch_arithmetic():
     assert _core.layout(0, 5, False) == (0, 0)
 
 
+@given(st.integers(0, 2**63 - 1), st.integers(1, 2**63 - 1), st.booleans())
+def test_an_epochs_end_is_its_samples_or_what_drop_last_keeps(n, w, drop_last):
+    # torch's arithmetic: padding is not part of the epoch, and drop_last cuts n mod w.
+    want = n - n % w if drop_last else n
+    assert _core.epoch_end(n, w, drop_last) == want
+
+
 def test_gil_is_released_during_the_work():
     started = threading.Event()
     done = threading.Event()
@@ -97,7 +104,7 @@ def test_gil_is_released_during_the_work():
 
 
 MAX = str(2**63 - 1)
-FAST, TORCH = _core.Order.FAST, _core.Order.TORCH_INSIDE_OUT
+PER_RANK, TORCH = _core.Order.PER_RANK, _core.Order.TORCH_INSIDE_OUT
 
 
 @pytest.mark.parametrize(
@@ -114,19 +121,20 @@ FAST, TORCH = _core.Order.FAST, _core.Order.TORCH_INSIDE_OUT
         (lambda: _core.layout(5, 0, False), ValueError, "num_replicas must be in [1, 2**63 - 1]"),
         (
             lambda: _core.RankShare(
-                n=5, num_replicas=4, rank=4, shuffle=True, seed=0, drop_last=False, order=FAST
+                n=5, num_replicas=4, rank=4, shuffle=True, seed=0, drop_last=False, order=PER_RANK
             ),
             ValueError,
             "rank must be in [0, num_replicas) = [0, 4), got 4",
         ),
         (
             lambda: _core.RankShare(
-                n=5, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=False, order=FAST
+                n=5, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=False, order=PER_RANK
             ).indices(0, 3, 2),
             ValueError,
             "start",
         ),
-        (lambda: _core.torch_randperm(5, 0, FAST), ValueError, "got Order.FAST"),
+        (lambda: _core.torch_randperm(5, 0, PER_RANK), ValueError, "got Order.PER_RANK"),
+        (lambda: _core.torch_randperm(5, 0, _core.Order.GLOBAL), ValueError, "got Order.GLOBAL"),
         # A value of the wrong type or sign never reaches the core.
         (lambda: _core.permutation(-1, 0, 0), OverflowError, ""),
         (
@@ -161,9 +169,17 @@ def test_unallocatable_buffer_is_a_memory_error():
 def test_orders_and_deals_pickle_and_compare():
     import pickle
 
-    for order in (FAST, _core.Order.TORCH_FORWARD, TORCH):
+    for order in (PER_RANK, _core.Order.TORCH_FORWARD, TORCH):
         assert pickle.loads(pickle.dumps(order)) == order
-    assert FAST != TORCH and len({FAST, TORCH, _core.Order.FAST}) == 2
+    assert PER_RANK != TORCH and len({PER_RANK, TORCH, _core.Order.PER_RANK}) == 2
+    # The per-rank order's earlier name is the same member, and a pickle naming it loads.
+    assert _core.Order.FAST == PER_RANK and repr(_core.Order.FAST) == "Order.PER_RANK"
+
+    class PickledBefore:  # how an Order.FAST pickled before the rename reads
+        def __reduce__(self):
+            return getattr, (_core.Order, "FAST")
+
+    assert pickle.loads(pickle.dumps(PickledBefore())) == PER_RANK
     deal = _core.RankShare(
         n=1000, num_replicas=3, rank=2, shuffle=True, seed=9, drop_last=True, order=TORCH
     )
@@ -203,7 +219,7 @@ def test_no_argument_ever_panics(n, w, r, seed, epoch, shuffle, drop, order):
             )
             s.set_epoch(epoch)
             s.indices()
-        core_order = FAST if order == "per_rank" else TORCH
+        core_order = PER_RANK if order == "per_rank" else TORCH
         with contextlib.suppress(ValueError, OverflowError, MemoryError):
             _core.RankShare(
                 n=n,
@@ -291,7 +307,7 @@ def test_a_mixture_pickles_with_its_keywords():
     import pickle
 
     for order, interleave in (
-        (_core.Order.FAST, "uniform"),
+        (_core.Order.PER_RANK, "uniform"),
         (_core.Order.GLOBAL, "uniform"),
         (_core.Order.GLOBAL, "balanced"),
     ):
@@ -302,11 +318,11 @@ def test_a_mixture_pickles_with_its_keywords():
         again = pickle.loads(pickle.dumps(mix))
         assert again.indices(3).tolist() == mix.indices(3).tolist()
         assert repr(again) == repr(mix)
-        assert again.global_length == (None if order == _core.Order.FAST else 40)
+        assert again.global_length == (None if order == _core.Order.PER_RANK else 40)
     with pytest.raises(TypeError, match=r"Mixture\(\) missing required keyword arguments: seed"):
         _core.Mixture(
             [30, 70], [(0, 40, [1.0, 2.0], 1.0)], num_replicas=2, rank=1, drop_last=False,
-            shuffle=True, length=40, order=_core.Order.FAST, interleave="uniform",
+            shuffle=True, length=40, order=_core.Order.PER_RANK, interleave="uniform",
         )  # fmt: skip
     with pytest.raises(ValueError, match="interleave must be 'uniform' or 'balanced'"):
         _core.Mixture(

@@ -59,7 +59,7 @@ def test_kempnerforges_samplers_keep_its_rank_0():
         ({"RANK": "1"}, "WORLD_SIZE is unset"),
         ({"WORLD_SIZE": "2"}, "RANK is unset"),
         ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK and WORLD_SIZE must be integers"),
-        ({"RANK": "4", "WORLD_SIZE": "2"}, "rank must be in [0, 1], got 4"),
+        ({"RANK": "4", "WORLD_SIZE": "2"}, "Invalid rank 4, rank should be in the interval [0, 1]"),
     ],
 )
 def test_bad_environment(monkeypatch, env, message):
@@ -74,7 +74,9 @@ def test_callable():
     assert ranks(dist_info=lambda: (2, 4)) == (4, 2)
     with pytest.raises(TypeError, match=r"must return a \(rank, world_size\) tuple"):
         ranks(dist_info=lambda: 3)
-    with pytest.raises(ValueError, match=r"rank must be in \[0, 3\], got 7"):
+    with pytest.raises(
+        ValueError, match=r"Invalid rank 7, rank should be in the interval \[0, 3\]"
+    ):
         ranks(dist_info=lambda: (7, 4))
 
 
@@ -138,7 +140,7 @@ def test_single_task_launcher_does_not_warn(monkeypatch, var, value):
 
 def test_explicit_data_parallel_pair():
     assert ranks(dist_info=(1, 2)) == (2, 1)
-    with pytest.raises(ValueError, match="rank must be in"):
+    with pytest.raises(ValueError, match="rank should be in the interval"):
         ranks(dist_info=(2, 2))
     with pytest.raises(TypeError, match="dp_rank"):
         ranks(dist_info=(0.5, 2))

@@ -141,7 +141,8 @@ def test_checkpoint_before_the_first_batch_is_consumed_skips_nothing():
     # The workers now hold 3 more batches (and the sampler has dealt 4): none is consumed.
     state = loader.state_dict()
     assert state["batches_yielded"] == 1 and state["sampler"]["position"] == 8
-    assert loader.source.state_dict()["position"] > 8  # the sampler itself ran ahead
+    with pytest.warns(UserWarning, match="Checkpoint the loader instead"):
+        assert loader.source.state_dict()["position"] > 8  # the sampler itself ran ahead
     fresh = _make("distributed", num_workers=2)
     fresh_state = fresh.state_dict()
     iter(fresh)  # workers start and prefetch
@@ -471,3 +472,51 @@ def test_a_sampler_of_the_resumable_protocol_resumes_exactly(workers):
             got += [b.tolist() for b in again]
             epoch += 1
         assert got == whole, stop
+
+
+# -- a sampler's own state behind prefetching workers --------------------------------------------
+
+
+def test_a_samplers_state_behind_prefetching_workers_warns_once_with_the_fix():
+    import warnings
+
+    from torch.utils.data import DataLoader
+
+    fork = {"num_workers": 2, "multiprocessing_context": "fork"}
+    s = DistributedSampler(1000, num_replicas=1, rank=0, seed=1)
+    it = iter(DataLoader(Ids(1000), batch_size=10, sampler=s, **fork))
+    next(it)
+    with pytest.warns(
+        UserWarning,
+        match=r"DistributedSampler\.state_dict\(\) was called while a "
+        r"DataLoader with 2 worker processes iterates it.*StatefulDataLoader",
+    ) as w:
+        ahead = s.state_dict()["position"]
+    assert len(w) == 1 and w[0].filename == __file__  # the caller's line
+    assert ahead > 10  # what it warns of: one batch trained, more read
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.state_dict()  # once per sampler
+    del it
+
+    b = BucketBatchSampler([i % 30 + 1 for i in range(600)], 4, num_replicas=1, rank=0)
+    it = iter(DataLoader(Ids(600), batch_sampler=b, **fork))
+    next(it)
+    with pytest.warns(UserWarning, match=r"counts batches training has not.*batch_sampler="):
+        b.state_dict()
+    del it
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # No workers: the sampler is read as training goes, its state is exact.
+        quiet = DistributedSampler(1000, num_replicas=1, rank=0, seed=1)
+        it = iter(DataLoader(Ids(1000), batch_size=10, sampler=quiet))
+        next(it)
+        assert quiet.state_dict()["position"] == 10
+        # The loader's own state counts what training took, whatever the workers read.
+        inner = DistributedSampler(1000, num_replicas=1, rank=0, seed=1)
+        loader = StatefulDataLoader(Ids(1000), batch_size=10, sampler=inner, **fork)
+        it = iter(loader)
+        next(it)
+        assert loader.state_dict()["sampler"]["position"] == 10
+        del it

@@ -29,7 +29,7 @@ from croupier import MixtureSampler, _core
 from croupier.samplers._schedule import _weights
 from test_mixture_sampler import _cum
 
-_ORDERS = {"global": _core.Order.GLOBAL, "per_rank": _core.Order.FAST}
+_ORDERS = {"global": _core.Order.GLOBAL, "per_rank": _core.Order.PER_RANK}
 
 # (start, nominal length, weights, temperature): a phase as the documentation defines it.
 Phase = tuple[int, int, tuple[float, ...], float]

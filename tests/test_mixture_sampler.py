@@ -350,10 +350,62 @@ def test_state_mid_iteration_and_json_roundtrip():
     head = [next(it) for _ in range(777)]
     state = json.loads(json.dumps(s.state_dict()))
     assert state["position"] == 777
-    t = MixtureSampler(cum, [5, 1], 2, 0, seed=1)  # the state's weights win
+    t = MixtureSampler(cum, [1, 1], 2, 0, seed=1)
     t.load_state_dict(state)
     assert t.state_dict() == state
     assert head + list(t) == MixtureSampler(cum, [1, 1], 2, 0, seed=1).indices().tolist()
+
+
+def test_a_state_of_a_sampler_constructed_otherwise_keeps_its_schedule_and_warns():
+    cum = _cum([300, 200])
+    saved = MixtureSampler(cum, [1, 1], 1, 0, seed=1)
+    it = iter(saved)
+    head = [next(it) for _ in range(77)]
+    state = json.loads(json.dumps(saved.state_dict()))
+    assert state["constructed_with"] == [[1.0, 1.0], 1.0]
+    whole = MixtureSampler(cum, [1, 1], 1, 0, seed=1).indices().tolist()
+
+    t = MixtureSampler(cum, [0.7, 0.3], 1, 0, seed=1)
+    with pytest.warns(
+        UserWarning,
+        match=r"constructed with weights \[1\.0, 1\.0\], this one is constructed with weights "
+        r"\[0\.7, 0\.3\]\. The state's schedule is kept.*call update_weights\(\[0\.7, 0\.3\]\)",
+    ) as w:
+        t.load_state_dict(state)
+    assert len(w) == 1 and w[0].filename == __file__  # the caller's line
+    assert t.schedule == [(0, [1.0, 1.0], 1.0)]
+    assert head + list(t) == whole  # the saved run, exactly
+    # Its own states record its own construction: the next resume of this run is quiet.
+    assert t.state_dict()["constructed_with"] == [[0.7, 0.3], 1.0]
+
+    # Another temperature is another construction too.
+    hot = MixtureSampler(cum, [1, 1], 1, 0, seed=1, temperature=2.0)
+    with pytest.warns(
+        UserWarning,
+        match=r"this one is constructed with weights \[1\.0, 1\.0\], "
+        r"temperature 2\.0.*update_weights\(\[1\.0, 1\.0\], temperature=2\.0\)",
+    ):
+        hot.load_state_dict(state)
+
+    # Quiet (filterwarnings = error): the same construction, even after update_weights in the
+    # saving run, whose schedule the state carries; and a state saved before the key existed.
+    updated = MixtureSampler(cum, [1, 1], 1, 0, seed=1)
+    updated.update_weights([0.9, 0.1])
+    same = MixtureSampler(cum, [1, 1], 1, 0, seed=1)
+    same.load_state_dict(updated.state_dict())
+    assert same.schedule == [(0, [0.9, 0.1], 1.0)]
+    older = {k: v for k, v in state.items() if k != "constructed_with"}
+    MixtureSampler(cum, [0.7, 0.3], 1, 0, seed=1).load_state_dict(older)
+
+    # A malformed entry is refused, changing nothing; a refused state warns nothing.
+    for bad in ([[1.0, 1.0]], [[1.0], 1.0], [[1.0, 1.0], 0.0], "x"):
+        fresh = MixtureSampler(cum, [0.7, 0.3], 1, 0, seed=1)
+        before = fresh.state_dict()
+        with pytest.raises(StateError, match=r"state\['constructed_with'\]"):
+            fresh.load_state_dict({**state, "constructed_with": bad})
+        assert fresh.state_dict() == before
+    with pytest.raises(StateError, match="seed"):
+        MixtureSampler(cum, [0.7, 0.3], 1, 0, seed=2).load_state_dict(state)
 
 
 def test_pickling_is_a_checkpoint():
@@ -424,10 +476,11 @@ def test_epoch_boundary_states_load_on_another_number_of_ranks(w_from, w_to, fin
         list(src)
     state = json.loads(json.dumps(src.state_dict()))
     for rank in {0, w_to - 1}:
-        moved = MixtureSampler(cum, [5, 1], w_to, rank, seed=1)  # the state's weights win
-        moved.load_state_dict(state)
+        moved = MixtureSampler(cum, [5, 1], w_to, rank, seed=1)  # the state's schedule is kept
+        with pytest.warns(UserWarning, match="constructed with weights"):
+            moved.load_state_dict(state)
         assert moved.epoch == 2
-        again = MixtureSampler(cum, [1, 2], w_to, rank, seed=1)
+        again = MixtureSampler(cum, [5, 1], w_to, rank, seed=1)
         again.load_state_dict(moved.state_dict())
         assert again.state_dict() == moved.state_dict()
         ref = MixtureSampler(cum, [1, 2], w_to, rank, seed=1)
@@ -741,6 +794,11 @@ def test_kempnerforges_exception_types(which, kwargs, kind, match):
     assert isinstance(e.value, ValueError)
     if which == "croupier":
         assert not isinstance(e.value, (ZeroDivisionError, IndexError))
+    else:  # a public type of the compat module, as a traceback names it
+        from croupier.compat import kempnerforge
+
+        name = type(e.value).__name__
+        assert name in kempnerforge.__all__ and getattr(kempnerforge, name) is type(e.value)
 
 
 @pytest.mark.parametrize("which", ["croupier", "compat.kempnerforge"])

@@ -286,3 +286,26 @@ def test_json_roundtripped_checkpoint_restores_integer_keys():
     assert t.sample([7, 8], 2, 0, 7, "t", "p") == ([1, 2], [1, 2])  # the group's batch
     assert t.sample([7, 8], 2, 0, 7, "t", "p") == ([1, 2], [1, 2])
     assert t.save_checkpoint() == {"_states": {}, "_reads": {}}
+
+
+def test_the_samplers_that_are_no_torch_sampler_import_without_torch():
+    # torch's import takes seconds and hundreds of MiB: only the torch Samplers pay it.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import croupier\n"
+        "from croupier import ChunkSampler, RankAwareSampler, StateError\n"
+        "from croupier.samplers import check_int\n"
+        "RankAwareSampler(group_size=2)\n"
+        "ChunkSampler(chunk_size=4, preload_nchunks=2, batch_size=4, num_replicas=1, rank=0)\n"
+        "print('torch' in sys.modules)\n"
+        "croupier.DistributedSampler(10, num_replicas=1, rank=0)\n"
+        "from croupier._torch import HAVE_TORCH\n"
+        "print('torch' in sys.modules, HAVE_TORCH)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    first, second = out.stdout.splitlines()
+    assert first == "False"
+    assert second in ("True True", "False False")  # a torch Sampler once torch is installed

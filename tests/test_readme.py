@@ -23,9 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # The documents whose examples run: the README and every page under docs/.
 DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
-TEST_COMMAND = (
-    'python -m pip install ".[test]" && cargo test --workspace && python -m pytest -n auto'
+INSTALL_COMMAND = (
+    "# No GPU? First the CPU-only torch (the default one brings 5 GB of CUDA libraries):\n"
+    "#   python -m pip install torch --index-url https://download.pytorch.org/whl/cpu\n"
+    'python -m pip install ".[test]"'
 )
+TEST_COMMAND = "cargo test --workspace && python -m pytest -n auto"
 # Blocks that import torch, or use croupier's classes built on it (the loader and datasets).
 _NEEDS_TORCH = re.compile(
     r"^\s*(import|from)\s+torch\b|\b(StatefulDataLoader|MemoryMappedDataset|HuggingFaceDataset)\b",
@@ -118,13 +121,17 @@ def test_the_readme_has_an_example_per_sampler():
         assert name in code, f"no README example uses {name}"
 
 
-def test_the_test_command_is_intact():
-    # .ci/run runs the first ```sh block after the marker verbatim (this is its awk, in Python).
+@pytest.mark.parametrize(
+    ("marker", "command"), [("install-command", INSTALL_COMMAND), ("test-command", TEST_COMMAND)]
+)
+def test_the_install_and_test_commands_are_intact(marker, command):
+    # .ci/run runs the first ```sh block after each marker verbatim (its awk, in Python): the
+    # install builds croupier once with everything the main job and the tests need.
     lines = README.read_text(encoding="utf-8").splitlines()
-    marker = next(i for i, line in enumerate(lines) if "<!-- test-command" in line)
-    start = next(i for i in range(marker + 1, len(lines)) if lines[i].startswith("```sh"))
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"<!-- {marker}"))
+    start = next(i for i in range(at + 1, len(lines)) if lines[i].startswith("```sh"))
     end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("```"))
-    assert "\n".join(lines[start + 1 : end]) == TEST_COMMAND
+    assert "\n".join(lines[start + 1 : end]) == command
 
 
 def test_the_readme_is_short_and_its_links_lead_somewhere():

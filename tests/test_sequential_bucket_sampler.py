@@ -158,6 +158,17 @@ def test_get_batch_info_in_sorted_order_and_empty_past_the_end():
     assert s.bucket_keys == ["b0", "b1"] and s.bucket_groups is ds.bucket_groups
 
 
+def test_given_as_sampler_it_is_refused_naming_batch_sampler():
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    s = SequentialBucketSampler(Dataset([10, 20]), 5, num_replicas=1, rank=0)
+    data = torch.arange(30)
+    with pytest.raises(TypeError, match=r"SequentialBucketSampler is a batch sampler.*batch_sa"):
+        next(iter(DataLoader(data, sampler=s)))
+    assert [b.tolist() for b in DataLoader(data, batch_sampler=s)] == list(s)
+
+
 @pytest.mark.parametrize("order", ["fast", "torch"])
 def test_resume_at_every_batch_with_nemos_state(order):
     if order == "torch":

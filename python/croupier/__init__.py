@@ -46,14 +46,15 @@ __all__ = [
 # installed: they load on first use, and `croupier --help` or `croupier.permutation` never pay it.
 _LAZY = {
     "BucketBatchSampler": "croupier.samplers",
-    "ChunkSampler": "croupier.samplers",
+    # Neither a torch Sampler: they never import torch.
+    "ChunkSampler": "croupier.samplers.chunk",
     "DistributedSampler": "croupier.samplers",
     "HuggingFaceDataset": "croupier.datasets",
     "MemoryMappedDataset": "croupier.datasets",
     "MixtureSampler": "croupier.samplers",
-    "RankAwareSampler": "croupier.samplers",
+    "RankAwareSampler": "croupier.samplers.rank_aware",
     "SequentialBucketSampler": "croupier.samplers",
-    "StateError": "croupier.samplers",
+    "StateError": "croupier.samplers._state",
     "StatefulDataLoader": "croupier.loader",
 }
 

@@ -23,6 +23,7 @@ __all__ = [
     "RankShare",
     "SequentialBuckets",
     "__version__",
+    "epoch_end",
     "layout",
     "permutation",
     "permutation_into",
@@ -43,9 +44,11 @@ _Indices = npt.NDArray[np.uint32] | npt.NDArray[np.int64]
 
 @final
 class Order:
-    """An epoch order: croupier's own (fast, or world-size-invariant: ``GLOBAL``), or torch's
-    CPU ``randperm`` as releases before 2.6 or from 2.6 on compute it."""
+    """An epoch order: croupier's own (per-rank: ``PER_RANK``, or world-size-invariant:
+    ``GLOBAL``), or torch's CPU ``randperm`` as releases before 2.6 or from 2.6 on compute it.
+    ``FAST`` is ``PER_RANK`` under its earlier name."""
 
+    PER_RANK: Order
     FAST: Order
     TORCH_FORWARD: Order
     TORCH_INSIDE_OUT: Order
@@ -255,7 +258,7 @@ class MixtureShape:
         cls, sizes: list[int], *, num_samples: int | None, order: Order, drop_last: bool
     ) -> MixtureShape:
         """Datasets of ``sizes``, ``num_samples`` positions per rank (``None``: the order's
-        default), in ``order`` (``Order.GLOBAL`` or ``Order.FAST``)."""
+        default), in ``order`` (``Order.GLOBAL`` or ``Order.PER_RANK``)."""
     def __getnewargs_ex__(self) -> tuple[tuple[list[int]], dict[str, object]]:
         """Pickles as ``MixtureShape(sizes, **keywords)``."""
     def positions(self, num_replicas: int) -> int:
@@ -295,7 +298,7 @@ class Mixture:
         """The datasets' ``sizes`` mixed over ``phases`` for rank ``rank`` of
         ``num_replicas``. ``order``: ``Order.GLOBAL`` (one global sequence of ``length``
         positions, ``None``: every dataset once, dealt with torch's striding; phases in global
-        positions) or ``Order.FAST`` (each rank its own sequence of ``length`` positions,
+        positions) or ``Order.PER_RANK`` (each rank its own sequence of ``length`` positions,
         ``None``: one pass of every dataset's share). ``interleave``: ``"uniform"`` or
         ``"balanced"`` (global order only). Every keyword is required; an unknown one is a
         ``TypeError``."""
@@ -339,6 +342,10 @@ class Mixture:
     def first_stop(self, start: int) -> int:
         """Where an :meth:`indices` call starting at ``start`` should stop to hand out its
         first index soonest."""
+
+def epoch_end(n: int, num_replicas: int, drop_last: bool) -> int:
+    """The end of an epoch of ``n`` positions dealt over ``num_replicas`` ranks: ``n``, or with
+    ``drop_last`` the positions it keeps (where an elastic rest of it ends)."""
 
 def layout(n: int, num_replicas: int, drop_last: bool) -> tuple[int, int]:
     """``(num_samples, total_size)`` of torch's ``DistributedSampler`` for these arguments."""

@@ -195,7 +195,7 @@ def resolve_ranks(
     if not 0 <= rank < num_replicas:
         # torch's words first: code written for torch's sampler matches on them.
         raise ValueError(
-            f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]: "
-            f"rank must be in [0, {num_replicas - 1}], got {rank} (num_replicas={num_replicas})"
+            f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}] "
+            f"(num_replicas={num_replicas})"
         )
     return num_replicas, rank

@@ -21,7 +21,12 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["check_not_sharded_again", "refuse_a_sampler"]
+__all__ = [
+    "check_not_batched_again",
+    "check_not_sharded_again",
+    "prefetching_workers",
+    "refuse_a_sampler",
+]
 
 # How many frames above a sampler's __iter__ a sharding wrapper can sit (torch's BatchSampler
 # and the wrapper's two generator frames in between).
@@ -71,6 +76,63 @@ def check_not_sharded_again(sampler: object) -> None:
                 "croupier.integrations.transformers.CroupierTrainerMixin)"
             )
         frame = frame.f_back  # type: ignore[assignment]
+
+
+def check_not_batched_again(sampler: object) -> None:
+    """Raises ``TypeError`` when batch sampler ``sampler`` is being iterated by torch's
+    ``BatchSampler``: a ``DataLoader`` given it as ``sampler=`` batches its batches again, and
+    the dataset would get lists where it expects indices (torch's own error says nothing of
+    the cause)."""
+    try:
+        frame = sys._getframe(2)  # above the sampler's own __iter__
+    except ValueError:  # called from the top of a stack
+        return
+    owner = None
+    for _ in range(3):  # past the sampler's own frames (SequentialBucketSampler's generator)
+        if frame is None:
+            return
+        owner = frame.f_locals.get("self")
+        if owner is not sampler:
+            break
+        frame = frame.f_back  # type: ignore[assignment]
+    batcher = type(owner)
+    if (
+        batcher.__name__ == "BatchSampler"
+        and batcher.__module__.startswith("torch.utils.data")
+        and getattr(owner, "sampler", None) is sampler
+    ):
+        name = type(sampler).__name__
+        raise TypeError(
+            f"{name} is a batch sampler (it yields lists of indices), given to a DataLoader as "
+            "sampler=, which batches what it yields again: pass it as batch_sampler= "
+            f"(DataLoader(dataset, batch_sampler={name}(...)), or croupier.StatefulDataLoader("
+            f"dataset, batch_sampler={name}(...)) to checkpoint the loader)"
+        )
+
+
+# How many frames above a sampler's __iter__ a DataLoader's iterator can sit (torch's
+# BatchSampler generator, its _next_index, and a sampler's own generator in between).
+_LOADER_FRAMES = 5
+
+
+def prefetching_workers() -> int:
+    """The worker processes of the torch ``DataLoader`` iterator that is starting to iterate
+    the calling sampler (0 without workers, or outside a ``DataLoader``): with workers, the
+    loader reads the sampler ahead of training, by up to ``prefetch_factor`` batches per
+    worker. Called from a sampler's ``__iter__``."""
+    try:
+        frame = sys._getframe(2)  # above the sampler's own __iter__
+    except ValueError:
+        return 0
+    for _ in range(_LOADER_FRAMES):
+        if frame is None:
+            return 0
+        owner = frame.f_locals.get("self")
+        if any(c.__name__ == "_MultiProcessingDataLoaderIter" for c in type(owner).__mro__):
+            workers = getattr(owner, "_num_workers", 0)
+            return workers if isinstance(workers, int) else 0
+        frame = frame.f_back  # type: ignore[assignment]
+    return 0
 
 
 def refuse_a_sampler(cls: str, argument: str, value: object) -> None:

@@ -81,7 +81,13 @@ def dataset_length(dataset: object) -> int:
             f"{type(dataset).__name__} {dataset!r:.80} (a path? load the dataset first)"
         )
     if isinstance(dataset, numbers.Integral):  # int and numpy integers, not arrays
-        return check_int("dataset", dataset, 0, MAX_LEN)
+        n = as_int("dataset", dataset)
+        if not 0 <= n <= MAX_LEN:
+            raise ValueError(
+                "dataset given as an int is the number of samples: it must be in "
+                f"[0, 2**63 - 1], got {n}"
+            )
+        return n
     if not hasattr(type(dataset), "__len__"):
         raise TypeError(
             "dataset must be a sized object (with __len__) or an int number of samples, "
@@ -106,7 +112,7 @@ for each number of ranks). ``"torch"``: torch's own order, index for index.
 
 CORE_ORDERS: Mapping[str, _core.Order] = {
     "global": _core.Order.GLOBAL,
-    "per_rank": _core.Order.FAST,
+    "per_rank": _core.Order.PER_RANK,
 }
 """The core's order for each croupier-drawn order name (``"torch"`` picks its variant by
 torch release: :mod:`croupier._torch_order`)."""
@@ -162,22 +168,27 @@ def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
     return value
 
 
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` pointing at the user's line: the first frame outside croupier
+    (past subclasses, checks and overrides)."""
+    # stacklevel 2 is this function's caller: count on from there past croupier's frames.
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("croupier."):
+        level, frame = level + 1, frame.f_back  # type: ignore[assignment]
+    warnings.warn(message, category, stacklevel=level)
+
+
 def check_order(sampler: str, order: object) -> str:
     """``order`` checked against ``sampler``'s row of :data:`ORDERS`, an earlier name
     (:data:`ORDER_ALIASES`) replaced by today's with a ``DeprecationWarning``."""
     allowed = ORDERS[sampler]
     if isinstance(order, str) and order not in allowed and ORDER_ALIASES.get(order) in allowed:
         new = ORDER_ALIASES[order]
-        # Point at the user's line: past every croupier frame (subclasses, checks).
-        level, frame = 1, sys._getframe(1)
-        while frame is not None and frame.f_globals.get("__name__", "").startswith("croupier."):
-            level, frame = level + 1, frame.f_back  # type: ignore[assignment]
-        warnings.warn(
+        warn_at_caller(
             f"order={order!r} is deprecated: the same order is now called order={new!r} "
             f"(states saved with either name load); {order!r} will stop being accepted in "
             "croupier 1.0",
             DeprecationWarning,
-            stacklevel=level + 1,
         )
         return new
     return check_choice("order", order, allowed)

@@ -159,21 +159,30 @@ def _demo(args: argparse.Namespace) -> int:
     _in("--seed", args.seed, 0, U64 - 1, "2**64-1")
     _in("--epoch", args.epoch, 0, U64 - 1, "2**64-1")
     _in("--count", args.count, 1, 10_000)
-    from croupier.samplers import DistributedSampler
+    # The core call a DistributedSampler with these arguments makes (its default order), so
+    # the demo answers without importing torch (seconds and hundreds of MiB).
+    from croupier import _core
 
     t0 = time.perf_counter()
-    sampler = DistributedSampler(args.n, num_replicas=args.ranks, rank=args.rank, seed=args.seed)
-    sampler.set_epoch(args.epoch)
-    it = iter(sampler)
-    first = [next(it) for _ in range(min(args.count, len(sampler)))]
+    share = _core.RankShare(
+        n=args.n, num_replicas=args.ranks, rank=args.rank, shuffle=True, seed=args.seed,
+        drop_last=False, order=_core.Order.GLOBAL,
+    )  # fmt: skip
+    share.check_epoch(args.epoch)
+    length = int(share.num_samples)
+    first = share.indices(args.epoch, 0, min(args.count, length)).tolist()
     elapsed = time.perf_counter() - t0
     print(
         f"croupier {__version__}: N={args.n:,}, rank {args.rank} of {args.ranks}, "
         f"seed {args.seed}, epoch {args.epoch}"
     )
-    print(f"this rank's epoch: {len(sampler):,} indices")
+    print(f"this rank's epoch: {length:,} indices")
     print(f"first {len(first)} indices: {first}")
     print(f"time to the first indices: {elapsed:.3f} s")
+    print(
+        f"in training code: croupier.DistributedSampler({args.n}, num_replicas={args.ranks}, "
+        f"rank={args.rank}, seed={args.seed}), then set_epoch({args.epoch})"
+    )
     return 0
 
 
@@ -339,8 +348,8 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return _sweep(args, argv)
     from croupier.bench import BenchConfig, run
     from croupier.bench._progress import progress_for
-    from croupier.bench._report import plot, table
-    from croupier.bench._runner import ALL_NS, DEFAULT_NS
+    from croupier.bench._report import notes, plot, table
+    from croupier.bench._runner import ALL_NS, DEFAULT_NS, Interrupted
     from croupier.bench._runner import plan as plan_runs
 
     ranks = args.ranks if args.ranks is not None else 8
@@ -353,7 +362,7 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         ranks=ranks,
         rank=rank,
         seeds=tuple(dict.fromkeys(args.seeds)),
-        repeats=args.repeats if args.repeats is not None else 1,
+        repeats=args.repeats if args.repeats is not None else BenchConfig.repeats,
         systems=tuple(args.systems or ()),
         families=tuple(args.families or ()),
         everything=args.all,
@@ -389,17 +398,37 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     restore = _stop_on_signals()
     try:
         results = run(cfg, progress=progress)
+    except Interrupted as stop:
+        # The runs that finished are kept: written, marked incomplete, if any succeeded.
+        results = stop.results
     finally:
         restore()
         progress.close()
     results["run"] = info
-    return _finish(results, lambda: _report(results, table(results), plot, out / "bench"))
+
+    def write() -> None:
+        _report(results, f"{table(results)}\n\n{notes(results)}", plot, out / "bench")
+
+    if not results.get("incomplete"):
+        return _finish(results, write)
+    if not any(r.get("status") == "ok" for r in results["rows"]):
+        raise KeyboardInterrupt  # nothing finished: nothing written
+    with contextlib.suppress(OSError):
+        write()
+        print(
+            "croupier bench: interrupted; the runs that finished are written, marked incomplete",
+            file=sys.stderr,
+        )
+        return 130
+    raise KeyboardInterrupt
 
 
 # -- the parser -------------------------------------------------------------------------------
 
 
 def _parser() -> tuple[_Parser, dict[str, _Parser]]:
+    from croupier.bench._runner import default_cpu_estimate
+
     parser = _Parser(
         prog="croupier", description="Fast, reproducible, resumable index samplers for PyTorch."
     )
@@ -411,7 +440,8 @@ def _parser() -> tuple[_Parser, dict[str, _Parser]]:
         description="Runs each system in its own subprocess, one at a time, and prints a "
         "table of medians with ratios; writes bench.json, bench.md and bench.png. By default "
         "croupier and the main alternative of each family (samplers, mixtures, buckets, "
-        "reads, elastic, permutations) at N = 1e5, 1e6, 1e7: about 3 minutes of CPU. With "
+        "reads, elastic, permutations) at N = 1e5, 1e6, 1e7, 3 runs each: estimated at "
+        f"{_minutes(default_cpu_estimate())} of CPU. With "
         "--sweep-ranks, runs the world-size sweep instead: one rank's "
         'DistributedSampler(order="global") epoch for each W and N (time per index, first '
         "index, memory added); writes ranks-sweep.json, ranks-sweep.md and ranks-sweep.png.",
@@ -466,7 +496,8 @@ def _parser() -> tuple[_Parser, dict[str, _Parser]]:
         "--repeats",
         type=_count,
         default=None,
-        help="runs per seed, in [1, 1000] (default 1; with --sweep-ranks 3)",
+        help="runs per seed, in [1, 1000] (default 3, and up to 2 more for a measurement whose "
+        "runs disagree by more than 2x)",
     )
     bench.add_argument(
         "--sweep-ranks",

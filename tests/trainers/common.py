@@ -70,7 +70,7 @@ def loader(  # type: ignore[type-arg]
     opts = workers(n_workers)
     if kind == "loader" or stateful:
         if kind == "buckets":
-            return croupier.StatefulDataLoader(Ids(), batch_size=None, sampler=s, **opts)
+            return croupier.StatefulDataLoader(Ids(), batch_sampler=s, **opts)
         return croupier.StatefulDataLoader(Ids(), batch_size=BATCH, sampler=s, **opts)
     if kind == "buckets":
         return DataLoader(Ids(), batch_sampler=s, **opts)

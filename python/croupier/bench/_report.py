@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
-__all__ = ["figure", "plot", "table", "write_json"]
+__all__ = ["figure", "notes", "plot", "table", "write_json"]
 
 
 def _time(seconds: float | None) -> str:
@@ -44,15 +45,18 @@ def _ratio(theirs: float | None, ours: float | None) -> str:
 
 
 def _mem(row: dict[str, Any]) -> str:
+    """Memory added above the run's imports, then the peak RSS (imports included)."""
     peak, base = row.get("peak_mib"), row.get("rss_base_mib")
     if peak is None:
         return "-"
-    added = f", +{peak - base:,.0f}" if base is not None else ""
+    if base is None:
+        return f"- (peak {peak:,.0f})"
+    text = f"+{peak - base:,.0f} (peak {peak:,.0f})"
     share = row.get("share_mib")
-    if share and base is not None:
+    if share:
         # An elastic resume's memory against the rank's share of a whole epoch.
-        added += f" ({(peak - base) / share:.2f}x its share of an epoch)"
-    return f"{peak:,.0f}{added}"
+        text += f", {(peak - base) / share:.2f}x its share of an epoch"
+    return text
 
 
 def _find(rows: list[dict[str, Any]], system: str, n: int) -> dict[str, Any] | None:
@@ -77,8 +81,8 @@ def table(results: dict[str, Any]) -> str:
     lines: list[str] = []
     if samplers:
         lines += [
-            "| N | sampler | first index | whole epoch | resume at mid-epoch | peak RSS MiB "
-            "(+ above imports) |",
+            "| N | sampler | first index | whole epoch | resume at mid-epoch | memory added, MiB "
+            "(peak RSS) |",
             "| --- | --- | --- | --- | --- | --- |",
         ]
         lines += [_line(r, results, ("first_s", "epoch_s", "resume_s")) for r in samplers]
@@ -86,8 +90,8 @@ def table(results: dict[str, Any]) -> str:
         if lines:
             lines.append("")
         lines += [
-            "| N | mixture sampler | first index | whole epoch | resume at mid-epoch | peak RSS "
-            "MiB (+ above imports) |",
+            "| N | mixture sampler | first index | whole epoch | resume at mid-epoch | memory "
+            "added, MiB (peak RSS) |",
             "| --- | --- | --- | --- | --- | --- |",
         ]
         lines += [_line(r, results, ("first_s", "epoch_s", "resume_s")) for r in mixtures]
@@ -96,7 +100,7 @@ def table(results: dict[str, Any]) -> str:
             lines.append("")
         lines += [
             "| N | batches | first batch | whole epoch | resume at mid-epoch | padding efficiency "
-            "| peak RSS MiB (+ above imports) |",
+            "| memory added, MiB (peak RSS) |",
             "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         lines += [
@@ -106,7 +110,7 @@ def table(results: dict[str, Any]) -> str:
         if lines:
             lines.append("")
         lines += [
-            "| N | reads (16-byte rows) | whole epoch | MB/s | peak RSS MiB (+ above imports) |",
+            "| N | reads (16-byte rows) | whole epoch | MB/s | memory added, MiB (peak RSS) |",
             "| --- | --- | --- | --- | --- |",
         ]
         lines += [_line(r, results, ("epoch_s", "mb_s")) for r in reads]
@@ -116,7 +120,7 @@ def table(results: dict[str, Any]) -> str:
         w = results["config"]["ranks"]
         lines += [
             f"| N | resume mid-epoch on {max(1, w * 3 // 4)} of {w} ranks | first index | "
-            "the rest of the epoch | peak RSS MiB (+ above imports) |",
+            "the rest of the epoch | memory added, MiB (peak RSS) |",
             "| --- | --- | --- | --- | --- |",
         ]
         lines += [_line(r, results, ("resume_s", "epoch_s")) for r in elastic]
@@ -124,7 +128,7 @@ def table(results: dict[str, Any]) -> str:
         if lines:
             lines.append("")
         lines += [
-            "| N | full permutation | time | peak RSS MiB (+ above imports) |",
+            "| N | full permutation | time | memory added, MiB (peak RSS) |",
             "| --- | --- | --- | --- |",
         ]
         lines += [_line(r, results, ("epoch_s",)) for r in perms]
@@ -145,8 +149,68 @@ def _pair(
     return (other, r) if mine and not its_target else (r, other)
 
 
+def _range(r: dict[str, Any], key: str) -> str:
+    """`` [fastest-slowest]`` of a time's runs, when they differ."""
+    lo, hi = r.get("spread", {}).get(key, (None, None))
+    if lo is None or lo == hi:
+        return ""
+    return f" [{_time(lo)}-{_time(hi)}]"
+
+
+def _name(r: dict[str, Any], results: dict[str, Any]) -> str:
+    """A system's name, marked when it is a hand-written stand-in (see :func:`notes`)."""
+    hand = results["systems"].get(r["system"], {}).get("hand_written")
+    return f"{r['system']} (hand-written)" if hand else r["system"]
+
+
+_WORDS = {"first_s": "first index", "epoch_s": "whole epoch", "resume_s": "resume"}
+
+
+def notes(results: dict[str, Any]) -> str:
+    """What to know before reading the table: whether the run is complete, whether the machine
+    was busy or a measurement's runs disagree, and the key (what the figures and marks mean,
+    what each hand-written baseline stands for)."""
+    lines: list[str] = []
+    if results.get("incomplete"):
+        lines.append("**Incomplete**: the run was interrupted; these are the runs that finished.")
+    load = results.get("load") or {}
+    if load.get("max") is not None and load.get("cores") and load["max"] > load["cores"]:
+        lines.append(
+            f"**The machine was busy**: a load average up to {load['max']:.1f} on "
+            f"{load['cores']} cores during the run (its own runs count about 1); times are "
+            "inflated, and ratios less sure."
+        )
+    wide = [r for r in results["rows"] if r.get("wide")]
+    if wide:
+        lines.append(
+            "**Runs more than 2x apart**: "
+            + "; ".join(
+                f"{r['system']} at N = {_n(r['n'])} ({', '.join(_WORDS[k] for k in r['wide'])})"
+                for r in wide
+            )
+            + ". The machine was busy for part of them: read the median with its range."
+        )
+    runs = results["config"].get("repeats", 1) * len(results["config"].get("seeds", [0]))
+    key = (
+        f"Key: every time is the median of {runs} run(s), each in its own process, with "
+        "[fastest-slowest] when they differ; (29x): how many times longer the alternative "
+        "took than croupier (on a memory cell: how much more memory it added); memory: what the "
+        "run added above the modules it imports (read after them), in MiB, and the peak RSS, "
+        "which counts those modules too (torch's are about 450 MiB)."
+    )
+    hand = [(n, s["hand_written"]) for n, s in results["systems"].items() if s.get("hand_written")]
+    if hand:
+        key += " Hand-written: croupier's own implementation of a documented algorithm, where no"
+        key += " package that does it installs here: " + "; ".join(
+            f"{name}, {what}" for name, what in hand
+        )
+        key += "."
+    lines.append(key)
+    return "\n\n".join(lines)
+
+
 def _line(r: dict[str, Any], results: dict[str, Any], keys: tuple[str, ...]) -> str:
-    cells = [_n(r["n"]), r["system"]]
+    cells = [_n(r["n"]), _name(r, results)]
     if r.get("status") != "ok":
         cells += [f"{r['status']}: {r.get('detail', '')}"] + [""] * len(keys)
         return "| " + " | ".join(cells) + " |"
@@ -161,7 +225,9 @@ def _line(r: dict[str, Any], results: dict[str, Any], keys: tuple[str, ...]) -> 
             cells.append("-" if value is None else f"{value:,.0f}")
             continue
         cells.append(
-            _time(r.get(key)) + (_ratio(pair[0].get(key), pair[1].get(key)) if pair else "")
+            _time(r.get(key))
+            + _range(r, key)
+            + (_ratio(pair[0].get(key), pair[1].get(key)) if pair else "")
         )
     mem = _mem(r) + (_mem_ratio(*pair) if pair else "")
     if pair and results["systems"][r["system"]]["same_output"]:
@@ -209,15 +275,25 @@ def _decades(values: list[float], pad: bool = False) -> tuple[float, float]:
     return 10.0**lo / margin, 10.0**hi * margin
 
 
-# What each family's panel shows: its title and the metric (time, seconds).
-PANELS = {
-    "samplers": ("Samplers: one rank's whole epoch", "epoch_s"),
-    "mixtures": ("Mixtures (100 datasets): one rank's epoch", "epoch_s"),
-    "buckets": ("Token-budget buckets: one rank's epoch", "epoch_s"),
-    "reads": ("Reads of one rank's rows (16 B each)", "epoch_s"),
-    "elastic": ("Elastic resume: the rest of the epoch", "epoch_s"),
-    "permutations": ("Full permutation of [0, N)", "epoch_s"),
+# Each family's row of panels: its title, and the metrics it has (whole epoch, first index,
+# resume, memory added), each with the words of its panel.
+FAMILY_TITLES = {
+    "samplers": "Samplers",
+    "mixtures": "Mixtures (100 datasets)",
+    "buckets": "Token-budget buckets",
+    "reads": "Reads (16-byte rows)",
+    "elastic": "Elastic resume",
+    "permutations": "Full permutation",
 }
+METRIC_WORDS = {
+    "epoch_s": "one rank's whole epoch",
+    "first_s": "first index",
+    "resume_s": "resume mid-epoch",
+    "added_mib": "memory added",
+}
+# The elastic family's epoch is the rest of one, and its resume the first index after it.
+ELASTIC_WORDS = {"epoch_s": "the rest of the epoch", "resume_s": "first index after it"}
+PANELS = tuple(METRIC_WORDS)
 #: How croupier's lines look in every panel (a second croupier system in a panel is dashed);
 #: the alternatives get the other colours, thinner, dashed, each its own marker.
 OURS = {"color": "#c0392b", "linewidth": 2.8, "marker": "o", "markersize": 7, "zorder": 3}
@@ -248,68 +324,129 @@ def plot(results: dict[str, Any], path: Path) -> bool:
     return True
 
 
+def _added(r: dict[str, Any]) -> tuple[float, float, float] | None:
+    """Memory a row's runs added above their imports, in MiB: median, smallest, largest."""
+    added = [
+        x["peak_mib"] - x["rss_base_mib"]
+        for x in r.get("runs", [])
+        if x.get("status") == "ok" and "peak_mib" in x and "rss_base_mib" in x
+    ]
+    if not added and "peak_mib" in r and "rss_base_mib" in r:
+        added = [r["peak_mib"] - r["rss_base_mib"]]
+    if not added:
+        return None
+    return statistics.median(added), min(added), max(added)
+
+
+def _point(r: dict[str, Any], key: str) -> tuple[float, float, float] | None:
+    """A row's median of ``key`` with its smallest and largest run (``None`` if it has none)."""
+    if key == "added_mib":
+        return _added(r)
+    value = r.get(key)
+    if value is None or value <= 0:
+        return None
+    lo, hi = r.get("spread", {}).get(key, (value, value))
+    return value, lo, hi
+
+
+def panel_title(family: str, key: str) -> str:
+    """The title of ``family``'s panel of ``key``."""
+    words = ELASTIC_WORDS.get(key) if family == "elastic" else None
+    return f"{FAMILY_TITLES[family]}: {words or METRIC_WORDS[key]}"
+
+
 def figure(results: dict[str, Any]) -> Any:
-    """One panel per family: the time each system takes against N (log-log), croupier drawn
-    the same way (thick, red, round markers) in every panel, each panel with its own legend,
-    the machine and the command in the caption. Needs matplotlib."""
+    """A row of panels per family, one per metric it has (whole epoch, first index, resume,
+    memory added above the imports), each against N (log-log) with every system's median and
+    the range of its runs as error bars; croupier drawn the same way (thick, red, round
+    markers) in every panel, each panel with its own legend, the machine and the command in
+    the caption. Readable at any number of panels. Needs matplotlib."""
     plt = pyplot()
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     rows = [r for r in results["rows"] if r.get("status") == "ok"]
     systems = results["systems"]
-    families = [f for f in PANELS if any(r["family"] == f for r in rows)]
-    cols = min(3, max(len(families), 1))
-    lines_ = -(-max(len(families), 1) // cols)
-    fig, axes = plt.subplots(lines_, cols, figsize=(5.4 * cols, 4.1 * lines_ + 1.1), squeeze=False)
-    flat = [ax for line in axes for ax in line]
-    for ax in flat[len(families) :]:
-        ax.remove()
-    for ax, family in zip(flat, families, strict=False):
-        title, key = PANELS[family]
-        ours_seen = theirs_seen = 0
-        xs: list[float] = []
-        ys: list[float] = []
-        for name, info in systems.items():
-            pts = sorted(
-                (r["n"], r[key])
-                for r in rows
-                if r["system"] == name and r["family"] == family and r.get(key, 0) > 0
-            )
-            if not pts:
-                continue
-            if info["ours"]:
-                style: dict[str, Any] = {**OURS, "linestyle": "--" if ours_seen else "-"}
-                ours_seen += 1
-            else:
-                style = {
-                    "color": THEIRS[theirs_seen % len(THEIRS)],
-                    "marker": MARKERS[theirs_seen % len(MARKERS)],
-                    "linewidth": 1.6,
-                    "markersize": 6,
-                    "linestyle": "--",
-                }
-                theirs_seen += 1
-            ax.loglog([p[0] for p in pts], [p[1] for p in pts], label=name, **style)
-            xs += [p[0] for p in pts]
-            ys += [p[1] for p in pts]
-        # Whole decades on both axes, so that each has labelled ticks (in units) at its ends.
-        ax.set_xlim(*_decades(xs, pad=True))
-        ax.set_ylim(*_decades(ys))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _n(round(v))))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _tick_time(v)))
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_minor_formatter(NullFormatter())
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("N, samples (log scale)")
-        ax.set_ylabel("time (log scale)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(loc="best", fontsize=8, framealpha=0.9)
+    grid = []
+    for family in FAMILY_TITLES:
+        mine = [r for r in rows if r["family"] == family]
+        keys = [k for k in PANELS if any(_point(r, k) for r in mine)]
+        if keys:
+            grid.append((family, keys))
+    cols = max([len(keys) for _f, keys in grid] + [2])
+    fig, axes = plt.subplots(
+        max(len(grid), 1), cols, figsize=(4.4 * cols, 3.5 * max(len(grid), 1) + 1.3),
+        squeeze=False,
+    )  # fmt: skip
+    padded = grid + [("", [])] * (len(axes) - len(grid))
+    for line, (family, keys) in zip(axes, padded, strict=True):
+        for ax in line[len(keys) :]:
+            ax.remove()
+        for ax, key in zip(line, keys, strict=False):
+            _panel(ax, family, key, rows, systems)
+            memory = key == "added_mib"
+            ax.yaxis.set_major_formatter(
+                FuncFormatter(lambda v, _: f"{v:.3g} MiB") if memory else FuncFormatter(
+                    lambda v, _: _tick_time(v)
+                )
+            )  # fmt: skip
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _n(round(v))))
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_minor_formatter(NullFormatter())
+            ax.set_title(panel_title(family, key), fontsize=9.5)
+            ax.set_xlabel("N, samples (log scale)", fontsize=8.5)
+            ax.set_ylabel("MiB added (log scale)" if memory else "time (log scale)", fontsize=8.5)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(loc="best", fontsize=7, framealpha=0.9)
     cfg = results["config"]
     fig.suptitle(
-        f"croupier bench: time against N, lower is better (W={cfg['ranks']} ranks, "
-        f"rank {cfg['rank']} timed)",
-        fontsize=12,
+        f"croupier bench, lower is better: W={cfg['ranks']} ranks, rank {cfg['rank']} timed; "
+        "medians, bars from the fastest to the slowest run",
+        fontsize=11,
+        wrap=True,
     )
-    fig.text(0.01, 0.01, caption(results), fontsize=7.5, ha="left", va="bottom", color="#444")
-    fig.tight_layout(rect=(0, 0.55 / fig.get_figheight(), 1, 1))
+    fig.text(0.01, 0.01, caption(results), fontsize=7, ha="left", va="bottom", color="#444")
+    fig.tight_layout(rect=(0, 0.6 / fig.get_figheight(), 1, 1 - 0.15 / fig.get_figheight()))
     return fig
+
+
+def _panel(
+    ax: Any, family: str, key: str, rows: list[dict[str, Any]], systems: dict[str, Any]
+) -> None:
+    """Draws every system of ``family`` in ``ax``: ``key`` against N, with its runs' range."""
+    ours_seen = theirs_seen = 0
+    xs: list[float] = []
+    ys: list[float] = []
+    for name, info in systems.items():
+        pts = sorted(
+            (r["n"], *pt)
+            for r in rows
+            if r["system"] == name and r["family"] == family
+            for pt in [_point(r, key)]
+            if pt is not None and pt[0] > 0
+        )
+        if not pts:
+            continue
+        if info["ours"]:
+            style: dict[str, Any] = {**OURS, "linestyle": "--" if ours_seen else "-"}
+            ours_seen += 1
+        else:
+            style = {
+                "color": THEIRS[theirs_seen % len(THEIRS)],
+                "marker": MARKERS[theirs_seen % len(MARKERS)],
+                "linewidth": 1.6,
+                "markersize": 6,
+                "linestyle": "--",
+            }
+            theirs_seen += 1
+        n = [p[0] for p in pts]
+        mid = [p[1] for p in pts]
+        below = [max(p[1] - p[2], 0.0) for p in pts]
+        above = [max(p[3] - p[1], 0.0) for p in pts]
+        ax.errorbar(n, mid, yerr=[below, above], label=name, capsize=2.5, **style)
+        xs += n
+        ys += [p[2] for p in pts if p[2] > 0] + [p[3] for p in pts]
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    # Whole decades on both axes, so that each has labelled ticks (in units) at its ends.
+    ax.set_xlim(*_decades(xs, pad=True))
+    ax.set_ylim(*_decades(ys))

@@ -17,10 +17,20 @@ from typing import Any
 from croupier import __version__
 from croupier.bench._systems import System, choose
 
-__all__ = ["BenchConfig", "Lines", "Plan", "Progress", "machine", "plan", "run"]
+__all__ = [
+    "BenchConfig",
+    "Interrupted",
+    "Lines",
+    "Plan",
+    "Progress",
+    "default_cpu_estimate",
+    "machine",
+    "plan",
+    "run",
+]
 
-#: The default run's sizes: three decades, enough to show how each system scales, in about
-#: three minutes of CPU on 2 cores with the headline systems.
+#: The default run's sizes: three decades, enough to show how each system scales (its CPU
+#: time: :func:`default_cpu_estimate`).
 DEFAULT_NS = (100_000, 1_000_000, 10_000_000)
 #: The sizes of ``--all``.
 ALL_NS = (1_000_000, 10_000_000, 100_000_000)
@@ -46,10 +56,13 @@ class BenchConfig:
         ns: dataset lengths (each in ``[1e3, 1e10]``).
         ranks: number of data-parallel ranks ``W``.
         rank: the rank whose share is timed.
-        seeds: one repeat per seed and per ``repeats``; medians are reported.
+        seeds: one repeat per seed and per ``repeats``; medians are reported, with the
+            smallest and largest run.
         repeats: runs per seed. Runs go round-robin over the systems of one N (every
             system's first run, then every system's second run, ..., each round starting
             one system later).
+        more_repeats: runs added, at most, to a measurement whose runs disagree by more
+            than 2x (a noisy machine): its median then rests on more of them.
         systems: names from :data:`croupier.bench._systems.SYSTEMS` (default: the headline
             systems, or every system with ``everything``).
         families: run every system of these families instead (see ``FAMILIES``).
@@ -63,7 +76,8 @@ class BenchConfig:
     ranks: int = 8
     rank: int = 3
     seeds: tuple[int, ...] = (0,)
-    repeats: int = 1
+    repeats: int = 3
+    more_repeats: int = 2
     systems: tuple[str, ...] = ()
     families: tuple[str, ...] = ()
     everything: bool = False
@@ -167,9 +181,34 @@ def round_robin(
             say(f"{head}: {result['status']} in {time.perf_counter() - t0:.1f} s")
 
 
-def _median(runs: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in runs if r.get("status") == "ok" and key in r]
-    return statistics.median(values) if values else None
+def _values(runs: list[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in runs if r.get("status") == "ok" and key in r]
+
+
+#: The times whose runs must agree within :data:`WIDE` for a measurement to be steady.
+SPREAD_KEYS = ("first_s", "epoch_s", "resume_s")
+#: Runs of one measurement whose largest time is more than this many times the smallest
+#: disagree: the machine was busy during some of them.
+WIDE = 2.0
+
+
+def wide(row: dict[str, Any]) -> list[str]:
+    """The times of ``row`` whose runs disagree by more than :data:`WIDE`."""
+    runs = row.get("runs", [])
+    out = []
+    for key in SPREAD_KEYS:
+        values = _values(runs, key)
+        if len(values) > 1 and max(values) > WIDE * min(values):
+            out.append(key)
+    return out
+
+
+def _load() -> float | None:
+    """The 1-minute load average, or ``None`` where the platform has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def _cannot_run(system: System, n: int, cfg: BenchConfig) -> tuple[str, str] | None:
@@ -189,16 +228,21 @@ def _cannot_run(system: System, n: int, cfg: BenchConfig) -> tuple[str, str] | N
 
 
 def _summarise(row: dict[str, Any], cfg: BenchConfig) -> None:
-    """Adds to ``row`` its status, the medians of its runs and whether its checks held."""
+    """Adds to ``row`` its status, the medians of its runs with their smallest and largest
+    (``spread``), the times whose runs disagree (``wide``) and whether its checks held."""
     runs = row["runs"]
     ok = [r for r in runs if r.get("status") == "ok"]
     row["status"] = "ok" if ok else runs[0]["status"]
     if not ok:
         row["detail"] = runs[0].get("detail", "")
+    spread = {}
     for key in (*METRICS, "rss_base_mib"):
-        value = _median(runs, key)
-        if value is not None:
-            row[key] = value
+        values = _values(runs, key)
+        if values:
+            row[key] = statistics.median(values)
+            spread[key] = [min(values), max(values)]
+    row["spread"] = spread
+    row["wide"] = wide(row)
     digests = {r.get("digest") for r in ok if r.get("digest")}
     if len(digests) == 1 and len(cfg.seeds) == 1:
         row["digest"] = digests.pop()
@@ -293,34 +337,78 @@ def run(
     pairs = plan(cfg)
     runs = len(cfg.seeds) * cfg.repeats
     rows: list[dict[str, Any]] = []
+    loads: list[float] = []
     total = len(pairs)
-    for n in cfg.ns:
-        pending: list[tuple[dict[str, Any], str, Callable[[int], dict[str, Any]]]] = []
-        for step, p in enumerate(pairs, 1):
-            if p.n != n:
-                continue
-            head = f"[{step}/{total}] {p.system.name} N={n:,}"
-            row: dict[str, Any] = {"system": p.system.name, "family": p.system.family, "n": n}
-            rows.append(row)
-            if p.skip:
-                row["status"], row["detail"] = p.skip
-                progress.say(f"{head}: skipped, {row['detail']}")
-                continue
-            row["runs"] = []
-            pending.append((row, head, _counted(progress, p.cpu_s / runs, p.system, n, cfg)))
-        round_robin(pending, cfg.seeds, cfg.repeats, progress.say)
-        for row, _head, _run in pending:
-            _summarise(row, cfg)
+    pending: list[tuple[dict[str, Any], str, Callable[[int], dict[str, Any]]]] = []
+
+    def finish(incomplete: bool) -> dict[str, Any]:
+        kept = []
+        for row in rows:
+            if "runs" in row and not row["runs"]:
+                continue  # interrupted before its first run
+            if "runs" in row:
+                _summarise(row, cfg)
+            kept.append(row)
+        results = _results(cfg, pairs, kept, loads)
+        if incomplete:
+            results["incomplete"] = True
+        return results
+
+    try:
+        for n in cfg.ns:
+            pending = []
+            for step, p in enumerate(pairs, 1):
+                if p.n != n:
+                    continue
+                head = f"[{step}/{total}] {p.system.name} N={n:,}"
+                row: dict[str, Any] = {"system": p.system.name, "family": p.system.family, "n": n}
+                rows.append(row)
+                if p.skip:
+                    row["status"], row["detail"] = p.skip
+                    progress.say(f"{head}: skipped, {row['detail']}")
+                    continue
+                row["runs"] = []
+                one = _counted(progress, p.cpu_s / runs, p.system, n, cfg, loads)
+                pending.append((row, head, one))
+            round_robin(pending, cfg.seeds, cfg.repeats, progress.say)
+            noisy = [entry for entry in pending if wide(entry[0])]
+            if noisy and cfg.more_repeats:
+                progress.say(
+                    f"{len(noisy)} measurement(s) at N={n:,} with runs more than {WIDE:g}x "
+                    f"apart: {cfg.more_repeats} more run(s) each"
+                )
+                round_robin(noisy, cfg.seeds, cfg.more_repeats, progress.say)
+    except KeyboardInterrupt as stop:
+        raise Interrupted(finish(incomplete=True)) from stop
+    return finish(incomplete=False)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during :func:`run`: ``results`` holds every run that finished,
+    summarised, and ``results["incomplete"]`` is true."""
+
+    def __init__(self, results: dict[str, Any]) -> None:
+        super().__init__("interrupted")
+        self.results = results
+
+
+def _results(
+    cfg: BenchConfig, pairs: list[Plan], rows: list[dict[str, Any]], loads: list[float]
+) -> dict[str, Any]:
+    """The JSON-ready results of a run: its configuration, the machine, the systems and the
+    rows, and the load average seen before each run (``load``: its largest, and the cores)."""
     chosen = list(dict.fromkeys(p.system for p in pairs))
     return {
         "config": asdict(cfg),
         "machine": machine(),
+        "load": {"max": max(loads, default=None), "cores": os.cpu_count()},
         "systems": {
             s.name: {
                 "label": s.label,
                 "family": s.family,
                 "ours": s.ours,
                 "same_output": s.same_output,
+                "hand_written": s.hand_written,
             }
             for s in chosen
         },
@@ -340,13 +428,30 @@ class Lines(Progress):
 
 
 def _counted(
-    progress: Progress, estimate: float, system: System, n: int, cfg: BenchConfig
+    progress: Progress,
+    estimate: float,
+    system: System,
+    n: int,
+    cfg: BenchConfig,
+    loads: list[float],
 ) -> Callable[[int], dict[str, Any]]:
-    """One run of ``system`` at ``n`` for a seed, then the progress advanced by its estimate."""
+    """One run of ``system`` at ``n`` for a seed, then the progress advanced by its estimate;
+    the load average just before it goes to ``loads``."""
 
     def one(seed: int) -> dict[str, Any]:
+        load = _load()
+        if load is not None:
+            loads.append(load)
         result = _one(system, n, cfg, seed)
         progress.advance(estimate)
         return result
 
     return one
+
+
+def default_cpu_estimate() -> float:
+    """CPU seconds the default ``croupier bench`` is estimated to take (every headline
+    system installed): the one figure ``--help``, the plan line and the README quote."""
+    cfg = BenchConfig()
+    runs = len(cfg.seeds) * cfg.repeats
+    return sum(s.cpu_estimate(n) * runs for n in cfg.ns for s in choose())

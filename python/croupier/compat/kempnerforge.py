@@ -40,9 +40,11 @@ __all__ = [
     "DataConfig",
     "DistributedSampler",
     "HuggingFaceDataset",
+    "IndexValueError",
     "MemoryMappedDataset",
     "MixtureSampler",
     "StatefulDataLoader",
+    "ZeroDivisionValueError",
 ]
 
 
@@ -155,13 +157,13 @@ class MixtureSampler(_Mixture):
 # so except clauses written for kempnerforge still catch it.
 
 
-class _ZeroDivisionValueError(ValueError, ZeroDivisionError):
+class ZeroDivisionValueError(ValueError, ZeroDivisionError):
     """Refused input on which kempnerforge's ``MixtureSampler`` raises ``ZeroDivisionError``
     (weights summing to 0, ``temperature=0``, ``num_replicas=0``): a ``ValueError`` with
     croupier's message that ``except ZeroDivisionError`` clauses written for it still catch."""
 
 
-class _IndexValueError(ValueError, IndexError):
+class IndexValueError(ValueError, IndexError):
     """Refused input on which kempnerforge's ``MixtureSampler`` raises ``IndexError`` (empty
     or too few weights): a ``ValueError`` that ``except IndexError`` clauses still catch."""
 
@@ -198,13 +200,13 @@ def _kempnerforge_kind(
         if not ws:
             return None  # max() of no log-weights: ValueError
         if float(temperature) == 0.0:
-            return _ZeroDivisionValueError
+            return ZeroDivisionValueError
     elif ws and sum(ws) == 0:
-        return _ZeroDivisionValueError
+        return ZeroDivisionValueError
     if not update and not isinstance(num_replicas, (bool, np.bool_)) and num_replicas == 0:
-        return _ZeroDivisionValueError
+        return ZeroDivisionValueError
     if len(ws) < datasets and all(map(math.isfinite, ws)) and not math.isnan(temperature):
-        return _IndexValueError  # (NaN probabilities fail their rounding first)
+        return IndexValueError  # (NaN probabilities fail their rounding first)
     return None
 
 

@@ -31,9 +31,20 @@ from typing import Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from croupier._frameworks import check_not_sharded_again
+from croupier._frameworks import (
+    check_not_batched_again,
+    check_not_sharded_again,
+    prefetching_workers,
+)
 from croupier._torch import Sampler
-from croupier._validate import MAX_LEN, ORDER_ALIASES, ORDERS, U64_MAX, check_int
+from croupier._validate import (
+    MAX_LEN,
+    ORDER_ALIASES,
+    ORDERS,
+    U64_MAX,
+    check_int,
+    warn_at_caller,
+)
 from croupier.samplers._state import STATE_VERSION, StateError, StateFormat, check_state, upgrade
 
 __all__ = ["BatchSampler", "Batches", "IndexSampler", "Loaded", "StatefulSampler"]
@@ -137,15 +148,17 @@ class _Cursor:
     handler or another thread, is exactly what was handed out.
     """
 
-    __slots__ = ("_view", "origin", "started")
+    __slots__ = ("_view", "origin", "started", "workers")
 
-    def __init__(self, position: int, origin: object | None = None) -> None:
+    def __init__(self, position: int, origin: object | None = None, workers: int = 0) -> None:
         self._view: tuple[int, int, Iterator[Any]] = (position, 0, iter(()))
         #: Whether the iteration has run (its first ``next``); until then its start stays
         #: pending for the next ``iter``.
         self.started = False
         #: The pending start this iteration took (see ``StatefulSampler._start_token``).
         self.origin = origin
+        #: The worker processes of the DataLoader iterating, which read ahead of training.
+        self.workers = workers
 
     @property
     def position(self) -> int:
@@ -503,11 +516,14 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
 
     def __iter__(self) -> Iterator[T]:
         check_not_sharded_again(self)
+        if self._unit == "batches":
+            check_not_batched_again(self)
+        workers = prefetching_workers()
         epoch, at = self._now
         start = self._next_start(at)
         token = self._start_token()
         self._before_iteration(epoch, start, token)
-        cursor = _Cursor(start, token)
+        cursor = _Cursor(start, token, workers)
         self._now = (epoch, cursor)
         return _emit(self._segments(epoch, start), cursor, self._chunk)
 
@@ -572,9 +588,30 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
 
         A new dict every call, O(1) in size and JSON-serialisable; it does not change as
         iteration goes on, and it is exact at any instant (from a signal handler or a thread).
+
+        Behind a ``DataLoader`` with worker processes, the position counts what the workers
+        prefetched, ahead of training: the first such call warns (checkpoint a
+        :class:`croupier.StatefulDataLoader` instead, whose state counts what training took).
         """
         epoch, at = self._now
+        if isinstance(at, _Cursor) and at.workers and at.started:
+            self._warn_prefetched(at.workers)
         return self._state_at(epoch, self._consumed(at))
+
+    def _warn_prefetched(self, workers: int) -> None:
+        """Warns, once per sampler, that a state taken behind prefetching workers runs ahead."""
+        if self.__dict__.get("_warned_prefetched"):
+            return
+        self.__dict__["_warned_prefetched"] = True
+        name = type(self).__name__
+        warn_at_caller(
+            f"{name}.state_dict() was called while a DataLoader with {workers} worker "
+            f"processes iterates it: the workers read the sampler ahead of training, so this "
+            f"state counts {self._unit} training has not consumed yet, and a run resumed from "
+            "it would skip them. Checkpoint the loader instead: croupier.StatefulDataLoader("
+            f"dataset, ..., {'batch_sampler' if self._unit == 'batches' else 'sampler'}=...)"
+            ".state_dict() counts what training took (docs/checkpointing.md)"
+        )
 
     def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
         """The state of this sampler at ``position`` of ``epoch`` (what :meth:`state_dict` says

@@ -361,8 +361,7 @@ class BucketBatchSampler(BatchSampler):
     _elastic_supported = True
 
     def _global_end(self, origin: int) -> int:
-        batches = self._batches()
-        return min(batches, _core.layout(batches, origin, self.drop_last)[1])
+        return int(_core.epoch_end(self._batches(), origin, self.drop_last))
 
     def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
         return int(self._plan.elastic_batches(origin, offset, num_replicas, self.drop_last))

@@ -181,8 +181,7 @@ class DistributedSampler(IndexSampler, DistributedSamplerBase[int]):
     _elastic_supported = True
 
     def _global_end(self, origin: int) -> int:
-        # The epoch's samples in its first world: n, or what drop_last keeps of them.
-        return min(self._n, _core.layout(self._n, origin, self.drop_last)[1])
+        return int(_core.epoch_end(self._n, origin, self.drop_last))
 
     def _elastic_length(self, origin: int, offset: int, num_replicas: int) -> int:
         return _core.layout(self._global_end(origin) - offset, num_replicas, self.drop_last)[0]

@@ -24,6 +24,7 @@ from croupier._validate import (
     check_bool,
     check_int,
     resume_hint,
+    warn_at_caller,
 )
 from croupier.samplers._base import IndexSampler, Loaded, Rest
 from croupier.samplers._schedule import (
@@ -204,6 +205,9 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         }
         self._mixtures: dict[tuple[_Phase, ...], _core.Mixture] = {}
         self._schedule: tuple[_Entry, ...] = ((0, weights_t, temperature_f),)
+        # What this sampler was constructed with, recorded in its states: a state loaded into
+        # a sampler constructed otherwise warns (its schedule is the one kept).
+        self._constructed: tuple[tuple[float, ...], float] = (weights_t, temperature_f)
         # Changes wait for the next iteration; the phases of the epoch being iterated.
         self._pending = False
         # The start (a loaded position, or an iterator from it not yet started) at which the
@@ -549,14 +553,18 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         ``[[start, weights, temperature], ...]``), ``schedule_pending`` (whether it still waits
         for the next iteration), ``schedule_deferred`` (whether it waits for the iteration
         after the one being resumed: it was set while that iteration ran, which keeps its
-        phases) and ``phases`` (the current epoch's phases, ``[[start, nominal_length,
-        weights, temperature], ...]``). JSON-serialisable; its size grows with the number of
-        datasets and phases only."""
+        phases), ``phases`` (the current epoch's phases, ``[[start, nominal_length,
+        weights, temperature], ...]``) and ``constructed_with`` (the ``[weights,
+        temperature]`` this sampler was constructed with). JSON-serialisable; its size grows
+        with the number of datasets and phases only."""
         return super().state_dict()
 
     def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
         state = super()._state_at(epoch, position)
         state["schedule"] = [[s, list(w), t] for s, w, t in self._schedule]
+        constructed = self.__dict__.get("_constructed")  # (absent from older pickles)
+        if constructed is not None:
+            state["constructed_with"] = [list(constructed[0]), constructed[1]]
         state["schedule_pending"] = self._pending
         state["schedule_deferred"] = self._pending and self._running()
         # During an elastic rest, the phases of the epoch as its first world iterated it.
@@ -595,7 +603,10 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         continues with exactly the next index. Refuses (``ValueError``, naming each
         difference) a state of other dataset sizes, seed, shuffle, drop_last or
         ``num_samples``; loads a kempnerforge state as the start of its epoch, keeping the
-        weights in force. Nothing changes if the state is refused.
+        weights in force. Nothing changes if the state is refused. A state saved by a sampler
+        constructed with other weights (or temperature) loads with its own schedule, which
+        the resumed run needs to continue exactly, and warns (``UserWarning``) naming both
+        and the ``update_weights`` call that trains with this sampler's weights from there.
 
         A state saved with another ``num_replicas`` loads at an epoch boundary (position 0,
         or the end of the epoch) and, mid-epoch, resumes elastically: the rest of the epoch
@@ -622,8 +633,10 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         """Checks the schedule and phases of a state (a foreign state keeps this sampler's)
         and returns what applies them once the base has positioned the sampler."""
         origin_phases = None
+        other_construction = None
         if loaded.foreign is None:
             schedule, pending, deferred, phases = self._checked_extras(native, loaded)
+            other_construction = self._other_construction(native)
             if loaded.elastic is not None:
                 # The rest of the epoch keeps the phases it was iterated with (in its first
                 # world); this world's own phases start with the next epoch.
@@ -650,8 +663,41 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             self._active = active
             self._cache = None
             self._continuing = self._start_token() if deferred else None
+            if other_construction is not None:
+                warn_at_caller(other_construction)
 
         return commit
+
+    def _other_construction(self, native: Mapping[str, Any]) -> str | None:
+        """The warning for a state saved by a sampler constructed with other weights or
+        temperature than this one (``None`` when they agree, or the state does not say)."""
+        raw = native.get("constructed_with")
+        if raw is None:
+            return None  # saved before states recorded it
+        if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)) or len(raw) != 2:
+            raise StateError("state['constructed_with'] must be [weights, temperature]")
+        try:
+            theirs = (
+                _weights(raw[0], len(self._sizes), "state['constructed_with'] weights"),
+                _temperature(raw[1]),
+            )
+        except (TypeError, ValueError) as e:
+            raise StateError(f"state['constructed_with'] is not valid: {e}") from None
+        mine = self.__dict__.get("_constructed")
+        if mine is None or theirs == mine:
+            return None
+        words = [
+            f"weights {list(w)}" + ("" if t == 1.0 else f", temperature {t}")
+            for w, t in (theirs, mine)
+        ]
+        return (
+            f"{type(self).__name__}.load_state_dict: the state was saved by a sampler constructed "
+            f"with {words[0]}, this one is constructed with {words[1]}. The state's schedule is "
+            "kept, so the run continues exactly as it was saved; to train with this sampler's "
+            f"weights from here, call update_weights({list(mine[0])}"
+            + ("" if mine[1] == 1.0 else f", temperature={mine[1]}")
+            + ") after loading"
+        )
 
     def _origin_mixture_check(self, phases: tuple[_Phase, ...], el: Rest) -> None:
         """Refuses phases the core refuses for the first world of an elastic rest ``el``."""

@@ -29,7 +29,7 @@ from croupier.samplers._state import NEMO
 __all__ = ["SequentialBucketSampler"]
 
 # croupier's own order: each bucket's shuffle from its seekable streams ("torch": NeMo's).
-_OWN_ORDERS = {"fast": _core.Order.FAST}
+_OWN_ORDERS = {"fast": _core.Order.PER_RANK}
 
 
 def _resolution(name: str, value: object) -> tuple[int, int]:

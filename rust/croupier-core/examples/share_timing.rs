@@ -15,11 +15,11 @@ fn main() {
         a.get(4).copied().unwrap_or(ns),
     );
     let draw = Draw {
-        order: Order::Fast,
+        order: Order::PerRank,
         ..Draw::default()
     }; // the per-rank order, seed 0, epoch 0
     let t = Instant::now();
-    let first = first_stop(&layout, r, true, Order::Fast, start).expect("first stop");
+    let first = first_stop(&layout, r, true, Order::PerRank, start).expect("first stop");
     let head = rank_range(&layout, r, draw, start..first).expect("head");
     let t_first = t.elapsed();
     let rest = rank_range(&layout, r, draw, first..stop).expect("rest");

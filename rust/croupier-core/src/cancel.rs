@@ -441,9 +441,9 @@ mod tests {
             assert_eq!(perm.len(), 0);
             let rest = Elastic::new(n, 8, false, n / 2, 6).unwrap();
             for (shuffle, order) in [
-                (true, Order::Fast),
+                (true, Order::PerRank),
                 (true, Order::Global),
-                (false, Order::Fast),
+                (false, Order::PerRank),
             ] {
                 let draw = Draw {
                     shuffle,

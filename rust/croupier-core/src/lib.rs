@@ -22,7 +22,7 @@
 //! - [`deal`]: dealing an epoch to data-parallel ranks: torch's padding and striding
 //!   ([`Layout`]; a rank's place in its world, [`Deal`]), a rank's positions in either order
 //!   ([`rank_range`], [`first_stop`], [`Order`], drawn as a [`Draw`] says), and for the
-//!   per-rank order (`order="per_rank"`, [`Order::Fast`]) a rank's share computed alone (class splitting by exact hypergeometric
+//!   per-rank order (`order="per_rank"`, [`Order::PerRank`]) a rank's share computed alone (class splitting by exact hypergeometric
 //!   draws with keyed per-cell generators, per-block orders, a seekable order for long
 //!   blocks).
 //!

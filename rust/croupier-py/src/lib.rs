@@ -47,6 +47,13 @@ fn layout(n: u64, num_replicas: u64, drop_last: bool) -> PyResult<(u64, u64)> {
     Ok((layout.num_samples(), layout.total_size()))
 }
 
+/// The end of an epoch of `n` positions dealt over `num_replicas` ranks: `n`, or with
+/// `drop_last` the positions it keeps (where an elastic rest of it ends).
+#[pyfunction]
+fn epoch_end(n: u64, num_replicas: u64, drop_last: bool) -> PyResult<u64> {
+    Ok(core(Layout::new(n, num_replicas, drop_last))?.epoch_end())
+}
+
 /// The epoch's full permutation of `[0, n)`.
 #[pyfunction]
 fn permutation(py: Python<'_>, n: u64, seed: u64, epoch: u64) -> PyResult<Bound<'_, PyAny>> {
@@ -100,9 +107,10 @@ fn permutation_into<'py>(
 #[pyfunction]
 fn torch_randperm(py: Python<'_>, n: u64, seed: u64, order: Order) -> PyResult<Bound<'_, PyAny>> {
     let croupier_core::Order::Torch(variant) = order.core() else {
-        return Err(PyValueError::new_err(
-            "order must be Order.TORCH_FORWARD or Order.TORCH_INSIDE_OUT, got Order.FAST",
-        ));
+        return Err(PyValueError::new_err(format!(
+            "order must be Order.TORCH_FORWARD or Order.TORCH_INSIDE_OUT, got Order.{}",
+            order.name()
+        )));
     };
     let bytes = n.saturating_mul(croupier_core::index_bytes(n));
     let out = sized(py, bytes, "randperm", move || {
@@ -144,6 +152,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SequentialBuckets>()?;
     m.add_class::<ChunkPlan>()?;
     m.add_function(wrap_pyfunction!(layout, m)?)?;
+    m.add_function(wrap_pyfunction!(epoch_end, m)?)?;
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
     m.add_function(wrap_pyfunction!(permutation_into, m)?)?;
     m.add_function(wrap_pyfunction!(torch_randperm, m)?)?;

@@ -24,7 +24,7 @@ config! {
         /// Positions per epoch (per rank in the per-rank order, global in the global one);
         /// `None` for one pass of every dataset (of its share, in the per-rank order).
         length: Option<u64>,
-        /// `Order.GLOBAL` or `Order.FAST`.
+        /// `Order.GLOBAL` or `Order.PER_RANK`.
         order: Order,
         /// `"uniform"` or `"balanced"` (the global order's).
         interleave: String,
@@ -136,7 +136,7 @@ impl Mixture {
         self.mixture.len()
     }
 
-    /// Positions of the epoch's global sequence in the global order; `None` in the fast one.
+    /// Positions of the epoch's global sequence in the global order; `None` in the per-rank one.
     #[getter]
     fn global_length(&self) -> Option<u64> {
         self.mixture.global_len()
@@ -277,7 +277,7 @@ pub(crate) struct MixtureShape {
 #[pymethods]
 impl MixtureShape {
     /// Datasets of `sizes`, `num_samples` positions per rank (`None`: the order's default),
-    /// in `order` (`Order.GLOBAL` or `Order.FAST`).
+    /// in `order` (`Order.GLOBAL` or `Order.PER_RANK`).
     #[new]
     #[pyo3(signature = (sizes, *, num_samples, order, drop_last))]
     fn new(

@@ -1,4 +1,4 @@
-//! `Order`: which epoch order a share follows (croupier's fast or world-size-invariant one, or
+//! `Order`: which epoch order a share follows (croupier's per-rank or world-size-invariant one, or
 //! torch's `randperm`).
 
 use croupier_core::TorchRandperm;
@@ -6,7 +6,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
-/// An epoch order: croupier's own (`FAST`), its world-size-invariant one (`GLOBAL`: one keyed
+/// An epoch order: croupier's own per-rank one (`PER_RANK`; `FAST`, its earlier name, is an
+/// alias), its world-size-invariant one (`GLOBAL`: one keyed
 /// permutation per epoch whatever the number of ranks), or torch's CPU `randperm` as releases
 /// before 2.6 (`TORCH_FORWARD`) or from 2.6 on (`TORCH_INSIDE_OUT`) compute it; they differ
 /// only for `2**32 // 20` samples or more.
@@ -21,7 +22,7 @@ use pyo3::types::PyType;
 )]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Order {
-    Fast,
+    PerRank,
     TorchForward,
     TorchInsideOut,
     Global,
@@ -30,7 +31,7 @@ pub(crate) enum Order {
 impl Order {
     pub(crate) fn core(self) -> croupier_core::Order {
         match self {
-            Order::Fast => croupier_core::Order::Fast,
+            Order::PerRank => croupier_core::Order::PerRank,
             Order::TorchForward => croupier_core::Order::Torch(TorchRandperm::Forward),
             Order::TorchInsideOut => croupier_core::Order::Torch(TorchRandperm::InsideOutForLargeN),
             Order::Global => croupier_core::Order::Global,
@@ -53,7 +54,7 @@ impl Order {
 
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Order::Fast => "FAST",
+            Order::PerRank => "PER_RANK",
             Order::TorchForward => "TORCH_FORWARD",
             Order::TorchInsideOut => "TORCH_INSIDE_OUT",
             Order::Global => "GLOBAL",
@@ -66,6 +67,13 @@ type Reduced<'py> = (Bound<'py, PyAny>, (Bound<'py, PyType>, &'static str));
 
 #[pymethods]
 impl Order {
+    /// `PER_RANK` under its earlier name, for code and pickles that still use it.
+    #[classattr]
+    #[pyo3(name = "FAST")]
+    fn fast_alias() -> Order {
+        Order::PerRank
+    }
+
     /// Pickles as `getattr(Order, name)`, so an unpickled order is the same member.
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Reduced<'py>> {
         let getattr = py.import("builtins")?.getattr("getattr")?;

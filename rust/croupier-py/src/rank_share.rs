@@ -81,7 +81,7 @@ impl RankShare {
         let draw = self.draw(epoch);
         let bytes = croupier_core::rank_range_bytes(&self.layout, self.rank, draw, start..stop);
         let what = match self.order {
-            Order::Fast | Order::Global => "this rank's indices",
+            Order::PerRank | Order::Global => "this rank's indices",
             _ => "torch's order (the whole permutation, as torch builds it)",
         };
         let (layout, rank) = (self.layout, self.rank);
@@ -92,7 +92,7 @@ impl RankShare {
     }
 
     /// Where an `indices` call starting at `start` should stop to hand out its first index
-    /// soonest: in the fast shuffled order the end of the block holding `start`, or
+    /// soonest: in the per-rank shuffled order the end of the block holding `start`, or
     /// `start + 64` inside a long block (read by random access); else `num_samples`.
     fn first_stop(&self, start: u64) -> PyResult<u64> {
         core(croupier_core::first_stop(
@@ -116,7 +116,7 @@ impl RankShare {
     /// stop: in the per-rank shuffled order a few positions of each old share it meets, so
     /// the first index comes before the rest is computed; else the rest at once.
     fn elastic_first_stop(&self, start: u64, length: u64) -> u64 {
-        if self.shuffle && self.order == Order::Fast {
+        if self.shuffle && self.order == Order::PerRank {
             start
                 .saturating_add(croupier_core::deal::ELASTIC_FIRST_STOP)
                 .min(length)

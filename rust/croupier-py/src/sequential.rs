@@ -36,11 +36,11 @@ impl TryFrom<&SequentialConfig> for croupier_core::bucket::SequentialConfig {
             shuffle_buckets: c.shuffle_buckets,
             shuffle_within: c.shuffle_within,
             order: match c.order.core() {
-                croupier_core::Order::Fast => croupier_core::bucket::SeqOrder::Fast,
+                croupier_core::Order::PerRank => croupier_core::bucket::SeqOrder::Own,
                 croupier_core::Order::Torch(v) => croupier_core::bucket::SeqOrder::Torch(v),
                 croupier_core::Order::Global => {
                     return Err(PyValueError::new_err(
-                        "SequentialBuckets takes order FAST or a TORCH order, got GLOBAL",
+                        "SequentialBuckets takes order PER_RANK or a TORCH order, got GLOBAL",
                     ))
                 }
             },

@@ -34,7 +34,7 @@ use crate::stream::{Purpose, Stream};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeqOrder {
     /// croupier's own streams.
-    Fast,
+    Own,
     /// One torch generator seeded with `seed + epoch`, as NeMo draws them.
     Torch(TorchRandperm),
 }
@@ -56,7 +56,7 @@ pub enum SeqOrder {
 ///     shuffle_buckets: false,
 ///     ..SequentialConfig::default()
 /// };
-/// assert!(config.shuffle_within && config.order == SeqOrder::Fast);
+/// assert!(config.shuffle_within && config.order == SeqOrder::Own);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SequentialConfig {
@@ -79,7 +79,7 @@ impl Default for SequentialConfig {
             },
             shuffle_buckets: true,
             shuffle_within: true,
-            order: SeqOrder::Fast,
+            order: SeqOrder::Own,
         }
     }
 }
@@ -332,7 +332,7 @@ impl SequentialBuckets {
                 let s = crate::shuffle::torch_randperm::sampler_seed(seed, epoch)?;
                 Some(TorchGenerator::new(s, variant))
             }
-            SeqOrder::Fast => None,
+            SeqOrder::Own => None,
         };
         let order = self.bucket_order(seed, epoch, &mut gen)?;
         if crate::cancel::cancelled() {
@@ -421,7 +421,7 @@ mod tests {
         ];
         let sizes = [4u64, 3, 2, 5];
         for order in [
-            SeqOrder::Fast,
+            SeqOrder::Own,
             SeqOrder::Torch(TorchRandperm::InsideOutForLargeN),
         ] {
             for drop_last in [true, false] {

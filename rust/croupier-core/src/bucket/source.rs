@@ -18,6 +18,16 @@ const EPOCH_PLANS: usize = 2;
 /// a resume's first batches) cut only their own buckets instead of the whole epoch.
 const FEW: u64 = 4;
 
+/// Where a read of the global order finds its epoch's batch plan.
+enum EpochPlan {
+    /// Kept from an earlier read.
+    Kept(Arc<EpochBatches>),
+    /// Not kept, and the read is of a few batches: a plan that cuts only the buckets read.
+    Lazy,
+    /// Not kept: the whole plan, computed and kept.
+    Whole,
+}
+
 /// How the batches of an epoch are ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BucketOrder {
@@ -188,8 +198,11 @@ impl BucketSource {
     /// refuse what cannot fit before any work): the batches, and an epoch plan it would keep.
     pub fn range_bytes(&self, epoch: u64, range: &Range<u64>) -> u64 {
         let batches = self.plan.range_bytes(range.start, range.end);
+        // A kept plan another thread drops before the read is computed then unchecked: the
+        // estimate is of this instant (two plans are kept, so only a third epoch's read in
+        // between drops one).
         match self.order {
-            BucketOrder::Global { .. } if self.keeps(epoch, range).is_none() => {
+            BucketOrder::Global { .. } if matches!(self.lookup(epoch, range), EpochPlan::Whole) => {
                 batches.saturating_add(EpochBatches::new_bytes(&self.plan))
             }
             _ => batches,
@@ -248,14 +261,13 @@ impl BucketSource {
         }
     }
 
-    /// The kept plan of `epoch`, if there is one, or `None` when a read of `range` would
-    /// compute and keep it.
-    fn keeps(&self, epoch: u64, range: &Range<u64>) -> Option<Option<Arc<EpochBatches>>> {
+    /// What a read of `range` of `epoch` would use as the epoch's global batch plan.
+    fn lookup(&self, epoch: u64, range: &Range<u64>) -> EpochPlan {
         let kept = self.epochs.lock().unwrap_or_else(PoisonError::into_inner);
         match kept.iter().find(|(e, _)| *e == epoch) {
-            Some((_, plan)) => Some(Some(Arc::clone(plan))),
-            None if range.end.saturating_sub(range.start) <= FEW => Some(None),
-            None => None,
+            Some((_, plan)) => EpochPlan::Kept(Arc::clone(plan)),
+            None if range.end.saturating_sub(range.start) <= FEW => EpochPlan::Lazy,
+            None => EpochPlan::Whole,
         }
     }
 
@@ -269,10 +281,10 @@ impl BucketSource {
             shuffle_batches: self.shuffle_batches,
             sync,
         };
-        match self.keeps(epoch, range) {
-            Some(Some(plan)) => Ok(plan),
-            Some(None) => Ok(Arc::new(EpochBatches::lazy(&self.plan, draw)?)),
-            None => {
+        match self.lookup(epoch, range) {
+            EpochPlan::Kept(plan) => Ok(plan),
+            EpochPlan::Lazy => Ok(Arc::new(EpochBatches::lazy(&self.plan, draw)?)),
+            EpochPlan::Whole => {
                 // Computed unlocked (reads of other epochs go on meanwhile); a plan of the
                 // same epoch computed by another thread in between is kept once.
                 let plan = Arc::new(EpochBatches::new(&self.plan, draw)?);

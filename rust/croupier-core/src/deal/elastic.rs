@@ -64,7 +64,7 @@ impl Elastic {
         num_replicas: u64,
     ) -> Result<Self> {
         let origin = Layout::new(n, origin, drop_last)?;
-        let end = n.min(origin.total_size());
+        let end = origin.epoch_end();
         if offset > end {
             return Err(Error::out_of_range(
                 "offset",
@@ -208,7 +208,7 @@ impl Elastic {
     /// // The global order reads its positions by random access: the output only.
     /// assert_eq!(el.range_bytes(Draw::default(), 0..250), 250 * 4);
     /// // The per-rank order reads an old rank's share too.
-    /// let fast = Draw { order: Order::Fast, ..Draw::default() };
+    /// let fast = Draw { order: Order::PerRank, ..Draw::default() };
     /// assert!(el.range_bytes(fast, 0..250) > 250 * 4);
     /// ```
     pub fn range_bytes(&self, draw: Draw, range: Range<u64>) -> u64 {
@@ -220,7 +220,7 @@ impl Elastic {
             (true, Order::Global) => out,
             // One old piece (at most about half an old share) with its stripe tables and cut
             // buckets, bounded by a whole old share.
-            (true, Order::Fast) => {
+            (true, Order::PerRank) => {
                 let old_share = self.end.div_ceil(self.origin.num_replicas());
                 out.saturating_add(old_share.saturating_mul(elem))
             }
@@ -239,17 +239,12 @@ impl Elastic {
         let (seed, epoch) = (draw.seed, draw.epoch);
         match draw.order {
             Order::Torch(variant) => {
-                let perm = torch_randperm::sampler_order(self.origin.n(), variant, seed, epoch)?;
-                match perm {
-                    Indices::U32(p) => collect_checked(start, stop, |k| {
-                        T::from_u64(p[self.global(rank, k) as usize].into())
-                    }),
-                    Indices::U64(p) => collect_checked(start, stop, |k| {
-                        T::from_u64(p[self.global(rank, k) as usize])
-                    }),
-                }
+                // In the indices' own type: they are the epoch's, below n.
+                let perm =
+                    torch_randperm::sampler_order::<T>(self.origin.n(), variant, seed, epoch)?;
+                collect_checked(start, stop, |k| perm[self.global(rank, k) as usize])
             }
-            Order::Fast => self.fast_range(rank, (seed, epoch), (start, stop)),
+            Order::PerRank => self.fast_range(rank, (seed, epoch), (start, stop)),
             // The rest is the same permutation's positions [offset, end): arithmetic.
             Order::Global => RandomAccessPermutation::new(self.origin.n(), seed, epoch)
                 .rank_positions(
@@ -451,7 +446,10 @@ mod tests {
 
     #[test]
     fn the_rest_is_dealt_once_with_torch_padding() {
-        let orders = [Order::Fast, Order::Torch(TorchRandperm::InsideOutForLargeN)];
+        let orders = [
+            Order::PerRank,
+            Order::Torch(TorchRandperm::InsideOutForLargeN),
+        ];
         for (n, w0, w) in [
             (1u64, 1u64, 3u64),
             (7, 3, 2),
@@ -464,8 +462,11 @@ mod tests {
             (200_003, 2, 3),
         ] {
             for drop_last in [false, true] {
-                for (shuffle, order) in [(false, Order::Fast), (true, orders[0]), (true, orders[1])]
-                {
+                for (shuffle, order) in [
+                    (false, Order::PerRank),
+                    (true, orders[0]),
+                    (true, orders[1]),
+                ] {
                     let pi = global_order(n, w0, drop_last, shuffle, order);
                     let end = pi.len() as u64;
                     for offset in [0, 1, end / 2, end.saturating_sub(1), end]

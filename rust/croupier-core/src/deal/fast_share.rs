@@ -615,7 +615,7 @@ mod tests {
     /// `Draw::default()` is).
     const FAST: Draw = Draw {
         shuffle: true,
-        order: Order::Fast,
+        order: Order::PerRank,
         seed: 0,
         epoch: 0,
     };

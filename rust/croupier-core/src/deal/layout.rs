@@ -13,6 +13,7 @@
 //! these with float division, which is inexact beyond 2**53 samples; croupier uses exact integer
 //! arithmetic, so the two agree wherever torch's own arithmetic is exact.
 
+use crate::cancel::{cancelled, CHECK_EVERY};
 use crate::error::{Error, Result};
 use crate::index::{check_len, try_with_capacity, Index, MAX_LEN};
 
@@ -255,6 +256,21 @@ impl Layout {
         self.num_samples() * self.num_replicas
     }
 
+    /// The epoch's end in this world: its `n` positions, or with `drop_last` the ones it keeps
+    /// (`min(n, total_size)`). An elastic rest continues an epoch up to here.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::Layout;
+    ///
+    /// assert_eq!(Layout::new(10, 4, false).unwrap().epoch_end(), 10); // padding is not the epoch's
+    /// assert_eq!(Layout::new(10, 4, true).unwrap().epoch_end(), 8); // the 2 cut are not either
+    /// ```
+    pub fn epoch_end(&self) -> u64 {
+        self.n.min(self.total_size())
+    }
+
     /// Checks `rank` against `[0, num_replicas)`.
     ///
     /// # Examples
@@ -304,8 +320,16 @@ pub(super) fn take_rank_share<T: Index>(mut order: Vec<T>, layout: &Layout, rank
         .map(|k| order[((rank + w * k) % n) as usize])
         .collect();
     // Forward compaction is safe: the source rank + w*k is never behind the destination k.
-    for k in 0..real as usize {
-        order[k] = order[rank as usize + w as usize * k];
+    // In pieces, each looking at the cancellation flag first: at 1e9 the strided reads take
+    // a noticeable part of a second (a cancelled call's result is discarded).
+    let (rank, w) = (rank as usize, w as usize);
+    for piece in (0..real as usize).step_by(CHECK_EVERY) {
+        if cancelled() {
+            return Vec::new();
+        }
+        for k in piece..(piece + CHECK_EVERY).min(real as usize) {
+            order[k] = order[rank + w * k];
+        }
     }
     order.truncate(real as usize);
     order.extend(pads);
@@ -337,7 +361,7 @@ mod tests {
     const TORCH: Order = Order::Torch(torch_randperm::TorchRandperm::InsideOutForLargeN);
     const UNSHUFFLED: Draw = Draw {
         shuffle: false,
-        order: Order::Fast,
+        order: Order::PerRank,
         seed: 0,
         epoch: 0,
     };
@@ -377,7 +401,7 @@ mod tests {
             for w in 1..=17u64 {
                 for drop_last in [false, true] {
                     let layout = Layout::new(n, w, drop_last).unwrap();
-                    for (shuffle, order) in [(false, Order::Fast), (true, TORCH)] {
+                    for (shuffle, order) in [(false, Order::PerRank), (true, TORCH)] {
                         let draw = Draw {
                             shuffle,
                             order,

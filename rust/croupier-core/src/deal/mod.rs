@@ -3,7 +3,7 @@
 //! Words used throughout: a rank's *share* is the sequence of indices it receives in an
 //! epoch; *dealing* is torch's arithmetic that gives it positions `r, r + W, …` of the global
 //! order; a *partition* is only ever the uniform random split of `[0, n)` into classes (sets of
-//! given sizes) that the per-rank order (`order="per_rank"`, [`Order::Fast`]) draws instead of a
+//! given sizes) that the per-rank order (`order="per_rank"`, [`Order::PerRank`]) draws instead of a
 //! whole permutation.
 //!
 //! - `rank`: the entry points ([`rank_range`], [`first_stop`], [`rank_range_bytes`]) that give

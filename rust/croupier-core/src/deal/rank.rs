@@ -1,7 +1,7 @@
 //! A rank's positions in an epoch: the entry points that choose between the orders.
 //!
 //! Without shuffling the global order is `0, 1, …, n-1`; with it, the epoch's [`Order`]:
-//! croupier's own (`Order::Fast`, a rank's share computed alone by [`crate::deal::fast_share`]) or
+//! croupier's own (`Order::PerRank`, a rank's share computed alone by [`crate::deal::fast_share`]) or
 //! torch's (`Order::Torch`, the whole `randperm` of [`crate::shuffle::torch_randperm()`], then
 //! the rank's positions taken from it). Padding, `drop_last` and striding are torch's in every
 //! case ([`crate::deal::layout`]).
@@ -23,7 +23,7 @@ use std::ops::Range;
 pub enum Order {
     /// croupier's own order (`deal::fast_share`): uniform like torch's, but each rank computes
     /// only its own share.
-    Fast,
+    PerRank,
     /// torch's order: `torch.randperm(n)` seeded with `seed + epoch`
     /// ([`crate::shuffle::torch_randperm()`]), as the given torch releases compute it.
     Torch(torch_randperm::TorchRandperm),
@@ -40,15 +40,10 @@ fn torch_share<T: Index>(
     seed: u64,
     epoch: u64,
 ) -> Result<Vec<T>> {
-    let order = torch_randperm::sampler_order(layout.n(), variant, seed, epoch)?;
+    let order = torch_randperm::sampler_order::<T>(layout.n(), variant, seed, epoch)?;
     if cancelled() {
         return Ok(Vec::new()); // stopped early: the caller discards the result
     }
-    // The element type follows n in both places, so this conversion never copies in practice.
-    let order: Vec<T> = match order {
-        Indices::U32(v) => v.into_iter().map(|x| T::from_u64(x.into())).collect(),
-        Indices::U64(v) => v.into_iter().map(T::from_u64).collect(),
-    };
     Ok(take_rank_share(order, layout, rank))
 }
 
@@ -97,7 +92,7 @@ impl Draw {
     pub(crate) fn keyed(key: u64) -> Self {
         Draw {
             shuffle: true,
-            order: Order::Fast,
+            order: Order::PerRank,
             seed: key,
             epoch: 0,
         }
@@ -115,7 +110,7 @@ fn share_range<T: Index>(
     }
     let (seed, epoch) = (draw.seed, draw.epoch);
     match draw.order {
-        Order::Fast => fast_share::fast_share(layout, rank, seed, epoch, start, stop),
+        Order::PerRank => fast_share::fast_share(layout, rank, seed, epoch, start, stop),
         Order::Global => RandomAccessPermutation::new(layout.n(), seed, epoch).rank_positions(
             (0, layout.n()),
             (rank, layout.num_replicas()),
@@ -198,7 +193,7 @@ pub fn rank_range_bytes(layout: &Layout, rank: u64, draw: Draw, range: Range<u64
     let (start, stop) = (range.start, range.end.max(range.start));
     match (draw.shuffle, draw.order) {
         (false, _) => (stop - start).saturating_mul(elem),
-        (true, Order::Fast) => fast_share::fast_share_bytes(layout, rank, start, stop),
+        (true, Order::PerRank) => fast_share::fast_share_bytes(layout, rank, start, stop),
         (true, Order::Torch(_)) => layout.n().saturating_mul(elem),
         (true, Order::Global) => (stop - start).saturating_mul(elem),
     }
@@ -222,9 +217,9 @@ pub(crate) fn rank_indices(layout: &Layout, rank: u64, draw: Draw) -> Result<Ind
 /// use croupier_core::{first_stop, Layout, Order};
 ///
 /// let layout = Layout::new(1_000_000, 8, false).unwrap();
-/// let stop = first_stop(&layout, 3, true, Order::Fast, 0).unwrap();
+/// let stop = first_stop(&layout, 3, true, Order::PerRank, 0).unwrap();
 /// assert!(0 < stop && stop <= layout.num_samples()); // a short first piece
-/// assert_eq!(first_stop(&layout, 3, false, Order::Fast, 0).unwrap(), 125_000);
+/// assert_eq!(first_stop(&layout, 3, false, Order::PerRank, 0).unwrap(), 125_000);
 /// ```
 pub fn first_stop(
     layout: &Layout,
@@ -234,7 +229,7 @@ pub fn first_stop(
     start: u64,
 ) -> Result<u64> {
     layout.check_rank(rank)?;
-    if shuffle && order == Order::Fast {
+    if shuffle && order == Order::PerRank {
         fast_share::first_stop(layout, rank, start.min(layout.num_samples()))
     } else if shuffle && order == Order::Global {
         // Any range costs its length: a short first piece.

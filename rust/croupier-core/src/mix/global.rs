@@ -1250,7 +1250,7 @@ mod tests {
         // order draws it.
         assert!(Mixture::new(&[100, 3], std::slice::from_ref(&phase), &config).is_ok());
         let fast = MixtureConfig {
-            order: Order::Fast,
+            order: Order::PerRank,
             ..config
         };
         assert!(Mixture::new(&[100, 3], std::slice::from_ref(&phase), &fast).is_err());

@@ -88,12 +88,12 @@ pub struct MixtureConfig {
     pub shuffle: bool,
     /// The seed of every shuffle.
     pub seed: u64,
-    /// Positions per epoch: per rank in [`Order::Fast`] (`None`: one pass of every dataset's
+    /// Positions per epoch: per rank in [`Order::PerRank`] (`None`: one pass of every dataset's
     /// share, their sum), of the global sequence in [`Order::Global`] (`None`: one pass of
     /// every dataset, the sizes' sum).
     pub length: Option<u64>,
     /// [`Order::Global`]: one global sequence per epoch, the same for every number of ranks,
-    /// dealt with torch's striding (`mix::global`); [`Order::Fast`]: each rank its own
+    /// dealt with torch's striding (`mix::global`); [`Order::PerRank`]: each rank its own
     /// sequence of exact counts, dealt per dataset pass. Torch's order has no mixture.
     pub order: Order,
     /// How each phase's datasets are interleaved; [`Interleaving::Balanced`] needs
@@ -361,7 +361,7 @@ impl Mixture {
     /// use croupier_core::{Deal, Mixture, MixtureConfig, Order, PhaseSpec};
     ///
     /// let deal = Deal { num_replicas: 3, rank: 1, drop_last: true };
-    /// let fast = MixtureConfig { deal, order: Order::Fast, ..MixtureConfig::default() };
+    /// let fast = MixtureConfig { deal, order: Order::PerRank, ..MixtureConfig::default() };
     /// let phase = PhaseSpec { start: 0, length: 49, weights: vec![2.0, 1.0], temperature: 1.0 };
     /// let m = Mixture::new(&[100, 50], &[phase.clone()], &fast).unwrap();
     /// // Without a length, a fast epoch is one pass of every dataset's share on this rank.
@@ -470,7 +470,7 @@ impl Mixture {
     }
 
     /// Positions of the epoch's global sequence in [`Order::Global`] (before torch's padding
-    /// or cutting to a multiple of the ranks); `None` in [`Order::Fast`], where each rank has
+    /// or cutting to a multiple of the ranks); `None` in [`Order::PerRank`], where each rank has
     /// its own sequence.
     ///
     /// # Examples
@@ -484,7 +484,7 @@ impl Mixture {
     /// let m = Mixture::new(&[100, 50], &[phase.clone()], &config).unwrap();
     /// assert_eq!(m.global_len(), Some(150)); // one pass of every dataset, for all ranks
     /// assert_eq!(m.len(), 38); // this rank's positions: ceil(150 / 4), padded as torch pads
-    /// let fast = MixtureConfig { order: Order::Fast, ..config };
+    /// let fast = MixtureConfig { order: Order::PerRank, ..config };
     /// assert_eq!(Mixture::new(&[100, 50], &[phase], &fast).unwrap().global_len(), None);
     /// ```
     pub fn global_len(&self) -> Option<u64> {
@@ -1094,8 +1094,8 @@ struct Segment {
 /// the global order.
 fn check_order(order: Order, interleave: Interleaving) -> Result<()> {
     match (order, interleave) {
-        (Order::Global, _) | (Order::Fast, Interleaving::Uniform) => Ok(()),
-        (Order::Fast, Interleaving::Balanced) => Err(Error::out_of_range(
+        (Order::Global, _) | (Order::PerRank, Interleaving::Uniform) => Ok(()),
+        (Order::PerRank, Interleaving::Balanced) => Err(Error::out_of_range(
             "interleave",
             "'uniform' in the per-rank order (the balanced interleave is the global order's)",
             "'balanced'",
@@ -1148,7 +1148,7 @@ mod tests {
             },
             seed: 9,
             length: Some(l),
-            order: Order::Fast,
+            order: Order::PerRank,
             ..MixtureConfig::default()
         };
         Mixture::new(sizes, &one_phase(weights, l), &config).unwrap()
@@ -1211,7 +1211,7 @@ mod tests {
                 drop_last: false,
             },
             seed: 3,
-            order: Order::Fast,
+            order: Order::PerRank,
             ..MixtureConfig::default()
         };
         let m = Mixture::new(
@@ -1259,7 +1259,7 @@ mod tests {
     fn bad_schedules_are_refused() {
         let sizes = [10u64, 20];
         let one_rank = MixtureConfig {
-            order: Order::Fast,
+            order: Order::PerRank,
             ..MixtureConfig::default()
         };
         let new = |phases: &[PhaseSpec]| Mixture::new(&sizes, phases, &one_rank);

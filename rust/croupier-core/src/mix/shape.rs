@@ -23,7 +23,7 @@ pub const GLOBAL_WINDOW: u64 = 1 << 20;
 /// let global = EpochShape::new(vec![100, 50], None, Order::Global, false).unwrap();
 /// assert_eq!(global.positions(4).unwrap(), 150); // one global sequence: every sample once
 /// assert_eq!(global.rank_length(4).unwrap(), 38); // dealt as torch deals 150 over 4 ranks
-/// let per_rank = EpochShape::new(vec![100, 50], None, Order::Fast, false).unwrap();
+/// let per_rank = EpochShape::new(vec![100, 50], None, Order::PerRank, false).unwrap();
 /// assert_eq!(per_rank.positions(4).unwrap(), 25 + 13); // each rank: its share of each pass
 /// assert_eq!(per_rank.rank_length(4).unwrap(), 38);
 /// ```
@@ -37,7 +37,7 @@ pub struct EpochShape {
 
 impl EpochShape {
     /// The shape of a mixture of datasets of `sizes` in `order` ([`Order::Global`] or
-    /// [`Order::Fast`], the per-rank order): `num_samples` positions per rank, or `None` for
+    /// [`Order::PerRank`], the per-rank order): `num_samples` positions per rank, or `None` for
     /// the order's default (every dataset once in the global order; each rank's share of one
     /// pass of every dataset in the per-rank one).
     pub fn new(
@@ -48,7 +48,7 @@ impl EpochShape {
     ) -> Result<Self> {
         let global = match order {
             Order::Global => true,
-            Order::Fast => false,
+            Order::PerRank => false,
             Order::Torch(_) => {
                 return Err(Error::out_of_range(
                     "order",
@@ -110,8 +110,7 @@ impl EpochShape {
     pub fn global_end(&self, origin: u64) -> Result<u64> {
         if self.global {
             let positions = self.positions(origin)?;
-            let kept = Layout::new(positions, origin, self.drop_last)?.total_size();
-            return Ok(positions.min(kept));
+            return Ok(Layout::new(positions, origin, self.drop_last)?.epoch_end());
         }
         self.rank_length(origin)?
             .checked_mul(origin)
@@ -148,7 +147,7 @@ mod tests {
     fn the_orders_count_positions_as_the_sampler_documents() {
         let sizes = vec![10, 7, 3];
         let global = EpochShape::new(sizes.clone(), None, Order::Global, false).unwrap();
-        let per_rank = EpochShape::new(sizes.clone(), None, Order::Fast, true).unwrap();
+        let per_rank = EpochShape::new(sizes.clone(), None, Order::PerRank, true).unwrap();
         let fixed = EpochShape::new(sizes, Some(6), Order::Global, true).unwrap();
         assert_eq!(global.positions(3).unwrap(), 20);
         assert_eq!(global.rank_length(3).unwrap(), 7); // ceil(20 / 3)

@@ -7,7 +7,7 @@
 
 use crate::cancel::{cancelled, CHECK_EVERY};
 use crate::error::Result;
-use crate::index::{try_with_capacity, Index};
+use crate::index::{try_with_capacity_huge, Index};
 use crate::stream::Stream;
 
 /// How many swaps ahead the swap target is drawn and prefetched, for buffers past the
@@ -71,7 +71,8 @@ pub(crate) fn fisher_yates<T: Index>(buf: &mut [T], stream: &mut Stream) {
 
 /// `[0, n)` in order, in a freshly allocated buffer.
 pub(crate) fn identity<T: Index>(n: u64) -> Result<Vec<T>> {
-    let mut v = try_with_capacity::<T>("an index buffer", n)?;
+    // Huge pages (a shuffle reads it at random: see `try_with_capacity_huge`).
+    let mut v = try_with_capacity_huge::<T>("an index buffer", n)?;
     v.extend((0..n).map(T::from_u64));
     Ok(v)
 }
