@@ -256,6 +256,10 @@ def test_given_as_sampler_it_is_refused_naming_batch_sampler():
             next(iter(DataLoader(data, sampler=s, **kwargs)))
     assert s.state_dict()["position"] == 0  # nothing consumed
     assert [b.tolist() for b in DataLoader(data, batch_sampler=s)] == list(s)
+    # Outside a DataLoader, a BatchSampler built around it on purpose (pairs of batches) is
+    # left alone.
+    pairs = list(torch.utils.data.BatchSampler(s, 2, drop_last=False))
+    assert [b for pair in pairs for b in pair] == list(s)
 
 
 # -- bad input -------------------------------------------------------------------------------------

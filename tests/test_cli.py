@@ -367,10 +367,11 @@ def test_ctrl_c_writes_the_runs_that_finished_marked_incomplete(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert "the runs that finished are written, marked incomplete" in err
-    results = json.loads((out / "bench.json").read_text())
+    assert "the runs that finished are in" in err and "bench-incomplete.*" in err
+    assert not (out / "bench.json").exists()  # a complete run's files are never replaced so
+    results = json.loads((out / "bench-incomplete.json").read_text())
     assert results["incomplete"] is True
     assert [(r["system"], r["n"], r["status"]) for r in results["rows"]] == [
         ("python-buckets", 1000, "ok")
     ]
-    assert "**Incomplete**" in (out / "bench.md").read_text()
+    assert "**Incomplete**" in (out / "bench-incomplete.md").read_text()

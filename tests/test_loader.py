@@ -520,3 +520,8 @@ def test_a_samplers_state_behind_prefetching_workers_warns_once_with_the_fix():
         next(it)
         assert loader.state_dict()["sampler"]["position"] == 10
         del it
+        # A loop that took the whole epoch: the sampler's state is exact, nothing to say.
+        done = DistributedSampler(1000, num_replicas=1, rank=0, seed=1)
+        for _ in DataLoader(Ids(1000), batch_size=10, sampler=done, **fork):
+            pass
+        assert done.state_dict()["position"] == len(done)

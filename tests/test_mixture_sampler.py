@@ -396,6 +396,12 @@ def test_a_state_of_a_sampler_constructed_otherwise_keeps_its_schedule_and_warns
     assert same.schedule == [(0, [0.9, 0.1], 1.0)]
     older = {k: v for k, v in state.items() if k != "constructed_with"}
     MixtureSampler(cum, [0.7, 0.3], 1, 0, seed=1).load_state_dict(older)
+    # The same mixture written otherwise (weights are relative), and a state whose schedule
+    # already is this construction (the saving run moved to it with update_weights).
+    MixtureSampler(cum, [0.5, 0.5], 1, 0, seed=1).load_state_dict(state)
+    moved = MixtureSampler(cum, [1, 1], 1, 0, seed=1)
+    moved.update_weights([0.7, 0.3])
+    MixtureSampler(cum, [7, 3], 1, 0, seed=1).load_state_dict(moved.state_dict())
 
     # A malformed entry is refused, changing nothing; a refused state warns nothing.
     for bad in ([[1.0, 1.0]], [[1.0], 1.0], [[1.0, 1.0], 0.0], "x"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -22,6 +23,14 @@ pytest.importorskip("torch")  # before croupier's loader, which imports it
 from croupier import DistributedSampler, StatefulDataLoader
 from models._fork import in_fork
 from models.stateful_loader import LoaderModel, torch_global_order
+
+
+def _sampler_state(loader: StatefulDataLoader) -> str:
+    """The loader's sampler's own state, as JSON: read here to see that a refused load changed
+    nothing, not to checkpoint (behind workers it runs ahead, and says so once: not here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return json.dumps(loader.source.state_dict(), sort_keys=True)
 
 
 class Ids:
@@ -207,7 +216,7 @@ class LoaderMachine(RuleBasedStateMachine):
         loader = self.loaders[0]
         state = loader.state_dict()
         before = json.dumps(state, sort_keys=True)
-        sampler_before = json.dumps(loader.source.state_dict(), sort_keys=True)
+        sampler_before = _sampler_state(loader)
         bad_state = json.loads(before)
         if bad == "too_many_batches":
             if self.model.seg.p0:
@@ -233,7 +242,7 @@ class LoaderMachine(RuleBasedStateMachine):
             else:
                 loader.load_state_dict(bad_state)
         assert json.dumps(loader.state_dict(), sort_keys=True) == before
-        assert json.dumps(loader.source.state_dict(), sort_keys=True) == sampler_before
+        assert _sampler_state(loader) == sampler_before
 
     @invariant()
     def lengths(self):

@@ -102,8 +102,9 @@ def test_randperm_equals_torch_above_the_large_n_threshold():
     g.manual_seed(1234 + 2)
     want = torch.randperm(n, generator=g).numpy()
     # Through the sampler on one rank, whose sequence is the permutation itself (epoch 2: torch
-    # seeds seed + epoch). It calls _core.torch_randperm, so one 2e8 permutation checks both;
-    # the strided layout over more ranks is torch's arithmetic, checked below the threshold.
+    # seeds seed + epoch). Its share and _core.torch_randperm both run the core's randperm,
+    # so one 2e8 permutation checks it; the strided layout over more ranks is torch's
+    # arithmetic, checked below the threshold.
     s = DistributedSampler(n, num_replicas=1, rank=0, seed=1234, order="torch")
     s.set_epoch(2)
     got = s.indices()

@@ -20,11 +20,13 @@ croupier batch sampler takes its data.
 from __future__ import annotations
 
 import sys
+from types import FrameType
 
 __all__ = [
+    "ahead_of_training",
     "check_not_batched_again",
     "check_not_sharded_again",
-    "prefetching_workers",
+    "prefetching_loader",
     "refuse_a_sampler",
 ]
 
@@ -100,6 +102,7 @@ def check_not_batched_again(sampler: object) -> None:
         batcher.__name__ == "BatchSampler"
         and batcher.__module__.startswith("torch.utils.data")
         and getattr(owner, "sampler", None) is sampler
+        and _in_a_loader(frame)  # (not a BatchSampler built around it on purpose)
     ):
         name = type(sampler).__name__
         raise TypeError(
@@ -115,24 +118,43 @@ def check_not_batched_again(sampler: object) -> None:
 _LOADER_FRAMES = 5
 
 
-def prefetching_workers() -> int:
-    """The worker processes of the torch ``DataLoader`` iterator that is starting to iterate
-    the calling sampler (0 without workers, or outside a ``DataLoader``): with workers, the
-    loader reads the sampler ahead of training, by up to ``prefetch_factor`` batches per
-    worker. Called from a sampler's ``__iter__``."""
+def prefetching_loader() -> object | None:
+    """The iterator of the torch ``DataLoader`` with worker processes that is starting to
+    iterate the calling sampler (``None`` without workers, or outside a ``DataLoader``): it
+    reads the sampler ahead of training, by up to ``prefetch_factor`` batches per worker.
+    Called from a sampler's ``__iter__``."""
     try:
         frame = sys._getframe(2)  # above the sampler's own __iter__
     except ValueError:
-        return 0
+        return None
     for _ in range(_LOADER_FRAMES):
         if frame is None:
-            return 0
+            return None
         owner = frame.f_locals.get("self")
-        if any(c.__name__ == "_MultiProcessingDataLoaderIter" for c in type(owner).__mro__):
-            workers = getattr(owner, "_num_workers", 0)
-            return workers if isinstance(workers, int) else 0
+        # torch's iterator, or torchdata's StatefulDataLoader's (not a subclass of it).
+        if any(c.__name__.endswith("MultiProcessingDataLoaderIter") for c in type(owner).__mro__):
+            return owner
         frame = frame.f_back  # type: ignore[assignment]
-    return 0
+    return None
+
+
+def ahead_of_training(loader: object) -> int:
+    """Batches a DataLoader iterator has sent to its workers that training has not taken yet
+    (0 when it cannot tell)."""
+    sent, taken = getattr(loader, "_send_idx", 0), getattr(loader, "_rcvd_idx", 0)
+    return sent - taken if isinstance(sent, int) and isinstance(taken, int) else 0
+
+
+def _in_a_loader(frame: FrameType | None) -> bool:
+    """Whether a DataLoader's iterator is among the few frames from ``frame`` up."""
+    for _ in range(_LOADER_FRAMES):
+        if frame is None:
+            return False
+        owner = frame.f_locals.get("self")
+        if any(c.__name__.endswith("DataLoaderIter") for c in type(owner).__mro__):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def refuse_a_sampler(cls: str, argument: str, value: object) -> None:

@@ -406,8 +406,11 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         progress.close()
     results["run"] = info
 
+    # An interrupted run's files have their own name: the last complete run's stay.
+    stem = out / ("bench-incomplete" if results.get("incomplete") else "bench")
+
     def write() -> None:
-        _report(results, f"{table(results)}\n\n{notes(results)}", plot, out / "bench")
+        _report(results, f"{table(results)}\n\n{notes(results)}", plot, stem)
 
     if not results.get("incomplete"):
         return _finish(results, write)
@@ -416,7 +419,8 @@ def _bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     with contextlib.suppress(OSError):
         write()
         print(
-            "croupier bench: interrupted; the runs that finished are written, marked incomplete",
+            f"croupier bench: interrupted; the runs that finished are in {stem}.*, marked "
+            "incomplete",
             file=sys.stderr,
         )
         return 130

@@ -442,14 +442,15 @@ def _measure_permutation(spec: dict[str, Any]) -> dict[str, Any]:
 #: The size of the sampler that pays a process's one-time set-up before the timed one.
 MIN_N = 1000
 
-#: The modules of croupier's samplers, imported untimed by a croupier run (they load lazily).
-CROUPIER_SAMPLERS = (
-    "croupier.samplers.distributed",
-    "croupier.samplers.mixture",
-    "croupier.samplers.bucket",
-    "croupier.samplers.chunk",
-    "croupier.loader",
-)
+#: The module of croupier's sampler each family measures, imported untimed by a croupier run
+#: (the samplers load lazily).
+CROUPIER_MODULES = {
+    "samplers": ("croupier.samplers.distributed",),
+    "elastic": ("croupier.samplers.distributed",),
+    "mixtures": ("croupier.samplers.mixture",),
+    "buckets": ("croupier.samplers.bucket",),
+    "reads": ("croupier.samplers.chunk",),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -459,9 +460,11 @@ def main(argv: list[str] | None = None) -> int:
     # a run adds is counted above them. croupier's samplers load lazily (the torch Samplers
     # import torch when it is installed): their modules load here, so that no first index
     # pays an import.
-    mine = spec["system"].startswith("croupier") and spec["family"] != "permutations"
-    for module in (*spec["needs"], *(CROUPIER_SAMPLERS if mine else ())):
+    mine = spec["system"].startswith("croupier")
+    for module in (*spec["needs"], *(CROUPIER_MODULES.get(spec["family"], ()) if mine else ())):
         __import__(module)
+    # The peak counts from here: an import's passing peak is not the run's.
+    _reset_peak()
     base = _status_mib("VmRSS")
     measure = {
         "samplers": _measure_sampler,

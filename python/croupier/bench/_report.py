@@ -190,9 +190,12 @@ def notes(results: dict[str, Any]) -> str:
             )
             + ". The machine was busy for part of them: read the median with its range."
         )
-    runs = results["config"].get("repeats", 1) * len(results["config"].get("seeds", [0]))
+    cfg = results["config"]
+    runs = cfg.get("repeats", 1) * len(cfg.get("seeds", [0]))
+    more = cfg.get("more_repeats", 0) * len(cfg.get("seeds", [0]))
+    each = f"{runs} run(s)" + (f", up to {runs + more} where they disagreed" if more else "")
     key = (
-        f"Key: every time is the median of {runs} run(s), each in its own process, with "
+        f"Key: every time is the median of {each}, each run in its own process, with "
         "[fastest-slowest] when they differ; (29x): how many times longer the alternative "
         "took than croupier (on a memory cell: how much more memory it added); memory: what the "
         "run added above the modules it imports (read after them), in MiB, and the peak RSS, "
@@ -369,7 +372,7 @@ def figure(results: dict[str, Any]) -> Any:
     grid = []
     for family in FAMILY_TITLES:
         mine = [r for r in rows if r["family"] == family]
-        keys = [k for k in PANELS if any(_point(r, k) for r in mine)]
+        keys = [k for k in PANELS if any((_point(r, k) or (0,))[0] > 0 for r in mine)]
         if keys:
             grid.append((family, keys))
     cols = max([len(keys) for _f, keys in grid] + [2])

@@ -24,7 +24,9 @@ rest, the same for every sampler:
 from __future__ import annotations
 
 import operator
+import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
 
@@ -32,9 +34,10 @@ import numpy as np
 import numpy.typing as npt
 
 from croupier._frameworks import (
+    ahead_of_training,
     check_not_batched_again,
     check_not_sharded_again,
-    prefetching_workers,
+    prefetching_loader,
 )
 from croupier._torch import Sampler
 from croupier._validate import (
@@ -148,17 +151,20 @@ class _Cursor:
     handler or another thread, is exactly what was handed out.
     """
 
-    __slots__ = ("_view", "origin", "started", "workers")
+    __slots__ = ("_view", "loader", "origin", "started")
 
-    def __init__(self, position: int, origin: object | None = None, workers: int = 0) -> None:
+    def __init__(
+        self, position: int, origin: object | None = None, loader: object | None = None
+    ) -> None:
         self._view: tuple[int, int, Iterator[Any]] = (position, 0, iter(()))
         #: Whether the iteration has run (its first ``next``); until then its start stays
         #: pending for the next ``iter``.
         self.started = False
         #: The pending start this iteration took (see ``StatefulSampler._start_token``).
         self.origin = origin
-        #: The worker processes of the DataLoader iterating, which read ahead of training.
-        self.workers = workers
+        #: The iterator of the DataLoader with workers iterating this one (they read ahead of
+        #: training), weakly: the sampler never keeps a loader alive.
+        self.loader = None if loader is None else weakref.ref(loader)
 
     @property
     def position(self) -> int:
@@ -518,12 +524,12 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         check_not_sharded_again(self)
         if self._unit == "batches":
             check_not_batched_again(self)
-        workers = prefetching_workers()
+        loader = prefetching_loader()
         epoch, at = self._now
         start = self._next_start(at)
         token = self._start_token()
         self._before_iteration(epoch, start, token)
-        cursor = _Cursor(start, token, workers)
+        cursor = _Cursor(start, token, loader)
         self._now = (epoch, cursor)
         return _emit(self._segments(epoch, start), cursor, self._chunk)
 
@@ -590,17 +596,21 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         iteration goes on, and it is exact at any instant (from a signal handler or a thread).
 
         Behind a ``DataLoader`` with worker processes, the position counts what the workers
-        prefetched, ahead of training: the first such call warns (checkpoint a
-        :class:`croupier.StatefulDataLoader` instead, whose state counts what training took).
+        prefetched, ahead of training: the first call made while some prefetched batch is
+        not yet taken warns (checkpoint a :class:`croupier.StatefulDataLoader` instead, whose
+        state counts what training took).
         """
         epoch, at = self._now
-        if isinstance(at, _Cursor) and at.workers and at.started:
-            self._warn_prefetched(at.workers)
+        loader = at.loader() if isinstance(at, _Cursor) and at.loader is not None else None
+        if loader is not None and ahead_of_training(loader) > 0:
+            self._warn_prefetched(getattr(loader, "_num_workers", "its"))
         return self._state_at(epoch, self._consumed(at))
 
-    def _warn_prefetched(self, workers: int) -> None:
-        """Warns, once per sampler, that a state taken behind prefetching workers runs ahead."""
-        if self.__dict__.get("_warned_prefetched"):
+    def _warn_prefetched(self, workers: object) -> None:
+        """Warns, once per sampler, that a state taken behind prefetching workers runs ahead,
+        unless a loader takes it (torchdata's StatefulDataLoader keeps one per batch sent and
+        saves the one training reached)."""
+        if self.__dict__.get("_warned_prefetched") or _called_by_a_loader():
             return
         self.__dict__["_warned_prefetched"] = True
         name = type(self).__name__
@@ -864,6 +874,15 @@ class StatefulSampler(Sampler[T], Generic[T, Seg]):
         fields = {**self._config(), "num_replicas": self.num_replicas, "rank": self.rank}
         body = ", ".join(f"{k}={v!r}" for k, v in fields.items())
         return f"{type(self).__name__}({body}, epoch={epoch}, position={self._consumed(at)})"
+
+
+def _called_by_a_loader() -> bool:
+    """Whether the first caller outside croupier is torch's or torchdata's own code."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("croupier."):
+        frame = frame.f_back  # type: ignore[assignment]
+    name = "" if frame is None else str(frame.f_globals.get("__name__", ""))
+    return name.startswith(("torch.", "torchdata."))
 
 
 def _emit(segments: Iterator[_Segment], cursor: _Cursor, chunk: int) -> Iterator[Any]:

@@ -684,8 +684,24 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         except (TypeError, ValueError) as e:
             raise StateError(f"state['constructed_with'] is not valid: {e}") from None
         mine = self.__dict__.get("_constructed")
-        if mine is None or theirs == mine:
+        if mine is None or _same_mixture(theirs, mine):
             return None
+        # A state whose schedule already is this sampler's construction (the saving run
+        # moved to these weights with update_weights) resumes what was asked for.
+        entries = native.get("schedule")
+        if (
+            isinstance(entries, Sequence)
+            and len(entries) == 1
+            and isinstance(entries[0], Sequence)
+            and len(entries[0]) == 3
+            and entries[0][0] == 0
+        ):
+            try:
+                now = (_weights(entries[0][1], len(self._sizes)), _temperature(entries[0][2]))
+            except (TypeError, ValueError):
+                now = None  # (the schedule's own check names it)
+            if now is not None and _same_mixture(now, mine):
+                return None
         words = [
             f"weights {list(w)}" + ("" if t == 1.0 else f", temperature {t}")
             for w, t in (theirs, mine)
@@ -815,3 +831,13 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
                     f"state[{what!r}] is not a valid schedule for this sampler: {e}"
                 ) from None
         return schedule, pending, deferred, tuple(phases)
+
+
+def _same_mixture(a: tuple[tuple[float, ...], float], b: tuple[tuple[float, ...], float]) -> bool:
+    """Whether two ``(weights, temperature)`` draw the same mixture: weights are relative
+    (``[1, 1]`` is ``[0.5, 0.5]``)."""
+    (wa, ta), (wb, tb) = a, b
+    sa, sb = sum(wa), sum(wb)
+    if ta != tb or len(wa) != len(wb) or not sa or not sb:
+        return a == b
+    return all(abs(x / sa - y / sb) <= 1e-12 for x, y in zip(wa, wb, strict=True))

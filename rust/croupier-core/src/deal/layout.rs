@@ -432,6 +432,32 @@ mod tests {
     }
 
     #[test]
+    fn a_share_taken_in_several_pieces_is_torchs() {
+        // The compaction goes in pieces of CHECK_EVERY positions (each looking at the
+        // cancellation flag): shares of three pieces and a part, every rank, both ends.
+        let w = 8u64;
+        let n = 3 * CHECK_EVERY as u64 * w + 5;
+        let global = torch_randperm::randperm(n, 14, torch_randperm::TorchRandperm::Forward)
+            .unwrap()
+            .to_u64_vec();
+        let order = Order::Torch(torch_randperm::TorchRandperm::Forward);
+        let draw = Draw {
+            shuffle: true,
+            order,
+            seed: 11,
+            epoch: 3,
+        };
+        for drop_last in [false, true] {
+            let layout = Layout::new(n, w, drop_last).unwrap();
+            for r in 0..w {
+                let got = rank_indices(&layout, r, draw).unwrap().to_u64_vec();
+                let want = torch_reference(&global, w as usize, r as usize, drop_last);
+                assert_eq!(got, want, "r={r} drop_last={drop_last}");
+            }
+        }
+    }
+
+    #[test]
     fn padding_longer_than_the_dataset_repeats_cyclically() {
         let layout = Layout::new(3, 10, false).unwrap();
         assert_eq!(layout.num_samples(), 1);
