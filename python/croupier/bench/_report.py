@@ -196,7 +196,9 @@ def notes(results: dict[str, Any]) -> str:
     each = f"{runs} run(s)" + (f", up to {runs + more} where they disagreed" if more else "")
     key = (
         f"Key: every time is the median of {each}, each run in its own process, with "
-        "[fastest-slowest] when they differ; (29x): how many times longer the alternative "
+        "[fastest-slowest] when they differ; a sampler's first index: in each run the fastest "
+        "of up to 5 fresh samplers (one when it takes over 0.2 s), after a small one paid the "
+        "process's set-up; (29x): how many times longer the alternative "
         "took than croupier (on a memory cell: how much more memory it added); memory: what the "
         "run added above the modules it imports (read after them), in MiB, and the peak RSS, "
         "which counts those modules too (torch's are about 450 MiB)."
