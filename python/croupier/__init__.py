@@ -8,10 +8,10 @@ samplers subclass ``torch.utils.data.Sampler`` when torch is installed.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from croupier._core import __version__
+from croupier._lazy import lazy_names
 from croupier._permutation import permutation
 
 if TYPE_CHECKING:
@@ -59,14 +59,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'croupier' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names("croupier", globals(), _LAZY)

@@ -102,7 +102,8 @@ def check_not_batched_again(sampler: object) -> None:
         batcher.__name__ == "BatchSampler"
         and batcher.__module__.startswith("torch.utils.data")
         and getattr(owner, "sampler", None) is sampler
-        and _in_a_loader(frame)  # (not a BatchSampler built around it on purpose)
+        # (not a BatchSampler built around it on purpose)
+        and _iterator_above(frame, "DataLoaderIter") is not None
     ):
         name = type(sampler).__name__
         raise TypeError(
@@ -118,6 +119,20 @@ def check_not_batched_again(sampler: object) -> None:
 _LOADER_FRAMES = 5
 
 
+def _iterator_above(frame: FrameType | None, kind: str) -> object | None:
+    """The first ``self`` among the few frames from ``frame`` up whose class (or a base)
+    is named ``...kind``: torch's DataLoader iterators, or torchdata's (not subclasses of
+    torch's)."""
+    for _ in range(_LOADER_FRAMES):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if any(c.__name__.endswith(kind) for c in type(owner).__mro__):
+            return owner
+        frame = frame.f_back
+    return None
+
+
 def prefetching_loader() -> object | None:
     """The iterator of the torch ``DataLoader`` with worker processes that is starting to
     iterate the calling sampler (``None`` without workers, or outside a ``DataLoader``): it
@@ -127,15 +142,7 @@ def prefetching_loader() -> object | None:
         frame = sys._getframe(2)  # above the sampler's own __iter__
     except ValueError:
         return None
-    for _ in range(_LOADER_FRAMES):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        # torch's iterator, or torchdata's StatefulDataLoader's (not a subclass of it).
-        if any(c.__name__.endswith("MultiProcessingDataLoaderIter") for c in type(owner).__mro__):
-            return owner
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
+    return _iterator_above(frame, "MultiProcessingDataLoaderIter")
 
 
 def ahead_of_training(loader: object) -> int:
@@ -143,18 +150,6 @@ def ahead_of_training(loader: object) -> int:
     (0 when it cannot tell)."""
     sent, taken = getattr(loader, "_send_idx", 0), getattr(loader, "_rcvd_idx", 0)
     return sent - taken if isinstance(sent, int) and isinstance(taken, int) else 0
-
-
-def _in_a_loader(frame: FrameType | None) -> bool:
-    """Whether a DataLoader's iterator is among the few frames from ``frame`` up."""
-    for _ in range(_LOADER_FRAMES):
-        if frame is None:
-            return False
-        owner = frame.f_locals.get("self")
-        if any(c.__name__.endswith("DataLoaderIter") for c in type(owner).__mro__):
-            return True
-        frame = frame.f_back
-    return False
 
 
 def refuse_a_sampler(cls: str, argument: str, value: object) -> None:

@@ -11,8 +11,9 @@ ranks with :func:`resolve_ranks`; a sampler with state keys of its own checks th
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from croupier._lazy import lazy_names
 
 if TYPE_CHECKING:
     from croupier._dist import resolve_ranks
@@ -73,14 +74,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'croupier.samplers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
+__getattr__, __dir__ = lazy_names("croupier.samplers", globals(), _WHERE)
