@@ -38,30 +38,78 @@ def _port() -> int:
 def _run(
     framework: str, out: str, *args: str, world: int = WORLD, env: dict[str, str] | None = None
 ) -> None:
-    """Runs a framework's runner on ``world`` processes (``--devices`` for Lightning, which
-    starts its own; torchrun's ``--nproc_per_node`` for the others)."""
+    """Runs a framework's runner on ``world`` processes: Lightning (``--devices``) starts its
+    other processes itself; the others are started here as torchrun starts its workers (the
+    same ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` variables, ``env://`` rendezvous), without
+    torchrun's agent process, which cost about 6 s per run. A failing rank stops the others."""
     script = os.path.join(HERE, "trainers", f"run_{framework}.py")
-    port = str(_port())
     env = {
         **os.environ,
         **(env or {}),
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": port,
+        "MASTER_PORT": str(_port()),
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONWARNINGS": "ignore",
     }
-    if framework == "lightning":  # Lightning starts its other processes itself
-        cmd = [sys.executable, script, "--devices", str(world)]
+    cmd = [sys.executable, script, "--out", out, *args]
+    if framework == "lightning":
+        ranks = [({}, [*cmd, "--devices", str(world)])]
     else:
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
-            "--master_addr=127.0.0.1", f"--master_port={port}", script,
-        ]  # fmt: skip
-    done = subprocess.run(
-        [*cmd, "--out", out, *args], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+        ranks = [
+            (
+                {
+                    "RANK": str(r),
+                    "LOCAL_RANK": str(r),
+                    "WORLD_SIZE": str(world),
+                    "LOCAL_WORLD_SIZE": str(world),
+                    "GROUP_RANK": "0",
+                },
+                cmd,
+            )
+            for r in range(world)
+        ]
+    code, output = _launch(ranks, env, timeout=600)
+    assert code == 0, output
+
+
+def _launch(
+    ranks: list[tuple[dict[str, str], list[str]]], env: dict[str, str], timeout: float
+) -> tuple[int, str]:
+    """Starts one process per ``(variables, command)`` and waits for all of them; once one
+    fails, the others get 10 s to fail too (their messages help) and are then killed, as they
+    are at the timeout. Returns the first failure's exit code (0 if none) and the processes'
+    output, the failed ones' last."""
+    import tempfile
+    import time
+
+    with tempfile.TemporaryDirectory() as logs:
+        procs = []
+        for i, (variables, cmd) in enumerate(ranks):
+            log = open(os.path.join(logs, f"{i}.log"), "w+")  # noqa: SIM115 (closed below)
+            procs.append(
+                (subprocess.Popen(cmd, env={**env, **variables}, stdout=log, stderr=log), log)
+            )
+        deadline, stop_at, timed_out = time.monotonic() + timeout, None, False
+        while any(p.poll() is None for p, _ in procs):
+            now = time.monotonic()
+            if stop_at is None and any(p.poll() for p, _ in procs):
+                stop_at = now + 10
+            if now > deadline or (stop_at is not None and now > stop_at):
+                timed_out = now > deadline
+                for p, _ in procs:
+                    p.kill()
+                break
+            time.sleep(0.05)
+        texts = []
+        for i, (p, log) in sorted(enumerate(procs), key=lambda ip: ip[1][0].wait() != 0):
+            log.seek(0)
+            texts.append(f"-- process {i} (exit {p.returncode})\n{log.read()}")
+            log.close()
+    code = next((p.returncode for p, _ in procs if p.returncode != 0), 0)
+    if timed_out:
+        texts.append(f"-- killed after {timeout:.0f} s")
+    return code or (-1 if timed_out else 0), "\n".join(texts)[-9000:]
 
 
 def _check(kind: str, out: str) -> None:

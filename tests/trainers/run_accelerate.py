@@ -1,6 +1,6 @@
-"""Accelerate, 2 CPU processes (launched by torchrun), the loader prepared with
-``croupier.integrations.accelerate.prepare`` (``--plain``: with ``accelerator.prepare``, which
-croupier must refuse loudly).
+"""Accelerate, 2 CPU processes (launched by torchrun, or with the variables it sets), the
+loader prepared with ``croupier.integrations.accelerate.prepare`` (``--plain``: with
+``accelerator.prepare``, which croupier must refuse loudly).
 
     torchrun --nproc_per_node 2 run_accelerate.py \
         --kind K --out DIR --stage full|part1|part2 [--steps S] [--workers W] [--accum A]

@@ -1,5 +1,5 @@
-"""The Hugging Face Trainer, 2 CPU processes (launched by torchrun), with
-``CroupierTrainerMixin`` and ``_get_train_sampler`` returning the croupier sampler, as
+"""The Hugging Face Trainer, 2 CPU processes (launched by torchrun, or with the variables it
+sets), with ``CroupierTrainerMixin`` and ``_get_train_sampler`` returning the croupier sampler, as
 transformers' docs say to supply a sampler.
 
     torchrun --nproc_per_node 2 run_transformers.py \

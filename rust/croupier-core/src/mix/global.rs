@@ -178,9 +178,15 @@ enum Timed {
     Nothing,
     /// Per entry of the leaf's counts, the sorted positions of its slots (`None`: slot order).
     Sorted(Vec<Option<Vec<u64>>>),
-    /// Per position of the leaf, its occurrence's rank in time among its entry's (for the
-    /// entries in `marked`; slot order for the others).
-    Ranks { ranks: Vec<u32>, marked: Vec<bool> },
+    /// For the rank's positions of the leaf (`first`, `first + step`, …), each occurrence's
+    /// rank in time among its entry's (for the entries in `marked`; slot order for the
+    /// others).
+    Ranks {
+        first: u64,
+        step: u64,
+        ranks: Vec<u32>,
+        marked: Vec<bool>,
+    },
 }
 
 /// The permutations of the passes a unit reads, built when first met, and the scratch of
@@ -364,6 +370,74 @@ impl<'a> SlotTable<'a> {
     }
 }
 
+/// Positions of a leaf [`rank_in_time`] counts per parallel block.
+const RANK_BLOCK: u64 = 1 << 15;
+
+/// A block of [`rank_in_time`]: its counts per entry (then those before it), and per position
+/// of the progression in it, its entry and the occurrences of that entry before it there.
+type RankedBlock = (Vec<u32>, Vec<(u32, u32)>);
+
+/// For the positions `first, first + step, …` below `used` of a leaf permuted by `perm`
+/// (slots' entries in `table`): the rank in time of each one's occurrence among its entry's
+/// (how many positions before it hold a slot of the same entry). Three steps: per block (in
+/// parallel) its counts per entry and the progression's ranks within it, then the counts
+/// before each block, then the ranks. No buffer of the leaf's size: the slots are read a
+/// small block at a time.
+fn rank_in_time(
+    perm: &RandomAccessPermutation,
+    table: &SlotTable<'_>,
+    used: u64,
+    (first, step): (u64, u64),
+) -> Vec<u32> {
+    let entries = table.counts.len();
+    let len = perm.len();
+    let blocks = used.div_ceil(RANK_BLOCK);
+    let mut parts: Vec<RankedBlock> = (0..blocks)
+        .into_par_iter()
+        .map(|b| {
+            let (a, z) = (b * RANK_BLOCK, ((b + 1) * RANK_BLOCK).min(used));
+            let mut seen = vec![0u32; entries];
+            let mut mine = Vec::with_capacity(((z - a) / step + 1) as usize);
+            // The progression's first position at or after `a`.
+            let mut next = if a <= first {
+                first
+            } else {
+                first + (a - first).div_ceil(step) * step
+            };
+            let mut slots = [0u64; 1024];
+            let mut i = a;
+            while i < z {
+                if cancelled() {
+                    break;
+                }
+                let n = (z - i).min(slots.len() as u64) as usize;
+                perm.fill_strided(&mut slots[..n], 0, len, i, 1);
+                for &s in &slots[..n] {
+                    let e = table.find(s);
+                    if i == next {
+                        mine.push((e as u32, seen[e]));
+                        next += step;
+                    }
+                    seen[e] += 1;
+                    i += 1;
+                }
+            }
+            (seen, mine)
+        })
+        .collect();
+    // Each block's counts become the counts before it.
+    let mut run = vec![0u32; entries];
+    for (seen, _) in &mut parts {
+        for (r, x) in run.iter_mut().zip(seen.iter_mut()) {
+            (*r, *x) = (*r + *x, *r);
+        }
+    }
+    parts
+        .iter()
+        .flat_map(|(before, mine)| mine.iter().map(|&(e, k)| before[e as usize] + k))
+        .collect()
+}
+
 impl Global {
     fn interleave(&self, epoch: u64, ph: &GlobalPhase) -> Interleave {
         Interleave::global(&ph.counts, (self.seed, epoch), ph.start)
@@ -531,13 +605,11 @@ impl Global {
             let phase = units[i].phase;
             let ph = &self.phases[phase];
             let at = &stream_at[phase];
-            // A run of units in one phase, their leaves increasing (the wrapped position of
-            // the padding, at the end, starts a run of its own).
+            // A run of units in one phase, their positions increasing (so one progression
+            // of step `w`, and leaves in order: the wrapped position of the padding, at the
+            // end, starts a run of its own).
             let mut j = i + 1;
-            while j < units.len()
-                && units[j].phase == phase
-                && units[j].leaves.0 >= units[j - 1].leaves.0
-            {
+            while j < units.len() && units[j].phase == phase && units[j].g0 > units[j - 1].g0 {
                 j += 1;
             }
             let run = &units[i..j];
@@ -595,6 +667,8 @@ impl Global {
         pieces: Vec<&mut [T]>,
     ) {
         let il = self.interleave(epoch, ph);
+        // Every position of the run is `anchor` plus a multiple of `w` (phase-relative).
+        let anchor = run[0].g0 - ph.start;
         let lmin = run[0].leaves.0;
         let lmax = run.iter().map(|u| u.leaves.1).max().unwrap_or(lmin);
         let mut walk = il.leaf_walk((lmin, lmax), self.sizes.len());
@@ -643,7 +717,7 @@ impl Global {
             }
             let new_timed: Vec<Timed> = fresh
                 .par_iter()
-                .map(|(l, c, b)| self.timed(&il, ph, *l, c, (at, b)))
+                .map(|(l, c, b)| self.timed(&il, ph, (*l, c), (at, b), (anchor, w)))
                 .collect();
             for ((_, c, b), t) in fresh.into_iter().zip(new_timed) {
                 counts.push(c);
@@ -680,17 +754,19 @@ impl Global {
             .collect()
     }
 
-    /// Leaf `l`'s time order where it is needed ([`Global::marked`]). When the marked
-    /// datasets hold more than a sixteenth of the leaf, one pass over its positions ranks
-    /// every occurrence; otherwise their slots' positions come from the permutation's
-    /// inverse, sorted. Only the positions a later phase leaves to the leaf are ranked.
+    /// Leaf `l`'s time order where it is needed ([`Global::marked`]), for the rank's
+    /// positions (`anchor` plus multiples of `w`, phase-relative). When the marked datasets
+    /// hold more than a sixteenth of the leaf, one pass over its positions counts every
+    /// entry's occurrences and notes the rank's; otherwise their slots' positions come from
+    /// the permutation's inverse, sorted. Only the positions a later phase leaves to the leaf
+    /// are ranked.
     fn timed(
         &self,
         il: &Interleave,
         ph: &GlobalPhase,
-        l: u64,
-        counts: &Counts,
+        (l, counts): (u64, &Counts),
         streams: (&StreamAt, &[u64]),
+        (anchor, w): (u64, u64),
     ) -> Timed {
         let (lo, hi) = il.leaf_range(l);
         let marked = self.marked(counts, streams);
@@ -705,40 +781,14 @@ impl Global {
         let perm = il.leaf_perm(l);
         let used = (ph.end - ph.start).min(hi) - lo;
         if slots_marked * 16 > hi - lo {
-            let mut slots = vec![0u64; used as usize];
-            if used > 0 {
-                perm.fill_strided(&mut slots, 0, hi - lo, 0, 1);
-            }
-            // Each position's entry, then each chunk's counts per entry, then the ranks from
-            // the counts before each chunk: three passes, the first and last in parallel.
-            const CHUNK: usize = 1 << 15;
-            let entries: Vec<u32> = slots.par_iter().map(|&s| table.find(s) as u32).collect();
-            let mut seen: Vec<Vec<u32>> = entries
-                .par_chunks(CHUNK)
-                .map(|chunk| {
-                    let mut h = vec![0u32; counts.len()];
-                    chunk.iter().for_each(|&e| h[e as usize] += 1);
-                    h
-                })
-                .collect();
-            let mut run = vec![0u32; counts.len()];
-            for h in &mut seen {
-                for (r, x) in run.iter_mut().zip(h.iter_mut()) {
-                    (*r, *x) = (*r + *x, *r);
-                }
-            }
-            let mut ranks = vec![0u32; entries.len()];
-            ranks
-                .par_chunks_mut(CHUNK)
-                .zip(entries.par_chunks(CHUNK))
-                .zip(seen)
-                .for_each(|((out, chunk), mut at)| {
-                    for (o, &e) in out.iter_mut().zip(chunk) {
-                        *o = at[e as usize];
-                        at[e as usize] += 1;
-                    }
-                });
-            return Timed::Ranks { ranks, marked };
+            let first = (anchor % w + w - lo % w) % w;
+            let ranks = rank_in_time(&perm, &table, used, (first, w));
+            return Timed::Ranks {
+                first,
+                step: w,
+                ranks,
+                marked,
+            };
         }
         let lists = marked
             .iter()
@@ -894,9 +944,12 @@ impl Global {
                             let e = table.find(s);
                             let d = counts[e].0;
                             let within = match timed {
-                                Timed::Ranks { ranks, marked } if marked[e] => {
-                                    u64::from(ranks[i as usize])
-                                }
+                                Timed::Ranks {
+                                    first,
+                                    step,
+                                    ranks,
+                                    marked,
+                                } if marked[e] => u64::from(ranks[((i - first) / step) as usize]),
                                 Timed::Sorted(lists) => match &lists[e] {
                                     Some(at) => at.partition_point(|&x| x < i) as u64,
                                     None => s - table.starts[e],
@@ -1260,5 +1313,40 @@ mod tests {
         };
         let err = Mixture::new(&[100, 30], &[phase], &balanced).unwrap_err();
         assert!(err.to_string().contains("interleave"), "{err}");
+    }
+
+    #[test]
+    fn ranks_in_time_are_the_counts_of_earlier_positions() {
+        use super::{rank_in_time, SlotTable, RANK_BLOCK};
+        use crate::draw::random_access::RandomAccessPermutation;
+        // A leaf of several blocks (the last one partial), five entries of unequal sizes.
+        let len = 3 * RANK_BLOCK + 1_234;
+        let counts = vec![(0, 10), (2, len / 2), (3, 1), (5, len / 3), (7, 0)];
+        let last: u64 = counts[..4].iter().map(|&(_, c)| c).sum();
+        let counts: super::Counts = counts
+            .into_iter()
+            .map(|(d, c)| (d, if d == 7 { len - last } else { c }))
+            .collect();
+        let table = SlotTable::new(&counts, len);
+        let perm = RandomAccessPermutation::new(len, 5, 1);
+        let entry: Vec<usize> = (0..len).map(|i| table.find(perm.at(i))).collect();
+        for (used, first, step) in [
+            (len, 0, 1),
+            (len, 3, 8),
+            (len - 999, RANK_BLOCK - 1, 1000),
+            (RANK_BLOCK + 5, 2, 3),
+            (7, 6, 4),
+        ] {
+            let mut seen = vec![0u32; counts.len()];
+            let mut want = Vec::new();
+            for (i, &e) in entry[..used as usize].iter().enumerate() {
+                if i as u64 >= first && (i as u64 - first) % step == 0 {
+                    want.push(seen[e]);
+                }
+                seen[e] += 1;
+            }
+            let got = rank_in_time(&perm, &table, used, (first, step));
+            assert_eq!(got, want, "used {used}, first {first}, step {step}");
+        }
     }
 }
