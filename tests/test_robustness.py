@@ -199,14 +199,27 @@ elif call == "per-rank-order share":
 elif call == "mixture":
     sizes = [i * 20_000_000 for i in range(101)]
     sampler = croupier.MixtureSampler(sizes, list(range(1, 101)), 2, 0)
+elif call == "legacy shuffle":
+    import numpy as np
+    from croupier.compat.numpy import legacy_shuffle
+    x = np.arange(300_000_000, dtype=np.uint32)
+    state = np.random.RandomState(0)
+    before = state.get_state()
 print("started", flush=True)
 try:
     if call == "permutation":
         croupier.permutation(600_000_000, seed=1)
+    elif call == "legacy shuffle":
+        legacy_shuffle(x, state)
     else:
         sampler.indices()
 except KeyboardInterrupt:
     print("interrupted", flush=True)
+    if call == "legacy shuffle":
+        after = state.get_state()
+        if after[2] != before[2] or (after[1] != before[1]).any():
+            print("the RandomState moved", flush=True)
+            sys.exit(6)
     # Nothing keeps running behind: no thread of the call left, no CPU spent afterwards.
     import os
     time.sleep(0.2)
@@ -233,7 +246,8 @@ sys.exit(0)
 
 
 @pytest.mark.parametrize(
-    "call", ["permutation", "torch-order share", "per-rank-order share", "mixture"]
+    "call",
+    ["permutation", "torch-order share", "per-rank-order share", "mixture", "legacy shuffle"],
 )
 @pytest.mark.parametrize("delay", [0.05, 0.5])
 def test_ctrl_c_interrupts_a_long_call_promptly(call, delay):

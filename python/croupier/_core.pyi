@@ -25,6 +25,7 @@ __all__ = [
     "__version__",
     "epoch_end",
     "layout",
+    "legacy_shuffle",
     "permutation",
     "permutation_into",
     "torch_randperm",
@@ -361,3 +362,10 @@ def permutation_into(out: _Indices, seed: int, epoch: int) -> None:
 def torch_randperm(n: int, seed: int, order: Order) -> _Indices:
     """``torch.randperm(n, generator=torch.Generator().manual_seed(seed))`` on the CPU, as the
     releases named by ``order`` (``TORCH_FORWARD`` or ``TORCH_INSIDE_OUT``) compute it."""
+
+def legacy_shuffle(
+    data: npt.NDArray[np.uint8], row: int, key: npt.NDArray[np.uint32], pos: int
+) -> int:
+    """numpy's legacy ``RandomState.shuffle`` over the rows of ``data`` (a C-contiguous array's
+    bytes, ``row`` bytes a row), in place, from the twister state ``(key, pos)``; ``key`` is
+    updated in place and the new position returned."""

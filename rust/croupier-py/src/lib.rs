@@ -13,7 +13,7 @@
 //! `OverflowError`), which only a caller of this private module can meet.
 //!
 //! One file per Python class (`order`, `rank_share`, `buckets`, `sequential`, `chunk`;
-//! `mixture` holds `MixtureShape` too),
+//! `mixture` holds `MixtureShape` too), `numpy_legacy` for numpy's legacy shuffle,
 //! the module's functions here, and `runtime` for what every call shares: the per-process
 //! thread pool, the GIL released, Ctrl-C, panics and errors, the memory check, numpy buffers.
 
@@ -21,6 +21,7 @@ mod buckets;
 mod chunk;
 mod config;
 mod mixture;
+mod numpy_legacy;
 mod order;
 mod rank_share;
 mod runtime;
@@ -156,6 +157,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
     m.add_function(wrap_pyfunction!(permutation_into, m)?)?;
     m.add_function(wrap_pyfunction!(torch_randperm, m)?)?;
+    m.add_function(wrap_pyfunction!(numpy_legacy::legacy_shuffle, m)?)?;
     m.add("MAX_LEN", croupier_core::MAX_LEN)?;
     m.add("U32_MAX_LEN", croupier_core::U32_MAX_LEN)?;
     m.add("TORCH_LARGE_N", croupier_core::LARGE_N_THRESHOLD)?;

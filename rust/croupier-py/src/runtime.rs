@@ -102,36 +102,38 @@ const INTERRUPTIBLE_FROM: u64 = 1 << 26;
 /// Every call that builds a buffer goes through here: `bytes` is what it will hold, checked
 /// first against the memory available ([`check_memory`], naming `what`), so no heavy call
 /// can skip the check.
-pub(crate) fn sized<T: Send + 'static>(
+pub(crate) fn sized<T: Send>(
     py: Python<'_>,
     bytes: u64,
     what: &str,
-    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+    work: impl FnOnce() -> Result<T, Error> + Send,
 ) -> PyResult<T> {
     sized_long(py, bytes, what, false, work)
 }
 
 /// [`sized`] for a call that may run long whatever its buffer (`long`: a balanced mixture's
 /// replay of its sequence up to a resume position), interruptible then as a large call is.
-pub(crate) fn sized_long<T: Send + 'static>(
+pub(crate) fn sized_long<T: Send>(
     py: Python<'_>,
     bytes: u64,
     what: &str,
     long_anyway: bool,
-    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+    work: impl FnOnce() -> Result<T, Error> + Send,
 ) -> PyResult<T> {
     check_memory(bytes, what)?;
     long(py, long_anyway || bytes >= INTERRUPTIBLE_FROM, work)
 }
 
 /// [`detached`] for a call that holds no large buffer but may run long (a bucket plan built
-/// over millions of lengths, a whole epoch's plan, a balanced mixture's replay): with `long`,
-/// interruptible as [`sized`]'s large calls are (a thread and a thread pool of the call's
-/// own, about a tenth of a millisecond); without, as [`detached`].
-pub(crate) fn long<T: Send + 'static>(
+/// over millions of lengths, a whole epoch's plan, a balanced mixture's replay, a shuffle of
+/// a numpy array in place): with `long`, interruptible as [`sized`]'s large calls are (a
+/// thread and a thread pool of the call's own, about a tenth of a millisecond); without, as
+/// [`detached`]. The work may borrow (an array the caller holds): its thread is scoped to the
+/// call, which returns only once that thread has ended, after a Ctrl-C too.
+pub(crate) fn long<T: Send>(
     py: Python<'_>,
     long: bool,
-    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+    work: impl FnOnce() -> Result<T, Error> + Send,
 ) -> PyResult<T> {
     if !long {
         return detached(py, work);
@@ -146,45 +148,53 @@ pub(crate) fn long<T: Send + 'static>(
         .start_handler(move |_| carried.attach())
         .build()
         .map_err(|e| PyRuntimeError::new_err(format!("croupier: no thread pool: {e}")))?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let flag = cancel.clone();
-    let worker = std::thread::Builder::new()
-        .name("croupier-call".into())
-        .spawn(move || {
-            flag.attach();
-            let outcome = call_pool.install(|| catch_unwind(AssertUnwindSafe(work)));
-            drop(call_pool);
-            let _ = tx.send(outcome);
-        })
-        .map_err(|e| PyRuntimeError::new_err(format!("croupier: cannot start a thread: {e}")))?;
-    let mut rx = rx;
-    loop {
-        // The receiver moves into the detached wait and back (it is Send, not Sync).
-        let (outcome, back) = py.detach(move || {
-            let outcome = rx.recv_timeout(std::time::Duration::from_millis(10));
-            (outcome, rx)
-        });
-        rx = back;
-        match outcome {
-            Ok(Ok(result)) => return core(result),
-            Ok(Err(panic)) => return Err(panic_error(panic)),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                if let Err(interrupt) = py.check_signals() {
-                    cancel.raise();
-                    // The work stops at its next look at the flag; its result is dropped.
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let flag = cancel.clone();
+        let worker = std::thread::Builder::new()
+            .name("croupier-call".into())
+            .spawn_scoped(scope, move || {
+                flag.attach();
+                let outcome = call_pool.install(|| catch_unwind(AssertUnwindSafe(work)));
+                drop(call_pool);
+                let _ = tx.send(outcome);
+            })
+            .map_err(|e| {
+                PyRuntimeError::new_err(format!("croupier: cannot start a thread: {e}"))
+            })?;
+        let mut rx = rx;
+        loop {
+            // The receiver moves into the detached wait and back (it is Send, not Sync).
+            let (outcome, back) = py.detach(move || {
+                let outcome = rx.recv_timeout(std::time::Duration::from_millis(10));
+                (outcome, rx)
+            });
+            rx = back;
+            match outcome {
+                Ok(Ok(result)) => return core(result),
+                Ok(Err(panic)) => return Err(panic_error(panic)),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if let Err(interrupt) = py.check_signals() {
+                        cancel.raise();
+                        // The work stops at its next look at the flag; its result is dropped.
+                        py.detach(move || {
+                            let _ = worker.join();
+                        });
+                        return Err(interrupt);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    // Joined here, so that its panic (if any) does not leave the scope.
                     py.detach(move || {
                         let _ = worker.join();
                     });
-                    return Err(interrupt);
+                    return Err(PyRuntimeError::new_err(
+                        "internal error in croupier, please report it: the worker thread vanished",
+                    ));
                 }
             }
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(PyRuntimeError::new_err(
-                    "internal error in croupier, please report it: the worker thread vanished",
-                ))
-            }
         }
-    }
+    })
 }
 
 /// Installs, once per process, a panic hook that says nothing for a thread whose call was

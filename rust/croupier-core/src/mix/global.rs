@@ -667,8 +667,11 @@ impl Global {
         pieces: Vec<&mut [T]>,
     ) {
         let il = self.interleave(epoch, ph);
-        // Every position of the run is `anchor` plus a multiple of `w` (phase-relative).
+        // Every position of the run is `anchor` plus a multiple of `w` (phase-relative), and
+        // below `end`: no leaf is ranked past the run's last position.
         let anchor = run[0].g0 - ph.start;
+        let last = &run[run.len() - 1];
+        let end = last.g0 + (last.count - 1) * w - ph.start + 1;
         let lmin = run[0].leaves.0;
         let lmax = run.iter().map(|u| u.leaves.1).max().unwrap_or(lmin);
         let mut walk = il.leaf_walk((lmin, lmax), self.sizes.len());
@@ -717,7 +720,7 @@ impl Global {
             }
             let new_timed: Vec<Timed> = fresh
                 .par_iter()
-                .map(|(l, c, b)| self.timed(&il, ph, (*l, c), (at, b), (anchor, w)))
+                .map(|(l, c, b)| self.timed(&il, ph, (*l, c), (at, b), (anchor, w, end)))
                 .collect();
             for ((_, c, b), t) in fresh.into_iter().zip(new_timed) {
                 counts.push(c);
@@ -755,18 +758,19 @@ impl Global {
     }
 
     /// Leaf `l`'s time order where it is needed ([`Global::marked`]), for the rank's
-    /// positions (`anchor` plus multiples of `w`, phase-relative). When the marked datasets
-    /// hold more than a sixteenth of the leaf, one pass over its positions counts every
-    /// entry's occurrences and notes the rank's; otherwise their slots' positions come from
-    /// the permutation's inverse, sorted. Only the positions a later phase leaves to the leaf
-    /// are ranked.
+    /// positions (`anchor` plus multiples of `w`, phase-relative, below `end`). Only the
+    /// leaf's positions before `end` and before a later phase's start count: when the marked
+    /// datasets hold more than a sixteenth of those, one pass over them counts every entry's
+    /// occurrences and notes the rank's; otherwise the marked slots' positions come from the
+    /// permutation's inverse, sorted. So a call for a leaf's first positions (a sampler's
+    /// first index) reads little of it.
     fn timed(
         &self,
         il: &Interleave,
         ph: &GlobalPhase,
         (l, counts): (u64, &Counts),
         streams: (&StreamAt, &[u64]),
-        (anchor, w): (u64, u64),
+        (anchor, w, end): (u64, u64, u64),
     ) -> Timed {
         let (lo, hi) = il.leaf_range(l);
         let marked = self.marked(counts, streams);
@@ -779,8 +783,8 @@ impl Global {
             return Timed::Nothing;
         }
         let perm = il.leaf_perm(l);
-        let used = (ph.end - ph.start).min(hi) - lo;
-        if slots_marked * 16 > hi - lo {
+        let used = (ph.end - ph.start).min(hi).min(end).saturating_sub(lo);
+        if slots_marked * 16 > used {
             let first = (anchor % w + w - lo % w) % w;
             let ranks = rank_in_time(&perm, &table, used, (first, w));
             return Timed::Ranks {

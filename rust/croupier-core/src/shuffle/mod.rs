@@ -9,12 +9,16 @@
 //!   in cache lines, whole lines written with non-temporal stores).
 //! - `torch_randperm`: torch's CPU `randperm` reproduced exactly ([`torch_randperm()`],
 //!   [`TorchRandperm`]), for `order="torch"`.
+//! - `numpy_legacy`: numpy's legacy `RandomState.shuffle` reproduced exactly
+//!   ([`legacy_shuffle`], [`Mt19937`] with numpy's state layout), for Megatron-Core's indices.
 
 pub(crate) mod fisher_yates;
+pub(crate) mod numpy_legacy;
 pub(crate) mod parallel;
 pub(crate) mod torch_randperm;
 pub(crate) mod write_combine;
 
+pub use numpy_legacy::{legacy_shuffle, legacy_shuffle_rows, Mt19937, MT_WORDS};
 pub use parallel::{fill, permutation, permutation_bytes};
 pub use torch_randperm::{
     randperm as torch_randperm, TorchGenerator, TorchRandperm, LARGE_N_THRESHOLD,

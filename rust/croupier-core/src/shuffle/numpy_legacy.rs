@@ -1,0 +1,282 @@
+//! numpy's legacy `RandomState.shuffle`, reproduced exactly, for Megatron-Core's dataset
+//! indices (its document and shuffle indices are shuffled so) and for any caller that needs
+//! the same order.
+//!
+//! numpy's legacy generator is the 32-bit Mersenne Twister (mt19937) whose whole state is the
+//! pair `(key, pos)` of `RandomState.get_state()`: 624 words and the next word's position. An
+//! output is `key[pos]` tempered, after refilling all 624 words when `pos` is 624; a 64-bit
+//! output is two 32-bit ones, the first in the high half. `shuffle` of a 1-D array (or of the
+//! rows of a C-contiguous one) walks `i` from `n - 1` down to 1 and swaps element `i` with
+//! element `j = random_interval(i)`: the smallest all-ones mask covering `i`, then outputs
+//! masked until one is at most `i` (32-bit outputs while `i < 2**32`, 64-bit ones above).
+//! Read from numpy's `mtrand.pyx` and `distributions.c`; checked against numpy by the tests.
+//!
+//! The state is kept here as numpy keeps it, so a caller hands `get_state()`'s words in and
+//! gets the state `set_state()` needs back ([`Mt19937::key`], [`Mt19937::pos`]). `rand_mt`
+//! (used for torch's generator) has the same algorithm but no access to the raw words and
+//! position, so this module carries its own 60-line twister.
+//!
+//! The swaps are the cost at scale (one random access each, into a buffer of gigabytes): the
+//! draws for the next [`LOOKAHEAD`] swaps are made ahead and their targets prefetched, in
+//! numpy's draw order.
+
+use crate::cancel::{cancelled, CHECK_EVERY};
+use crate::shuffle::fisher_yates::{prefetch, LOOKAHEAD};
+
+/// Words of the Mersenne Twister's state.
+pub const MT_WORDS: usize = 624;
+const SHIFT: usize = 397;
+const MATRIX_A: u32 = 0x9908_b0df;
+const UPPER: u32 = 0x8000_0000;
+const LOWER: u32 = 0x7fff_ffff;
+
+/// The 32-bit Mersenne Twister with numpy's state layout: `key` and `pos` are
+/// `RandomState.get_state()[1]` and `[2]`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Mt19937 {
+    /// The state words.
+    pub key: [u32; MT_WORDS],
+    /// The next word's position; [`MT_WORDS`] means the words are refilled first.
+    pub pos: usize,
+}
+
+impl std::fmt::Debug for Mt19937 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Mt19937 {{ pos: {}, key[0]: {:#x}, .. }}",
+            self.pos, self.key[0]
+        )
+    }
+}
+
+impl Mt19937 {
+    /// The state `init_genrand(seed)` makes (the reference implementation's seeding; numpy's
+    /// `RandomState(seed)` seeds otherwise, through `init_by_array`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::shuffle::Mt19937;
+    ///
+    /// // The reference implementation's first output for its default seed.
+    /// assert_eq!(Mt19937::from_genrand_seed(5489).next_u32(), 3_499_211_612);
+    /// ```
+    pub fn from_genrand_seed(seed: u32) -> Self {
+        let mut key = [0u32; MT_WORDS];
+        key[0] = seed;
+        for i in 1..MT_WORDS {
+            let prev = key[i - 1];
+            key[i] = 1_812_433_253u32
+                .wrapping_mul(prev ^ (prev >> 30))
+                .wrapping_add(i as u32);
+        }
+        Mt19937 { key, pos: MT_WORDS }
+    }
+
+    /// Refills the 624 words (numpy's `mt19937_gen`).
+    fn refill(&mut self) {
+        let k = &mut self.key;
+        let mix = |a: u32, b: u32, c: u32| {
+            let y = (a & UPPER) | (b & LOWER);
+            c ^ (y >> 1) ^ (0u32.wrapping_sub(y & 1) & MATRIX_A)
+        };
+        for i in 0..MT_WORDS - SHIFT {
+            k[i] = mix(k[i], k[i + 1], k[i + SHIFT]);
+        }
+        for i in MT_WORDS - SHIFT..MT_WORDS - 1 {
+            k[i] = mix(k[i], k[i + 1], k[i + SHIFT - MT_WORDS]);
+        }
+        k[MT_WORDS - 1] = mix(k[MT_WORDS - 1], k[0], k[SHIFT - 1]);
+        self.pos = 0;
+    }
+
+    /// The next 32-bit output.
+    #[inline]
+    pub fn next_u32(&mut self) -> u32 {
+        if self.pos >= MT_WORDS {
+            self.refill();
+        }
+        let mut y = self.key[self.pos];
+        self.pos += 1;
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c_5680;
+        y ^= (y << 15) & 0xefc6_0000;
+        y ^ (y >> 18)
+    }
+
+    /// The next 64-bit output: two 32-bit ones, the first in the high half.
+    #[inline]
+    pub fn next_u64(&mut self) -> u64 {
+        let hi = u64::from(self.next_u32());
+        (hi << 32) | u64::from(self.next_u32())
+    }
+
+    /// numpy's `random_interval(max)`: uniform in `[0, max]` by masked rejection.
+    #[inline]
+    pub fn random_interval(&mut self, max: u64) -> u64 {
+        if max == 0 {
+            return 0;
+        }
+        let mask = u64::MAX >> max.leading_zeros();
+        if max <= u64::from(u32::MAX) {
+            let mask = mask as u32;
+            loop {
+                let v = self.next_u32() & mask;
+                if u64::from(v) <= max {
+                    return u64::from(v);
+                }
+            }
+        }
+        loop {
+            let v = self.next_u64() & mask;
+            if v <= max {
+                return v;
+            }
+        }
+    }
+}
+
+/// `RandomState.shuffle` over `buf`'s elements, in place, advancing `mt` as numpy does. Stops
+/// early when the call is cancelled (Ctrl-C), the buffer then partly shuffled.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::shuffle::{legacy_shuffle, Mt19937};
+///
+/// let mut mt = Mt19937::from_genrand_seed(7);
+/// let mut v: Vec<u32> = (0..10).collect();
+/// legacy_shuffle(&mut v, &mut mt);
+/// let mut sorted = v.clone();
+/// sorted.sort_unstable();
+/// assert_eq!(sorted, (0..10).collect::<Vec<u32>>()); // the same elements, reordered
+/// ```
+pub fn legacy_shuffle<T>(buf: &mut [T], mt: &mut Mt19937) {
+    let n = buf.len();
+    // Swap number s exchanges element n-1-s with random_interval(n-1-s), s = 0 .. n-2.
+    let swaps = n.saturating_sub(1);
+    let mut ring = [0usize; LOOKAHEAD];
+    for (s, slot) in ring.iter_mut().enumerate().take(swaps) {
+        *slot = mt.random_interval((n - 1 - s) as u64) as usize;
+        prefetch(buf.as_ptr().wrapping_add(*slot));
+    }
+    for s in 0..swaps {
+        if s % CHECK_EVERY == 0 && cancelled() {
+            return;
+        }
+        let slot = s % LOOKAHEAD;
+        let target = ring[slot];
+        if s + LOOKAHEAD < swaps {
+            ring[slot] = mt.random_interval((n - 1 - s - LOOKAHEAD) as u64) as usize;
+            prefetch(buf.as_ptr().wrapping_add(ring[slot]));
+        }
+        buf.swap(n - 1 - s, target);
+    }
+}
+
+/// [`legacy_shuffle`] over the rows of `bytes`, `row` bytes each (numpy's shuffle of a
+/// C-contiguous array along its first axis): the same draws, whole rows swapped.
+pub fn legacy_shuffle_rows(bytes: &mut [u8], row: usize, mt: &mut Mt19937) {
+    assert!(row > 0 && bytes.len() % row == 0, "whole rows");
+    let n = bytes.len() / row;
+    for s in 0..n.saturating_sub(1) {
+        if s % CHECK_EVERY == 0 && cancelled() {
+            return;
+        }
+        let i = n - 1 - s;
+        let j = mt.random_interval(i as u64) as usize;
+        if i != j {
+            let (head, tail) = bytes.split_at_mut(i * row);
+            head[j * row..(j + 1) * row].swap_with_slice(&mut tail[..row]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_twister_is_the_reference_one() {
+        // rand_mt is the reference mt19937 with init_genrand seeding: the same outputs, across
+        // refills, 32- and 64-bit.
+        let mut ours = Mt19937::from_genrand_seed(12_345);
+        let mut theirs = rand_mt::Mt::new(12_345);
+        for _ in 0..3 * MT_WORDS {
+            assert_eq!(ours.next_u32(), theirs.next_u32());
+        }
+        for _ in 0..MT_WORDS {
+            assert_eq!(ours.next_u64(), theirs.next_u64());
+        }
+    }
+
+    /// The textbook loop the prefetching one must equal.
+    fn plain(n: usize, mt: &mut Mt19937) -> Vec<u32> {
+        let mut v: Vec<u32> = (0..n as u32).collect();
+        for i in (1..n).rev() {
+            let j = mt.random_interval(i as u64) as usize;
+            v.swap(i, j);
+        }
+        v
+    }
+
+    #[test]
+    fn the_lookahead_makes_numpys_swaps_and_leaves_its_state() {
+        for n in [
+            0usize,
+            1,
+            2,
+            3,
+            LOOKAHEAD - 1,
+            LOOKAHEAD,
+            LOOKAHEAD + 1,
+            5000,
+        ] {
+            let start = Mt19937::from_genrand_seed(n as u32);
+            let (mut a, mut b) = (start.clone(), start.clone());
+            let mut fast: Vec<u32> = (0..n as u32).collect();
+            legacy_shuffle(&mut fast, &mut a);
+            assert_eq!(fast, plain(n, &mut b), "n = {n}");
+            assert_eq!(a, b, "n = {n}: the state after");
+            // Rows of 3 bytes: the same order.
+            let mut rows: Vec<u8> = (0..n).flat_map(|i| [i as u8, (i >> 8) as u8, 7]).collect();
+            let mut c = start.clone();
+            legacy_shuffle_rows(&mut rows, 3, &mut c);
+            let order: Vec<u32> = rows
+                .chunks(3)
+                .map(|r| u32::from(r[0]) | u32::from(r[1]) << 8)
+                .collect();
+            assert_eq!(order, fast, "n = {n}: rows");
+            assert_eq!(c, a);
+        }
+    }
+
+    #[test]
+    fn random_interval_draws_by_masked_rejection() {
+        // max 5: mask 7, so outputs & 7 above 5 are rejected; 64-bit draws above 2**32 - 1.
+        let mut mt = Mt19937::from_genrand_seed(3);
+        let mut twin = mt.clone();
+        for _ in 0..1000 {
+            let got = mt.random_interval(5);
+            let want = loop {
+                let v = twin.next_u32() & 7;
+                if v <= 5 {
+                    break u64::from(v);
+                }
+            };
+            assert_eq!(got, want);
+        }
+        let big = (1u64 << 33) + 5;
+        let got = mt.random_interval(big);
+        let want = loop {
+            let v = twin.next_u64() & ((1 << 34) - 1);
+            if v <= big {
+                break v;
+            }
+        };
+        assert_eq!(got, want);
+        assert_eq!(mt.random_interval(0), 0);
+        assert_eq!(mt, twin); // max 0 draws nothing
+    }
+}
