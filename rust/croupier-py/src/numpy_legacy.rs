@@ -50,11 +50,8 @@ pub(crate) fn legacy_shuffle<'py>(
     let big = bytes.len() >= INTERRUPTIBLE_FROM;
     let mt = long(py, big, move || {
         // Rows of 1, 2, 4 or 8 bytes, aligned, swap as integers; others byte by byte.
-        match row {
-            1 => shuffle_typed(bytes, &mut mt),
-            2 | 4 | 8 if !typed(bytes, row, &mut mt) => legacy_shuffle_rows(bytes, row, &mut mt),
-            2 | 4 | 8 => {}
-            _ => legacy_shuffle_rows(bytes, row, &mut mt),
+        if !typed(bytes, row, &mut mt) {
+            legacy_shuffle_rows(bytes, row, &mut mt);
         }
         if croupier_core::Cancel::current_is_raised() {
             return Err(croupier_core::Error::Cancelled);
@@ -65,8 +62,8 @@ pub(crate) fn legacy_shuffle<'py>(
     Ok(mt.pos)
 }
 
-/// Shuffles `bytes` as elements of `row` (2, 4 or 8) bytes when aligned for them; false when
-/// not (nothing done).
+/// Shuffles `bytes` as elements of `row` bytes when `row` is 1, 2, 4 or 8 and the data is
+/// aligned for them; false otherwise (nothing done).
 fn typed(bytes: &mut [u8], row: usize, mt: &mut Mt19937) -> bool {
     macro_rules! as_ints {
         ($t:ty) => {
@@ -80,8 +77,10 @@ fn typed(bytes: &mut [u8], row: usize, mt: &mut Mt19937) -> bool {
         };
     }
     match row {
+        1 => as_ints!(u8),
         2 => as_ints!(u16),
         4 => as_ints!(u32),
-        _ => as_ints!(u64),
+        8 => as_ints!(u64),
+        _ => false,
     }
 }

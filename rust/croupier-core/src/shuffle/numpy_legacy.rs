@@ -21,7 +21,7 @@
 //! numpy's draw order.
 
 use crate::cancel::{cancelled, CHECK_EVERY};
-use crate::shuffle::fisher_yates::{prefetch, LOOKAHEAD};
+use crate::shuffle::fisher_yates::{swaps_with_lookahead, LOOKAHEAD};
 
 /// Words of the Mersenne Twister's state.
 pub const MT_WORDS: usize = 624;
@@ -154,25 +154,14 @@ impl Mt19937 {
 /// ```
 pub fn legacy_shuffle<T>(buf: &mut [T], mt: &mut Mt19937) {
     let n = buf.len();
-    // Swap number s exchanges element n-1-s with random_interval(n-1-s), s = 0 .. n-2.
-    let swaps = n.saturating_sub(1);
-    let mut ring = [0usize; LOOKAHEAD];
-    for (s, slot) in ring.iter_mut().enumerate().take(swaps) {
-        *slot = mt.random_interval((n - 1 - s) as u64) as usize;
-        prefetch(buf.as_ptr().wrapping_add(*slot));
-    }
-    for s in 0..swaps {
-        if s % CHECK_EVERY == 0 && cancelled() {
-            return;
-        }
-        let slot = s % LOOKAHEAD;
-        let target = ring[slot];
-        if s + LOOKAHEAD < swaps {
-            ring[slot] = mt.random_interval((n - 1 - s - LOOKAHEAD) as u64) as usize;
-            prefetch(buf.as_ptr().wrapping_add(ring[slot]));
-        }
-        buf.swap(n - 1 - s, target);
-    }
+    // Swap number s exchanges element n-1-s with random_interval(n-1-s), s = 0 .. n-2: the
+    // lookahead loop draws them in that order.
+    swaps_with_lookahead::<_, LOOKAHEAD>(
+        buf,
+        n.saturating_sub(1),
+        |s| n - 1 - s,
+        |s| mt.random_interval((n - 1 - s) as u64) as usize,
+    );
 }
 
 /// [`legacy_shuffle`] over the rows of `bytes`, `row` bytes each (numpy's shuffle of a
