@@ -67,7 +67,10 @@ pub use deal::{first_stop, rank_range, rank_range_bytes, Deal, Draw, Elastic, La
 pub use draw::random_access::RandomAccessPermutation;
 pub use error::{Error, Result};
 pub use index::{index_bytes, Index, Indices, MAX_LEN, U32_MAX_LEN};
-pub use mix::{Interleaving, Mixture, MixtureConfig, PhaseSpec};
+pub use mix::{
+    blend_sample_positions, exhaustive_greatest_error_blend, greatest_error_blend, Interleaving,
+    Mixture, MixtureConfig, PhaseSpec, BLEND_MAX_DATASETS, BLEND_WEIGHT_SUM_TOLERANCE,
+};
 pub use shuffle::{
     fill, permutation, permutation_bytes, torch_randperm, TorchRandperm, LARGE_N_THRESHOLD,
 };

@@ -7,11 +7,13 @@
 //! - [`mixture`]: a rank's epoch, phase by phase, computed over contiguous buffers.
 //! - `global`: the world-size-invariant order, one global sequence read by random access.
 //! - `balanced`: the balanced interleave, every prefix within one sample of its share.
+//! - [`greatest_error`]: Megatron-Core's greedy blend (and its exhaustive form), exactly.
 //! - [`shape`]: an epoch's positions per order and world size, and where a resume's fall.
 
 pub(crate) mod balanced;
 pub mod counts;
 pub(crate) mod global;
+pub mod greatest_error;
 pub(crate) mod interleave;
 pub mod mixture;
 pub(crate) mod passes;
@@ -19,5 +21,9 @@ pub mod shape;
 
 pub use counts::{largest_remainder, phase_counts, probabilities};
 pub use global::Interleaving;
+pub use greatest_error::{
+    blend_sample_positions, exhaustive_greatest_error_blend, greatest_error_blend,
+    BLEND_MAX_DATASETS, BLEND_WEIGHT_SUM_TOLERANCE,
+};
 pub use mixture::{pass_shares, Mixture, MixtureConfig, PhaseSpec, MIX_FIRST_STOP};
 pub use shape::{EpochShape, GLOBAL_WINDOW};

@@ -1,0 +1,735 @@
+//! Megatron-Core's blend, element for element: position `i` goes to the dataset whose count is
+//! furthest below its weight's share, the error `weights[d] * max(i, 1) - count[d]` computed in
+//! `f64` exactly as megatron-core's C++ computes it (one rounded product, one rounded
+//! difference, no fused multiply-add), the lowest dataset index winning a tie. The exhaustive
+//! blend is the same greedy with the sizes' shares as weights, each dataset leaving when its
+//! size is spent.
+//!
+//! megatron-core scans every dataset at every position. Here only the datasets whose error can
+//! be the largest are scanned: the *candidates*, whose error has reached a `floor` that the
+//! largest error has stayed above recently. Every other dataset waits on a timing wheel for the
+//! position at which its error (rising by its weight a position, while its count stands)
+//! reaches the floor. When no candidate's error reaches the floor, that position scans every
+//! dataset, so the floor decides the speed only, never the result: the candidates are compared
+//! on the very `f64` values megatron-core computes, and a dataset is left out only when its
+//! exact error is below the floor by more than any rounding could move it.
+
+use rayon::prelude::*;
+
+use crate::cancel::{cancelled, CHECK_EVERY};
+use crate::error::{Error, Result};
+
+/// The most datasets a blend can name: megatron-core stores the dataset index as `int16`.
+pub const BLEND_MAX_DATASETS: usize = i16::MAX as usize;
+
+/// How far the weights' sum may be from 1 (megatron-core normalises its weights in `f64`).
+pub const BLEND_WEIGHT_SUM_TOLERANCE: f64 = 1e-6;
+
+/// Positions between two looks at the floor.
+const WINDOW: u64 = 1 << 12;
+
+/// megatron-core's `build_blending_indices`: `out[i]` is the dataset of position `i`, for
+/// `i < out.len()`, by the greedy with `weights` (one per dataset, at least 0, summing to 1
+/// within [`BLEND_WEIGHT_SUM_TOLERANCE`], at most [`BLEND_MAX_DATASETS`]). Stops early
+/// (returning [`Error::Cancelled`]) when the call is cancelled.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::greatest_error_blend;
+///
+/// let mut out = [0u16; 6];
+/// greatest_error_blend(&[0.5, 0.25, 0.25], &mut out).unwrap();
+/// assert_eq!(out, [0, 1, 2, 0, 0, 1]);
+/// ```
+pub fn greatest_error_blend(weights: &[f64], out: &mut [u16]) -> Result<()> {
+    check_datasets(weights.len())?;
+    if let Some(d) = weights.iter().position(|w| !(w.is_finite() && *w >= 0.0)) {
+        return Err(Error::out_of_range(
+            "weights",
+            "finite and at least 0",
+            format!("weights[{d}] = {}", weights[d]),
+        ));
+    }
+    let sum: f64 = weights.iter().sum();
+    if (sum - 1.0).abs() > BLEND_WEIGHT_SUM_TOLERANCE {
+        return Err(Error::out_of_range(
+            "weights",
+            format!("summing to 1 (within {BLEND_WEIGHT_SUM_TOLERANCE})"),
+            format!("a sum of {sum}"),
+        ));
+    }
+    Greedy::new(weights.to_vec(), None, out.len() as u64, sum).run(out)
+}
+
+/// megatron-core's `build_exhaustive_blending_indices`: `out` (of length `sizes`' sum) takes
+/// exactly `sizes[d]` positions of dataset `d`, by the greedy with weights `sizes[d] / total`
+/// among the datasets not yet spent. Every size must be at least 1 (megatron-core writes past
+/// its arrays on a 0).
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::exhaustive_greatest_error_blend;
+///
+/// let mut out = [0u16; 5];
+/// exhaustive_greatest_error_blend(&[3, 2], &mut out).unwrap();
+/// assert_eq!(out, [0, 1, 0, 1, 0]);
+/// ```
+pub fn exhaustive_greatest_error_blend(sizes: &[u64], out: &mut [u16]) -> Result<()> {
+    check_datasets(sizes.len())?;
+    if let Some(d) = sizes.iter().position(|&s| s == 0) {
+        return Err(Error::out_of_range(
+            "sizes",
+            "at least 1",
+            format!("sizes[{d}] = 0"),
+        ));
+    }
+    let total = sizes
+        .iter()
+        .try_fold(0u64, |t, &s| t.checked_add(s))
+        .filter(|&t| t < 1 << 53)
+        .ok_or_else(|| {
+            Error::out_of_range("sizes", "summing to less than 2**53", "a larger sum")
+        })?;
+    if out.len() as u64 != total {
+        return Err(Error::out_of_range(
+            "out",
+            format!("of the sizes' sum, {total}"),
+            out.len().to_string(),
+        ));
+    }
+    // megatron-core: sizes[i] / static_cast<double>(total_size), the int64 converted first.
+    let weights: Vec<f64> = sizes.iter().map(|&s| s as f64 / total as f64).collect();
+    let sum = weights.iter().sum();
+    let limits = sizes.iter().map(|&s| s as f64).collect();
+    Greedy::new(weights, Some(limits), total, sum).run(out)
+}
+
+/// `out[i]`: how many positions before `i` went to `datasets[i]`'s dataset (megatron-core's
+/// dataset sample index), computed in parallel pieces. Every entry of `datasets` must be below
+/// `num_datasets`.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::blend_sample_positions;
+///
+/// let mut out = [0i64; 5];
+/// blend_sample_positions(&[0, 1, 0, 0, 1], 2, &mut out).unwrap();
+/// assert_eq!(out, [0, 0, 1, 2, 1]);
+/// ```
+pub fn blend_sample_positions(
+    datasets: &[u16],
+    num_datasets: usize,
+    out: &mut [i64],
+) -> Result<()> {
+    check_datasets(num_datasets)?;
+    if out.len() != datasets.len() {
+        return Err(Error::out_of_range(
+            "out",
+            format!("as long as datasets, {}", datasets.len()),
+            out.len().to_string(),
+        ));
+    }
+    if let Some(i) = datasets.iter().position(|&d| d as usize >= num_datasets) {
+        return Err(Error::out_of_range(
+            "datasets",
+            format!("below num_datasets = {num_datasets}"),
+            format!("datasets[{i}] = {}", datasets[i]),
+        ));
+    }
+    let piece = (datasets.len() / (4 * rayon::current_num_threads()).max(1)).max(1 << 20);
+    let counts: Vec<Vec<i64>> = datasets
+        .par_chunks(piece)
+        .map(|chunk| {
+            let mut seen = vec![0i64; num_datasets];
+            for (k, &d) in chunk.iter().enumerate() {
+                if k % CHECK_EVERY == 0 && cancelled() {
+                    break;
+                }
+                seen[d as usize] += 1;
+            }
+            seen
+        })
+        .collect();
+    if cancelled() {
+        return Err(Error::Cancelled);
+    }
+    let mut before = vec![0i64; num_datasets];
+    let starts: Vec<Vec<i64>> = counts
+        .iter()
+        .map(|seen| {
+            let start = before.clone();
+            before.iter_mut().zip(seen).for_each(|(b, s)| *b += s);
+            start
+        })
+        .collect();
+    datasets
+        .par_chunks(piece)
+        .zip(out.par_chunks_mut(piece))
+        .zip(starts)
+        .for_each(|((chunk, out), mut next)| {
+            for (k, (&d, o)) in chunk.iter().zip(out).enumerate() {
+                if k % CHECK_EVERY == 0 && cancelled() {
+                    return;
+                }
+                *o = next[d as usize];
+                next[d as usize] += 1;
+            }
+        });
+    if cancelled() {
+        return Err(Error::Cancelled);
+    }
+    Ok(())
+}
+
+fn check_datasets(count: usize) -> Result<()> {
+    if count == 0 || count > BLEND_MAX_DATASETS {
+        return Err(Error::out_of_range(
+            "num_datasets",
+            format!("in [1, {BLEND_MAX_DATASETS}] (the dataset index is int16)"),
+            count.to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// The greedy's state: weights and counts (padded to whole lanes), and the candidates.
+struct Greedy {
+    /// Each dataset's weight; padding lanes 0.
+    weights: Vec<f64>,
+    /// Each dataset's count so far, as the `f64` megatron-core subtracts; a spent dataset's
+    /// (and a padding lane's) is infinite, so its error is `-inf`. Behind the members' own
+    /// counts while a block runs.
+    counts: Vec<f64>,
+    /// The exhaustive blend's sizes (empty otherwise).
+    limits: Vec<f64>,
+    /// The datasets whose error may reach the floor within the current block, in dataset
+    /// order, with their weights, counts and sizes side by side, padded to whole vectors
+    /// with lanes whose error is `-inf` and whose size is never reached.
+    members: Vec<u32>,
+    member_weights: Vec<f64>,
+    member_counts: Vec<f64>,
+    member_limits: Vec<f64>,
+    /// Real members (the rest is padding).
+    live: usize,
+    /// The level the largest error has stayed above recently.
+    floor: f64,
+    /// More than any rounding of an error, at every position of the run.
+    slack: f64,
+}
+
+/// Lanes a scan of every dataset handles at once (two 256-bit vectors of `f64`).
+const LANES: usize = 8;
+/// Positions a member list serves before it is drawn afresh.
+const BLOCK: u64 = 16;
+fn block() -> u64 { std::env::var("GB").map(|v| v.parse().unwrap()).unwrap_or(BLOCK) }
+
+impl Greedy {
+    fn new(weights: Vec<f64>, limits: Option<Vec<f64>>, end: u64, sum: f64) -> Self {
+        let datasets = weights.len();
+        let padded = datasets.div_ceil(LANES) * LANES;
+        let mut w = weights;
+        w.resize(padded, 0.0);
+        let mut counts = vec![0.0; datasets];
+        counts.resize(padded, f64::INFINITY);
+        // An error rounds by at most 2**-53 (w x + |e| + 1), |e| below 2 + |sum - 1| x.
+        let slack = (end as f64 * (1.0 + (sum - 1.0).abs()) + 64.0) * 2f64.powi(-48);
+        let room = padded + 32;
+        Greedy {
+            weights: w,
+            counts,
+            limits: limits.unwrap_or_default(),
+            members: Vec::with_capacity(room),
+            member_weights: Vec::with_capacity(room),
+            member_counts: Vec::with_capacity(room),
+            member_limits: Vec::with_capacity(room),
+            live: 0,
+            floor: 0.0,
+            slack,
+        }
+    }
+
+    fn run(mut self, out: &mut [u16]) -> Result<()> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { self.run_avx2(out) };
+        }
+        self.run_any(out, false)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_avx2(&mut self, out: &mut [u16]) -> Result<()> {
+        self.run_any(out, true)
+    }
+
+    /// The greedy over `out`, block by block. The same `f64` operations on every CPU: the
+    /// AVX2 build only computes more lanes at once and keeps the members' counts in registers.
+    #[inline(always)]
+    fn run_any(&mut self, out: &mut [u16], avx2: bool) -> Result<()> {
+        let n = out.len() as u64;
+        // Positions 0 and 1 share x = 1: the blocks' rising errors start at position 2.
+        for i in 0..n.min(2) {
+            let (d, _) = first_max(&self.weights, &self.counts, 1.0);
+            out[i as usize] = d as u16;
+            self.count(d);
+        }
+        let (mut lowest, mut misses, mut seen) = (f64::INFINITY, 0u32, 0u64);
+        let mut start = 2;
+        let blk = block();
+        while start < n {
+            if start % 4096 < blk && cancelled() {
+                return Err(Error::Cancelled);
+            }
+            let stop = (start + blk).min(n);
+            self.draw_members((stop - 1) as f64);
+            let mut i = start;
+            while i < stop {
+                i = self.members_run(i, stop, out, &mut lowest, avx2);
+                self.sync_counts();
+                if i < stop {
+                    // The floor missed: the largest error may be anyone's.
+                    misses += 1;
+                    let (d, top) = first_max(&self.weights, &self.counts, i as f64);
+                    out[i as usize] = d as u16;
+                    lowest = lowest.min(top);
+                    self.count(d);
+                    if let Ok(k) = self.members[..self.live].binary_search(&(d as u32)) {
+                        self.member_counts[k] = self.counts[d];
+                    }
+                    i += 1;
+                }
+            }
+            seen += stop - start;
+            start = stop;
+            if seen >= WINDOW {
+                // Every member costs a look at every position; a miss costs a scan of all.
+                if misses > 4 {
+                    self.floor = lowest - 0.06;
+                } else if lowest - 0.03 > self.floor + 0.03 {
+                    self.floor = lowest - 0.03;
+                }
+                (lowest, misses, seen) = (f64::INFINITY, 0, 0);
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a sample of `d`; a spent dataset's count turns infinite, so it never wins again.
+    fn count(&mut self, d: usize) {
+        self.counts[d] += 1.0;
+        if !self.limits.is_empty() && self.limits[d] - self.counts[d] == 0.0 {
+            self.counts[d] = f64::INFINITY;
+        }
+    }
+
+    /// Writes the members' counts back to every dataset's.
+    fn sync_counts(&mut self) {
+        for (&m, &c) in self.members[..self.live].iter().zip(&self.member_counts) {
+            self.counts[m as usize] = c;
+        }
+    }
+
+    /// Positions `start..stop` among the members, while the largest error among them reaches
+    /// the floor; returns the first position where it does not (or `stop`).
+    #[inline(always)]
+    fn members_run(
+        &mut self,
+        start: u64,
+        stop: u64,
+        out: &mut [u16],
+        lowest: &mut f64,
+        avx2: bool,
+    ) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            let exhaustive = !self.limits.is_empty();
+            let vectors = self.members.len() / 4;
+            macro_rules! kernel {
+                ($v:literal) => {
+                    // SAFETY: the caller checked AVX2; the member arrays hold 4 * $v lanes.
+                    unsafe {
+                        if exhaustive {
+                            avx2::members_run::<$v, true>(self, start, stop, out, lowest)
+                        } else {
+                            avx2::members_run::<$v, false>(self, start, stop, out, lowest)
+                        }
+                    }
+                };
+            }
+            match vectors {
+                1 => return kernel!(1),
+                2 => return kernel!(2),
+                4 => return kernel!(4),
+                8 => return kernel!(8),
+                _ => {}
+            }
+        }
+        let _ = avx2;
+        for i in start..stop {
+            let (k, top) = first_max(&self.member_weights, &self.member_counts, i as f64);
+            if top < self.floor {
+                return i;
+            }
+            *lowest = lowest.min(top);
+            out[i as usize] = self.members[k] as u16;
+            let count = self.member_counts[k] + 1.0;
+            // The whole 4-lane group is written back: the next position reads it as one
+            // vector, and a narrower store would stall that read (no store forwarding).
+            let spent = self.member_limits[k] - count == 0.0;
+            let count = if spent { f64::INFINITY } else { count };
+            let group: &mut [f64; 4] = (&mut self.member_counts[k & !3..(k & !3) + 4])
+                .try_into()
+                .expect("members are padded to whole vectors");
+            for (j, c) in group.iter_mut().enumerate() {
+                *c = if j == k & 3 { count } else { *c };
+            }
+        }
+        stop
+    }
+
+    /// The members for a block whose last position is `x_last`: every dataset whose error
+    /// there (the largest it can reach in the block, as errors only rise until picked) may
+    /// reach the floor less twice the slack. Every other dataset's rounded error stays below
+    /// the floor all block long. Padded to 1, 2, 4 or 8 vectors of 4 lanes (or to [`LANES`]).
+    #[inline(always)]
+    fn draw_members(&mut self, x_last: f64) {
+        self.members.clear();
+        self.member_weights.clear();
+        self.member_counts.clear();
+        self.member_limits.clear();
+        let level = self.floor - 3.0 * self.slack;
+        let exhaustive = !self.limits.is_empty();
+        for (g, (w, c)) in self
+            .weights
+            .chunks_exact(LANES)
+            .zip(self.counts.chunks_exact(LANES))
+            .enumerate()
+        {
+            let mut hits = 0u32;
+            for j in 0..LANES {
+                hits |= ((w[j] * x_last - c[j] >= level) as u32) << j;
+            }
+            while hits != 0 {
+                let j = hits.trailing_zeros() as usize;
+                hits &= hits - 1;
+                let d = g * LANES + j;
+                self.members.push(d as u32);
+                self.member_weights.push(w[j]);
+                self.member_counts.push(c[j]);
+                self.member_limits
+                    .push(if exhaustive { self.limits[d] } else { f64::NAN });
+            }
+        }
+        self.live = self.members.len();
+        let lanes = match self.live {
+            0..=4 => 4,
+            5..=8 => 8,
+            9..=16 => 16,
+            17..=32 => 32,
+            live => live.div_ceil(LANES) * LANES,
+        };
+        while self.members.len() < lanes {
+            self.members.push(u32::MAX);
+            self.member_weights.push(0.0);
+            self.member_counts.push(f64::INFINITY);
+            self.member_limits.push(f64::NAN);
+        }
+    }
+}
+
+/// The members' positions with AVX2, their counts held in registers.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::Greedy;
+
+    /// [`Greedy::members_run`] over `V` vectors of 4 members. A position's winner gets its 1
+    /// through the mask of lanes equal to the largest error, so the next position does not wait
+    /// for the winner's index; a tie (several such lanes) takes the 1 back from all but the
+    /// first, as megatron-core's first maximum wins.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn members_run<const V: usize, const EXHAUSTIVE: bool>(
+        g: &mut Greedy,
+        start: u64,
+        stop: u64,
+        out: &mut [u16],
+        lowest: &mut f64,
+    ) -> u64 {
+        let mut c = [_mm256_setzero_pd(); V];
+        for (j, c) in c.iter_mut().enumerate() {
+            *c = _mm256_loadu_pd(g.member_counts.as_ptr().add(4 * j));
+        }
+        // Weights and sizes are read from memory at every position (off the counts' chain):
+        // registers are kept for the counts and errors.
+        let weights = g.member_weights.as_ptr();
+        let limits = g.member_limits.as_ptr();
+        let one = _mm256_set1_pd(1.0);
+        let spent = _mm256_set1_pd(f64::INFINITY);
+        let floor = g.floor;
+        let mut reached = stop;
+        let mut least = *lowest;
+        for i in start..stop {
+            let x = _mm256_set1_pd(i as f64);
+            let mut e = [_mm256_setzero_pd(); V];
+            for j in 0..V {
+                e[j] = _mm256_sub_pd(_mm256_mul_pd(_mm256_loadu_pd(weights.add(4 * j)), x), c[j]);
+            }
+            let mut m = e;
+            let mut width = V;
+            while width > 1 {
+                width /= 2;
+                for j in 0..width {
+                    m[j] = _mm256_max_pd(m[j], m[j + width]);
+                }
+            }
+            let t = _mm256_max_pd(m[0], _mm256_permute2f128_pd::<1>(m[0], m[0]));
+            let t = _mm256_max_pd(t, _mm256_permute_pd::<0b0101>(t));
+            let top = _mm256_cvtsd_f64(t);
+            if top < floor {
+                reached = i;
+                break;
+            }
+            least = least.min(top);
+            let mut hits = 0u64;
+            for j in 0..V {
+                let hit = _mm256_cmp_pd::<_CMP_EQ_OQ>(e[j], t);
+                hits |= (_mm256_movemask_pd(hit) as u64) << (4 * j);
+                c[j] = _mm256_add_pd(c[j], _mm256_and_pd(hit, one));
+            }
+            let k = hits.trailing_zeros() as usize;
+            if hits & (hits - 1) != 0 {
+                let mut lanes = [0.0; 32];
+                for j in 0..V {
+                    _mm256_storeu_pd(lanes.as_mut_ptr().add(4 * j), c[j]);
+                }
+                let mut others = hits & (hits - 1);
+                while others != 0 {
+                    lanes[others.trailing_zeros() as usize] -= 1.0;
+                    others &= others - 1;
+                }
+                for j in 0..V {
+                    c[j] = _mm256_loadu_pd(lanes.as_ptr().add(4 * j));
+                }
+            }
+            if EXHAUSTIVE {
+                for j in 0..V {
+                    let full = _mm256_cmp_pd::<_CMP_EQ_OQ>(c[j], _mm256_loadu_pd(limits.add(4 * j)));
+                    if _mm256_movemask_pd(full) != 0 {
+                        c[j] = _mm256_blendv_pd(c[j], spent, full);
+                    }
+                }
+            }
+            *out.get_unchecked_mut(i as usize) = *g.members.get_unchecked(k) as u16;
+        }
+        *lowest = least;
+        for j in 0..V {
+            _mm256_storeu_pd(g.member_counts.as_mut_ptr().add(4 * j), c[j]);
+        }
+        reached
+    }
+}
+
+/// The first lane of the largest `w * x - c` (lengths a multiple of 4) and that value:
+/// megatron-core's comparison, `e > best` from the first, so the first of equal maxima wins.
+#[inline(always)]
+fn first_max(w: &[f64], c: &[f64], x: f64) -> (usize, f64) {
+    let mut tops = [f64::NEG_INFINITY; 4];
+    for (w, c) in w.chunks_exact(4).zip(c.chunks_exact(4)) {
+        for j in 0..4 {
+            let e = w[j] * x - c[j];
+            tops[j] = if e > tops[j] { e } else { tops[j] };
+        }
+    }
+    let pair = |a: f64, b: f64| if a > b { a } else { b };
+    let top = pair(pair(tops[0], tops[2]), pair(tops[1], tops[3]));
+    for (g, (w, c)) in w.chunks_exact(4).zip(c.chunks_exact(4)).enumerate() {
+        let mut hits = 0u32;
+        for j in 0..4 {
+            hits |= ((w[j] * x - c[j] == top) as u32) << j;
+        }
+        if hits != 0 {
+            return (g * 4 + hits.trailing_zeros() as usize, top);
+        }
+    }
+    (0, top)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// megatron-core's loop, as written in its C++.
+    pub(super) fn reference(weights: &[f64], n: usize) -> Vec<u16> {
+        let mut counts = vec![0i64; weights.len()];
+        (0..n)
+            .map(|i| {
+                let x = (i as f64).max(1.0);
+                let mut best = 0;
+                let mut top = weights[0] * x - counts[0] as f64;
+                for d in 1..weights.len() {
+                    let e = weights[d] * x - counts[d] as f64;
+                    if e > top {
+                        (best, top) = (d, e);
+                    }
+                }
+                counts[best] += 1;
+                best as u16
+            })
+            .collect()
+    }
+
+    /// megatron-core's exhaustive loop, as written in its C++.
+    fn exhaustive_reference(sizes: &[u64]) -> Vec<u16> {
+        let total: u64 = sizes.iter().sum();
+        let weights: Vec<f64> = sizes.iter().map(|&s| s as f64 / total as f64).collect();
+        let mut counts = vec![0i64; sizes.len()];
+        let mut unspent: std::collections::BTreeSet<usize> = (0..sizes.len()).collect();
+        let mut out = Vec::new();
+        while !unspent.is_empty() {
+            let x = (out.len() as f64).max(1.0);
+            let mut best = usize::MAX;
+            let mut top = f64::MIN;
+            for &d in &unspent {
+                let e = weights[d] * x - counts[d] as f64;
+                if e > top {
+                    (best, top) = (d, e);
+                }
+            }
+            out.push(best as u16);
+            counts[best] += 1;
+            if sizes[best] as f64 - counts[best] as f64 == 0.0 {
+                unspent.remove(&best);
+            }
+        }
+        out
+    }
+
+    fn normalized(raw: &[f64]) -> Vec<f64> {
+        let sum: f64 = raw.iter().sum();
+        raw.iter().map(|w| w / sum).collect()
+    }
+
+    fn blend(weights: &[f64], n: usize) -> Vec<u16> {
+        let mut out = vec![0u16; n];
+        greatest_error_blend(weights, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn blends_as_megatron_core_does() {
+        let mut state = 7u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let cases: Vec<Vec<f64>> = vec![
+            vec![1.0],
+            vec![0.5, 0.5],
+            vec![1.0 / 3.0; 3],
+            vec![0.0, 1.0],
+            vec![1.0, 0.0],
+            vec![0.25, 0.0, 0.75],
+            normalized(&[1.0, 2.0, 3.0, 4.0]),
+            normalized(&(1..=100).map(|d| 1.0 / d as f64).collect::<Vec<_>>()),
+            normalized(&(0..100).map(|_| next()).collect::<Vec<_>>()),
+            normalized(&(0..7).map(|_| next().powi(6)).collect::<Vec<_>>()),
+            normalized(&[1e-9, 1.0, 1e-6, 3.0]),
+            normalized(&[1.0; 64]),
+        ];
+        for weights in &cases {
+            for n in [0, 1, 2, 3, 17, 5000, 40_000] {
+                assert_eq!(
+                    blend(weights, n),
+                    reference(weights, n),
+                    "{weights:?} n={n}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn blends_exhaustively_as_megatron_core_does() {
+        for sizes in [
+            vec![1u64],
+            vec![3, 2],
+            vec![1, 1, 1, 1],
+            vec![5000, 1, 20, 333],
+            (1..=50).map(|d| d * d).collect(),
+            vec![7; 40],
+        ] {
+            let total: u64 = sizes.iter().sum();
+            let mut out = vec![0u16; total as usize];
+            exhaustive_greatest_error_blend(&sizes, &mut out).unwrap();
+            assert_eq!(out, exhaustive_reference(&sizes), "{sizes:?}");
+            for (d, &s) in sizes.iter().enumerate() {
+                assert_eq!(out.iter().filter(|&&o| o as usize == d).count() as u64, s);
+            }
+        }
+    }
+
+    #[test]
+    fn sample_positions_count_earlier_positions() {
+        let datasets: Vec<u16> = (0..3_000_000u64)
+            .map(|i| ((i * 7919) % 13 % 5) as u16)
+            .collect();
+        let mut out = vec![0i64; datasets.len()];
+        blend_sample_positions(&datasets, 5, &mut out).unwrap();
+        let mut seen = [0i64; 5];
+        for (&d, &o) in datasets.iter().zip(&out) {
+            assert_eq!(o, seen[d as usize]);
+            seen[d as usize] += 1;
+        }
+    }
+
+    #[test]
+    fn refuses_bad_input() {
+        let mut out = [0u16; 4];
+        assert!(greatest_error_blend(&[], &mut out).is_err());
+        assert!(greatest_error_blend(&[0.5, 0.6], &mut out).is_err());
+        assert!(greatest_error_blend(&[1.5, -0.5], &mut out).is_err());
+        assert!(greatest_error_blend(&[f64::NAN, 1.0], &mut out).is_err());
+        assert!(greatest_error_blend(&vec![1.0 / 32768.0; 32768], &mut out).is_err());
+        assert!(exhaustive_greatest_error_blend(&[2, 0, 2], &mut out).is_err());
+        assert!(exhaustive_greatest_error_blend(&[2, 1], &mut out).is_err());
+        let mut positions = [0i64; 2];
+        assert!(blend_sample_positions(&[0, 2], 2, &mut positions).is_err());
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    #[test]
+    #[ignore]
+    fn time_blend() {
+        let mut state = 7u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for d in std::env::var("BLEND_D").map(|v| vec![v.parse::<usize>().unwrap()]).unwrap_or(vec![10usize, 100, 1000]) {
+            let raw: Vec<f64> = (0..d).map(|_| next()).collect();
+            let s: f64 = raw.iter().sum();
+            let w: Vec<f64> = raw.iter().map(|x| x / s).collect();
+            let n = 20_000_000;
+            let mut out = vec![0u16; n];
+            let t = std::time::Instant::now();
+            super::greatest_error_blend(&w, &mut out).unwrap();
+            let el = t.elapsed().as_secs_f64();
+            println!("D={d} {:.2} ns/step", el / n as f64 * 1e9);
+            let t = std::time::Instant::now();
+            let r = super::tests::reference(&w, n);
+            let el = t.elapsed().as_secs_f64();
+            assert_eq!(r, out);
+            println!("D={d} reference {:.2} ns/step", el / n as f64 * 1e9);
+        }
+    }
+}
