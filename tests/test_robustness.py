@@ -205,12 +205,20 @@ elif call == "legacy shuffle":
     x = np.arange(300_000_000, dtype=np.uint32)
     state = np.random.RandomState(0)
     before = state.get_state()
+elif call == "megatron blend":
+    import numpy as np
+    from croupier.compat.megatron import build_blending_indices
+    w = np.random.default_rng(0).random(100)
+    w /= w.sum()
+    index, sample = np.zeros(200_000_000, np.int16), np.zeros(200_000_000, np.int64)
 print("started", flush=True)
 try:
     if call == "permutation":
         croupier.permutation(600_000_000, seed=1)
     elif call == "legacy shuffle":
         legacy_shuffle(x, state)
+    elif call == "megatron blend":
+        build_blending_indices(index, sample, w, 100, len(index), False)
     else:
         sampler.indices()
 except KeyboardInterrupt:
@@ -247,7 +255,14 @@ sys.exit(0)
 
 @pytest.mark.parametrize(
     "call",
-    ["permutation", "torch-order share", "per-rank-order share", "mixture", "legacy shuffle"],
+    [
+        "permutation",
+        "torch-order share",
+        "per-rank-order share",
+        "mixture",
+        "legacy shuffle",
+        "megatron blend",
+    ],
 )
 @pytest.mark.parametrize("delay", [0.05, 0.5])
 def test_ctrl_c_interrupts_a_long_call_promptly(call, delay):

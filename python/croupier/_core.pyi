@@ -10,6 +10,8 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "BLEND_MAX_DATASETS",
+    "BLEND_WEIGHT_SUM_TOLERANCE",
     "MAX_LEN",
     "MIX_FIRST_STOP",
     "TORCH_LARGE_N",
@@ -23,11 +25,15 @@ __all__ = [
     "RankShare",
     "SequentialBuckets",
     "__version__",
+    "blend_sample_positions",
     "epoch_end",
+    "exhaustive_greatest_error_blend",
+    "greatest_error_blend",
     "layout",
     "legacy_shuffle",
     "permutation",
     "permutation_into",
+    "sample_index",
     "torch_randperm",
 ]
 
@@ -36,6 +42,10 @@ MAX_LEN: int
 """The largest dataset length, rank count or position accepted: 2**63 - 1."""
 U32_MAX_LEN: int
 """The largest length whose indices are ``uint32``: 2**32."""
+BLEND_MAX_DATASETS: int
+"""The most datasets a Megatron-Core blend names: 32,767 (its dataset index is ``int16``)."""
+BLEND_WEIGHT_SUM_TOLERANCE: float
+"""How far a Megatron-Core blend's weights may sum from 1: 1e-6."""
 TORCH_LARGE_N: int
 """From this length (2**32 // 20) on, torch >= 2.6 and torch < 2.6 permute differently."""
 MIX_FIRST_STOP: int
@@ -369,3 +379,31 @@ def legacy_shuffle(
     """numpy's legacy ``RandomState.shuffle`` over the rows of ``data`` (a C-contiguous array's
     bytes, ``row`` bytes a row), in place, from the twister state ``(key, pos)``; ``key`` is
     updated in place and the new position returned."""
+
+def greatest_error_blend(weights: npt.NDArray[np.float64], out: npt.NDArray[np.uint16]) -> None:
+    """megatron-core's ``build_blending_indices`` into ``out`` (the ``int16`` dataset index
+    viewed as ``uint16``), every position of it."""
+
+def exhaustive_greatest_error_blend(
+    sizes: npt.NDArray[np.uint64], out: npt.NDArray[np.uint16]
+) -> None:
+    """megatron-core's ``build_exhaustive_blending_indices`` into ``out`` (as long as the
+    sizes' sum)."""
+
+def blend_sample_positions(
+    datasets: npt.NDArray[np.uint16], num_datasets: int, out: npt.NDArray[np.int64]
+) -> None:
+    """``out[i]``: how many earlier positions went to ``datasets[i]``'s dataset."""
+
+def sample_index(
+    sizes: npt.NDArray[np.int32],
+    document_index: npt.NDArray[np.int32],
+    seq_length: int,
+    num_epochs: int,
+    tokens_per_epoch: int,
+    drop_last_partial_sequence: bool,
+    add_extra_token: int,
+    wide: bool,
+) -> npt.NDArray[np.int32] | npt.NDArray[np.int64]:
+    """megatron-core's ``build_sample_idx``: a new ``(num_samples + 1, 2)`` array, ``int64``
+    when ``wide``, else ``int32``."""

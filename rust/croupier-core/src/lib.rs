@@ -27,6 +27,7 @@
 //!   blocks).
 //!
 //! - [`mix`]: weighted mixtures of datasets; [`bucket`]: bucket batching by length;
+//!   [`pack`]: documents packed into fixed-length samples (Megatron-Core's sample index);
 //!   [`chunk`]: chunked reading plans for on-disk arrays.
 //!
 //! The root holds what every folder uses (crate-private modules; what callers need is
@@ -56,6 +57,7 @@ mod draw;
 mod error;
 mod index;
 pub mod mix;
+pub mod pack;
 pub mod shuffle;
 mod stream;
 
@@ -71,6 +73,7 @@ pub use mix::{
     blend_sample_positions, exhaustive_greatest_error_blend, greatest_error_blend, Interleaving,
     Mixture, MixtureConfig, PhaseSpec, BLEND_MAX_DATASETS, BLEND_WEIGHT_SUM_TOLERANCE,
 };
+pub use pack::{sample_index, SampleIndexSpec, SampleIndexValue};
 pub use shuffle::{
     fill, permutation, permutation_bytes, torch_randperm, TorchRandperm, LARGE_N_THRESHOLD,
 };

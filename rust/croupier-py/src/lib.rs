@@ -13,13 +13,14 @@
 //! `OverflowError`), which only a caller of this private module can meet.
 //!
 //! One file per Python class (`order`, `rank_share`, `buckets`, `sequential`, `chunk`;
-//! `mixture` holds `MixtureShape` too), `numpy_legacy` for numpy's legacy shuffle,
+//! `mixture` holds `MixtureShape` too), `numpy_legacy` for numpy's legacy shuffle, `megatron` for Megatron-Core's dataset helpers,
 //! the module's functions here, and `runtime` for what every call shares: the per-process
 //! thread pool, the GIL released, Ctrl-C, panics and errors, the memory check, numpy buffers.
 
 mod buckets;
 mod chunk;
 mod config;
+mod megatron;
 mod mixture;
 mod numpy_legacy;
 mod order;
@@ -158,6 +159,18 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(permutation_into, m)?)?;
     m.add_function(wrap_pyfunction!(torch_randperm, m)?)?;
     m.add_function(wrap_pyfunction!(numpy_legacy::legacy_shuffle, m)?)?;
+    m.add_function(wrap_pyfunction!(megatron::greatest_error_blend, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        megatron::exhaustive_greatest_error_blend,
+        m
+    )?)?;
+    m.add_function(wrap_pyfunction!(megatron::blend_sample_positions, m)?)?;
+    m.add_function(wrap_pyfunction!(megatron::sample_index, m)?)?;
+    m.add("BLEND_MAX_DATASETS", croupier_core::BLEND_MAX_DATASETS)?;
+    m.add(
+        "BLEND_WEIGHT_SUM_TOLERANCE",
+        croupier_core::BLEND_WEIGHT_SUM_TOLERANCE,
+    )?;
     m.add("MAX_LEN", croupier_core::MAX_LEN)?;
     m.add("U32_MAX_LEN", croupier_core::U32_MAX_LEN)?;
     m.add("TORCH_LARGE_N", croupier_core::LARGE_N_THRESHOLD)?;

@@ -276,7 +276,7 @@ pub(crate) fn available_memory() -> Option<u64> {
 /// With `CROUPIER_MEMORY_TRACE` set, every estimate is written to standard error (`croupier:
 /// memory estimate: <what>: <bytes> bytes`), checked or not: how a user sees what a call will
 /// take, and how the tests compare estimates with measured peaks.
-fn check_memory(bytes: u64, what: &str) -> PyResult<()> {
+pub(crate) fn check_memory(bytes: u64, what: &str) -> PyResult<()> {
     const CHECKED_FROM: u64 = 1 << 26;
     if std::env::var_os("CROUPIER_MEMORY_TRACE").is_some() {
         eprintln!("croupier: memory estimate: {what}: {bytes} bytes");

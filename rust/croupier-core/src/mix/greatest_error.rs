@@ -224,7 +224,6 @@ struct Greedy {
 const LANES: usize = 8;
 /// Positions a member list serves before it is drawn afresh.
 const BLOCK: u64 = 16;
-fn block() -> u64 { std::env::var("GB").map(|v| v.parse().unwrap()).unwrap_or(BLOCK) }
 
 impl Greedy {
     fn new(weights: Vec<f64>, limits: Option<Vec<f64>>, end: u64, sum: f64) -> Self {
@@ -279,7 +278,7 @@ impl Greedy {
         }
         let (mut lowest, mut misses, mut seen) = (f64::INFINITY, 0u32, 0u64);
         let mut start = 2;
-        let blk = block();
+        let blk = BLOCK;
         while start < n {
             if start % 4096 < blk && cancelled() {
                 return Err(Error::Cancelled);
@@ -453,6 +452,7 @@ mod avx2 {
     /// for the winner's index; a tie (several such lanes) takes the 1 back from all but the
     /// first, as megatron-core's first maximum wins.
     #[target_feature(enable = "avx2")]
+    #[allow(clippy::needless_range_loop)] // lane j of several vectors at once
     pub(super) unsafe fn members_run<const V: usize, const EXHAUSTIVE: bool>(
         g: &mut Greedy,
         start: u64,
@@ -518,7 +518,8 @@ mod avx2 {
             }
             if EXHAUSTIVE {
                 for j in 0..V {
-                    let full = _mm256_cmp_pd::<_CMP_EQ_OQ>(c[j], _mm256_loadu_pd(limits.add(4 * j)));
+                    let full =
+                        _mm256_cmp_pd::<_CMP_EQ_OQ>(c[j], _mm256_loadu_pd(limits.add(4 * j)));
                     if _mm256_movemask_pd(full) != 0 {
                         c[j] = _mm256_blendv_pd(c[j], spent, full);
                     }
@@ -564,7 +565,7 @@ mod tests {
     use super::*;
 
     /// megatron-core's loop, as written in its C++.
-    pub(super) fn reference(weights: &[f64], n: usize) -> Vec<u16> {
+    fn reference(weights: &[f64], n: usize) -> Vec<u16> {
         let mut counts = vec![0i64; weights.len()];
         (0..n)
             .map(|i| {
@@ -700,36 +701,5 @@ mod tests {
         assert!(exhaustive_greatest_error_blend(&[2, 1], &mut out).is_err());
         let mut positions = [0i64; 2];
         assert!(blend_sample_positions(&[0, 2], 2, &mut positions).is_err());
-    }
-}
-
-#[cfg(test)]
-mod timing {
-    #[test]
-    #[ignore]
-    fn time_blend() {
-        let mut state = 7u64;
-        let mut next = || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
-        for d in std::env::var("BLEND_D").map(|v| vec![v.parse::<usize>().unwrap()]).unwrap_or(vec![10usize, 100, 1000]) {
-            let raw: Vec<f64> = (0..d).map(|_| next()).collect();
-            let s: f64 = raw.iter().sum();
-            let w: Vec<f64> = raw.iter().map(|x| x / s).collect();
-            let n = 20_000_000;
-            let mut out = vec![0u16; n];
-            let t = std::time::Instant::now();
-            super::greatest_error_blend(&w, &mut out).unwrap();
-            let el = t.elapsed().as_secs_f64();
-            println!("D={d} {:.2} ns/step", el / n as f64 * 1e9);
-            let t = std::time::Instant::now();
-            let r = super::tests::reference(&w, n);
-            let el = t.elapsed().as_secs_f64();
-            assert_eq!(r, out);
-            println!("D={d} reference {:.2} ns/step", el / n as f64 * 1e9);
-        }
     }
 }

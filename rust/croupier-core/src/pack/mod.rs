@@ -1,0 +1,340 @@
+//! Packing documents into fixed-length samples: Megatron-Core's sample index.
+//!
+//! The documents of a (shuffled) document index are read as one stream of tokens; sample `k`
+//! starts at token `k * seq_length` of it. megatron-core's `build_sample_idx` records, for each
+//! sample start, the document (its place in the document index) and the offset in it, walking
+//! the documents one by one on one thread. The same rows follow from prefix sums of the
+//! documents' lengths: sample `k` lies in the first document whose stream end reaches
+//! `k * seq_length + extra` (`extra`: the one token a sample reads past its end, when it does),
+//! so the index is built in parallel pieces of the document index, each piece knowing from its
+//! first prefix sum which samples start inside it.
+
+use rayon::prelude::*;
+
+use crate::cancel::{cancelled, CHECK_EVERY};
+use crate::error::{Error, Result};
+
+/// The shape of a sample index: its arguments as megatron-core's `build_sample_idx` takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampleIndexSpec {
+    /// Tokens in a sample (at least 1).
+    pub seq_length: i32,
+    /// Epochs the document index holds (at least 1).
+    pub num_epochs: i32,
+    /// Tokens in one epoch (at least 1).
+    pub tokens_per_epoch: i64,
+    /// Whether the last, partial sample is left out.
+    pub drop_last_partial_sequence: bool,
+    /// Tokens a sample reads past its end (0 or 1).
+    pub add_extra_token: i32,
+}
+
+impl SampleIndexSpec {
+    /// Samples in the index (its rows less one), computed as megatron-core does: by integer
+    /// division when the partial sample is dropped, else as the ceiling of a single-precision
+    /// (`f32`) division.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use croupier_core::SampleIndexSpec;
+    ///
+    /// let spec = SampleIndexSpec {
+    ///     seq_length: 4,
+    ///     num_epochs: 2,
+    ///     tokens_per_epoch: 11,
+    ///     drop_last_partial_sequence: true,
+    ///     add_extra_token: 1,
+    /// };
+    /// assert_eq!(spec.num_samples().unwrap(), 5); // (2 * 11 - 1) / 4
+    /// ```
+    pub fn num_samples(&self) -> Result<u64> {
+        if self.seq_length < 1 {
+            return Err(Error::out_of_range(
+                "seq_length",
+                "at least 1",
+                self.seq_length.to_string(),
+            ));
+        }
+        if self.num_epochs < 1 {
+            return Err(Error::out_of_range(
+                "num_epochs",
+                "at least 1",
+                self.num_epochs.to_string(),
+            ));
+        }
+        if self.tokens_per_epoch < 1 {
+            return Err(Error::out_of_range(
+                "tokens_per_epoch",
+                "at least 1",
+                self.tokens_per_epoch.to_string(),
+            ));
+        }
+        if !(0..=1).contains(&self.add_extra_token) {
+            return Err(Error::out_of_range(
+                "add_extra_token_to_sequence",
+                "0 or 1",
+                self.add_extra_token.to_string(),
+            ));
+        }
+        let tokens = (self.num_epochs as i64)
+            .checked_mul(self.tokens_per_epoch)
+            .ok_or_else(|| {
+                Error::out_of_range("num_epochs * tokens_per_epoch", "below 2**63", "more")
+            })?
+            - self.add_extra_token as i64;
+        let samples = if self.drop_last_partial_sequence {
+            tokens / self.seq_length as i64
+        } else {
+            // megatron-core: ceil(float(tokens) / seq_length), in single precision.
+            ((tokens as f32) / (self.seq_length as f32)).ceil() as i64
+        };
+        Ok(samples.max(0) as u64)
+    }
+}
+
+/// Element types of a sample index (`int32` or `int64`, as megatron-core picks).
+pub trait SampleIndexValue: Copy + Send + Sync {
+    /// `v` as this type (it fits: megatron-core's choice of type guarantees it).
+    fn of(v: i64) -> Self;
+}
+
+impl SampleIndexValue for i32 {
+    fn of(v: i64) -> Self {
+        v as i32
+    }
+}
+
+impl SampleIndexValue for i64 {
+    fn of(v: i64) -> Self {
+        v
+    }
+}
+
+/// megatron-core's `build_sample_idx` into `out` (`2 * (num_samples + 1)` values: per row the
+/// document's place in `document_index` and the offset in it), for the documents
+/// `document_index` (ids into `sizes`, the documents' lengths).
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::{sample_index, SampleIndexSpec};
+///
+/// let spec = SampleIndexSpec {
+///     seq_length: 4,
+///     num_epochs: 1,
+///     tokens_per_epoch: 10,
+///     drop_last_partial_sequence: true,
+///     add_extra_token: 1,
+/// };
+/// // Documents of 3, 5 and 2 tokens, read in the order 1, 0, 2 (the stream's tokens 0-4,
+/// // 5-7, 8-9): rows start at tokens 0, 4 (place 0, offset 4) and 8 (place 2, offset 0).
+/// let mut out = vec![0i32; 2 * 3];
+/// sample_index(&[3, 5, 2], &[1, 0, 2], &spec, &mut out).unwrap();
+/// assert_eq!(out, [0, 0, 0, 4, 2, 0]);
+/// ```
+pub fn sample_index<T: SampleIndexValue>(
+    sizes: &[i32],
+    document_index: &[i32],
+    spec: &SampleIndexSpec,
+    out: &mut [T],
+) -> Result<()> {
+    let samples = spec.num_samples()?;
+    if document_index.is_empty() {
+        return Err(Error::out_of_range(
+            "document_index",
+            "not empty",
+            "no documents",
+        ));
+    }
+    if out.len() as u64 != 2 * (samples + 1) {
+        return Err(Error::out_of_range(
+            "out",
+            format!("of 2 * (num_samples + 1) = {}", 2 * (samples + 1)),
+            out.len().to_string(),
+        ));
+    }
+    if let Some(&s) = sizes.iter().find(|&&s| s < 0) {
+        return Err(Error::out_of_range("sizes", "at least 0", s.to_string()));
+    }
+    if let Some(j) = document_index
+        .par_iter()
+        .position_any(|&d| d < 0 || d as usize >= sizes.len())
+    {
+        return Err(Error::out_of_range(
+            "document_index",
+            format!("ids in [0, {})", sizes.len()),
+            format!("document_index[{j}] = {}", document_index[j]),
+        ));
+    }
+    let (seq, extra) = (spec.seq_length as i64, spec.add_extra_token as i64);
+    let length = |j: usize| sizes[document_index[j] as usize] as i64;
+    // Samples k >= 1 whose start k * seq + extra is at most `tokens` (k <= samples).
+    let started = |tokens: i64| (((tokens - extra).max(0) / seq) as u64).min(samples);
+    let piece = (document_index.len() / (4 * rayon::current_num_threads()).max(1)).max(1 << 16);
+    let totals: Vec<i64> = document_index
+        .par_chunks(piece)
+        .enumerate()
+        .map(|(p, chunk)| {
+            let mut total = 0;
+            for j in 0..chunk.len() {
+                if j % CHECK_EVERY == 0 && cancelled() {
+                    break;
+                }
+                total += length(p * piece + j);
+            }
+            total
+        })
+        .collect();
+    if cancelled() {
+        return Err(Error::Cancelled);
+    }
+    // Each piece's first prefix sum, and the rows (samples) starting inside it.
+    let mut firsts = Vec::with_capacity(totals.len());
+    let mut tokens = 0i64;
+    for t in &totals {
+        firsts.push(tokens);
+        tokens += t;
+    }
+    let (head, rows) = out.split_at_mut(2);
+    head[0] = T::of(0);
+    head[1] = T::of(0);
+    let mut shares = Vec::with_capacity(firsts.len());
+    let mut rest = rows;
+    for (p, &first) in firsts.iter().enumerate() {
+        let last = first + totals[p];
+        let (from, to) = (started(first), started(last));
+        let (share, tail) = rest.split_at_mut(2 * (to - from) as usize);
+        shares.push((p, first, from, share));
+        rest = tail;
+    }
+    // Samples past the documents' end: the last document, at its length less the extra token.
+    let tail_offset = length(document_index.len() - 1) - extra;
+    for row in rest.chunks_exact_mut(2) {
+        row[0] = T::of(document_index.len() as i64 - 1);
+        row[1] = T::of(tail_offset);
+    }
+    shares.into_par_iter().for_each(|(p, first, from, share)| {
+        let mut target = (from + 1) as i64 * seq + extra;
+        let mut before = first;
+        let mut rows = share.chunks_exact_mut(2);
+        let begin = p * piece;
+        let end = (begin + piece).min(document_index.len());
+        for j in begin..end {
+            if (j - begin) % CHECK_EVERY == 0 && cancelled() {
+                return;
+            }
+            let after = before + length(j);
+            while target <= after {
+                let Some(row) = rows.next() else { return };
+                row[0] = T::of(j as i64);
+                row[1] = T::of(target - extra - before);
+                target += seq;
+            }
+            before = after;
+        }
+    });
+    if cancelled() {
+        return Err(Error::Cancelled);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// megatron-core's `build_sample_idx` walk, as its C++ writes it.
+    fn reference(sizes: &[i32], docs: &[i32], spec: &SampleIndexSpec) -> Vec<i64> {
+        let samples = spec.num_samples().unwrap() as usize;
+        let (seq, extra) = (spec.seq_length, spec.add_extra_token);
+        let mut out = vec![0i64; 2 * (samples + 1)];
+        let (mut j, mut offset, mut row) = (0usize, 0i64, 1usize);
+        while row <= samples {
+            let mut remaining = seq + extra;
+            while remaining != 0 {
+                let length = sizes[docs[j] as usize] as i64 - offset;
+                remaining -= length as i32;
+                if remaining <= 0 {
+                    offset += remaining as i64 + length - extra as i64;
+                    remaining = 0;
+                } else {
+                    if j == docs.len() - 1 {
+                        offset = sizes[docs[j] as usize] as i64 - extra as i64;
+                        break;
+                    }
+                    j += 1;
+                    offset = 0;
+                }
+            }
+            out[2 * row] = j as i64;
+            out[2 * row + 1] = offset;
+            row += 1;
+        }
+        out
+    }
+
+    #[test]
+    fn rows_are_megatron_cores() {
+        let mut state = 3u64;
+        let mut next = |bound: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % bound
+        };
+        for case in 0..60 {
+            let n_sizes = 1 + next(50) as usize;
+            let sizes: Vec<i32> = (0..n_sizes)
+                .map(|_| next(if case % 3 == 0 { 4 } else { 40 }) as i32)
+                .collect();
+            let epochs = 1 + next(3) as i32;
+            let docs: Vec<i32> = (0..epochs as usize * n_sizes)
+                .map(|_| next(n_sizes as u64) as i32)
+                .collect();
+            let tokens: i64 = docs
+                .iter()
+                .map(|&d| sizes[d as usize] as i64)
+                .sum::<i64>()
+                .max(2);
+            for (seq, extra, drop, tpe) in [
+                (1 + next(9) as i32, 1, true, tokens / epochs as i64),
+                (1 + next(9) as i32, 0, true, tokens / epochs as i64),
+                (1 + next(9) as i32, 1, false, tokens / epochs as i64),
+                (1 + next(9) as i32, 0, false, tokens / epochs as i64 + 5),
+            ] {
+                let spec = SampleIndexSpec {
+                    seq_length: seq,
+                    num_epochs: epochs,
+                    tokens_per_epoch: tpe.max(1),
+                    drop_last_partial_sequence: drop,
+                    add_extra_token: extra,
+                };
+                let expected = reference(&sizes, &docs, &spec);
+                let mut out = vec![0i64; expected.len()];
+                sample_index(&sizes, &docs, &spec, &mut out).unwrap();
+                assert_eq!(out, expected, "{sizes:?} {docs:?} {spec:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn pieces_agree_with_one_walk() {
+        let sizes: Vec<i32> = (0..5000i64).map(|i| (i * 7919 % 300) as i32).collect();
+        let docs: Vec<i32> = (0..400_000)
+            .map(|j| ((j as u64 * 2654435761) % 5000) as i32)
+            .collect();
+        let tokens: i64 = docs.iter().map(|&d| sizes[d as usize] as i64).sum();
+        let spec = SampleIndexSpec {
+            seq_length: 1024,
+            num_epochs: 1,
+            tokens_per_epoch: tokens,
+            drop_last_partial_sequence: true,
+            add_extra_token: 1,
+        };
+        let expected = reference(&sizes, &docs, &spec);
+        let mut out = vec![0i32; expected.len()];
+        sample_index(&sizes, &docs, &spec, &mut out).unwrap();
+        assert!(out.iter().zip(&expected).all(|(&a, &b)| a as i64 == b));
+    }
+}

@@ -1,0 +1,128 @@
+//! Megatron-Core's dataset helpers (`croupier.compat.megatron`): the greedy blend, exhaustive
+//! or not, its per-dataset sample positions, and the sample index.
+
+use numpy::{PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::runtime::long;
+
+/// Blends of this many positions and more run interruptibly (Ctrl-C heard within milliseconds).
+const INTERRUPTIBLE_FROM: usize = 1 << 20;
+
+fn contiguous<'a, T>(
+    slice: Result<&'a mut [T], numpy::AsSliceError>,
+    name: &str,
+) -> PyResult<&'a mut [T]> {
+    slice.map_err(|_| PyValueError::new_err(format!("{name} must be C-contiguous")))
+}
+
+/// megatron-core's `build_blending_indices` into `out` (the `int16` dataset index viewed as
+/// `uint16`), every position of it.
+#[pyfunction]
+pub(crate) fn greatest_error_blend<'py>(
+    py: Python<'py>,
+    weights: PyReadonlyArray1<'py, f64>,
+    mut out: PyReadwriteArray1<'py, u16>,
+) -> PyResult<()> {
+    let weights = weights
+        .as_slice()
+        .map_err(|_| PyValueError::new_err("weights must be C-contiguous"))?;
+    let out = contiguous(out.as_slice_mut(), "dataset_index")?;
+    let big = out.len() >= INTERRUPTIBLE_FROM;
+    long(py, big, move || {
+        croupier_core::greatest_error_blend(weights, out)
+    })
+}
+
+/// megatron-core's `build_exhaustive_blending_indices` into `out` (as long as the sizes' sum).
+#[pyfunction]
+pub(crate) fn exhaustive_greatest_error_blend<'py>(
+    py: Python<'py>,
+    sizes: PyReadonlyArray1<'py, u64>,
+    mut out: PyReadwriteArray1<'py, u16>,
+) -> PyResult<()> {
+    let sizes = sizes
+        .as_slice()
+        .map_err(|_| PyValueError::new_err("sizes must be C-contiguous"))?;
+    let out = contiguous(out.as_slice_mut(), "dataset_index")?;
+    let big = out.len() >= INTERRUPTIBLE_FROM;
+    long(py, big, move || {
+        croupier_core::exhaustive_greatest_error_blend(sizes, out)
+    })
+}
+
+/// `out[i]`: how many earlier positions went to `datasets[i]`'s dataset.
+#[pyfunction]
+pub(crate) fn blend_sample_positions<'py>(
+    py: Python<'py>,
+    datasets: PyReadonlyArray1<'py, u16>,
+    num_datasets: usize,
+    mut out: PyReadwriteArray1<'py, i64>,
+) -> PyResult<()> {
+    let datasets = datasets
+        .as_slice()
+        .map_err(|_| PyValueError::new_err("datasets must be C-contiguous"))?;
+    let out = contiguous(out.as_slice_mut(), "dataset_sample_index")?;
+    let big = out.len() >= INTERRUPTIBLE_FROM;
+    long(py, big, move || {
+        croupier_core::blend_sample_positions(datasets, num_datasets, out)
+    })
+}
+
+/// megatron-core's `build_sample_idx`: a new `(num_samples + 1, 2)` array, `int64` when
+/// `wide`, else `int32`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sample_index<'py>(
+    py: Python<'py>,
+    sizes: PyReadonlyArray1<'py, i32>,
+    document_index: PyReadonlyArray1<'py, i32>,
+    seq_length: i32,
+    num_epochs: i32,
+    tokens_per_epoch: i64,
+    drop_last_partial_sequence: bool,
+    add_extra_token: i32,
+    wide: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let sizes = sizes
+        .as_slice()
+        .map_err(|_| PyValueError::new_err("sizes must be C-contiguous"))?;
+    let docs = document_index
+        .as_slice()
+        .map_err(|_| PyValueError::new_err("document_index must be C-contiguous"))?;
+    let spec = croupier_core::SampleIndexSpec {
+        seq_length,
+        num_epochs,
+        tokens_per_epoch,
+        drop_last_partial_sequence,
+        add_extra_token,
+    };
+    let rows = crate::runtime::core(spec.num_samples())? as usize + 1;
+    let big = docs.len() >= INTERRUPTIBLE_FROM || rows >= INTERRUPTIBLE_FROM;
+    fn build<'py, T: croupier_core::SampleIndexValue + numpy::Element>(
+        py: Python<'py>,
+        sizes: &[i32],
+        docs: &[i32],
+        spec: croupier_core::SampleIndexSpec,
+        rows: usize,
+        big: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        crate::runtime::check_memory(
+            (rows * 2 * std::mem::size_of::<T>()) as u64,
+            "the sample index",
+        )?;
+        let flat = long(py, big, move || {
+            let mut flat = vec![T::of(0); 2 * rows];
+            croupier_core::sample_index(sizes, docs, &spec, &mut flat)?;
+            Ok(flat)
+        })?;
+        let array = numpy::PyArray1::from_vec(py, flat);
+        Ok(array.reshape([rows, 2])?.into_any())
+    }
+    if wide {
+        build::<i64>(py, sizes, docs, spec, rows, big)
+    } else {
+        build::<i32>(py, sizes, docs, spec, rows, big)
+    }
+}
