@@ -444,7 +444,8 @@ def _parser() -> tuple[_Parser, dict[str, _Parser]]:
         description="Runs each system in its own subprocess, one at a time, and prints a "
         "table of medians with ratios; writes bench.json, bench.md and bench.png. By default "
         "croupier and the main alternative of each family (samplers, mixtures, buckets, "
-        "reads, elastic, permutations) at N = 1e5, 1e6, 1e7, 3 runs each: estimated at "
+        "reads, elastic, permutations; megatron with --families megatron) at N = 1e5, 1e6, "
+        "1e7, 3 runs each: estimated at "
         f"{_minutes(default_cpu_estimate())} of CPU. With "
         "--sweep-ranks, runs the world-size sweep instead: one rank's "
         'DistributedSampler(order="global") epoch for each W and N (time per index, first '

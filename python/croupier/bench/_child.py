@@ -444,6 +444,68 @@ def _measure_permutation(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _megatron_inputs(system: str, n: int, seed: int) -> tuple[Any, ...]:
+    """The untimed input of a megatron-family run of size ``n``: the blend's 100 weights, or
+    ``n`` documents' lengths (1 to 2,000 tokens) and a shuffled document index."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if system.endswith("blend"):
+        weights = rng.random(100)
+        return (weights / weights.sum(),)
+    if system.endswith("sample-index"):
+        sizes = rng.integers(1, 2000, size=n).astype(np.int32)
+        return sizes, rng.permutation(n).astype(np.int32), int(sizes.sum())
+    return ()
+
+
+def _measure_megatron(spec: dict[str, Any]) -> dict[str, Any]:
+    import warnings
+
+    import numpy as np
+
+    system, n, seed = spec["system"], spec["n"], spec["seed"]
+    with warnings.catch_warnings():
+        # megatron-core warns at import that Transformer Engine and Apex are absent.
+        warnings.simplefilter("ignore")
+        helpers: Any
+        if system.startswith("croupier"):
+            import croupier.compat.megatron
+
+            helpers = croupier.compat.megatron
+            shuffle = helpers.build_shuffle_index
+        else:
+            import importlib
+
+            helpers = importlib.import_module("megatron.core.datasets.helpers")
+            gpt_dataset = importlib.import_module("megatron.core.datasets.gpt_dataset")
+            shuffle = gpt_dataset._build_shuffle_index
+    inputs = _megatron_inputs(system, n, seed)
+    base = _status_mib("VmRSS")
+    out: dict[str, Any] = {"rss_base_mib": base}
+    result: Any
+    if system.endswith("blend"):
+        (weights,) = inputs
+        index, samples = np.zeros(n, np.int16), np.zeros(n, np.int64)
+        t0 = time.perf_counter()
+        helpers.build_blending_indices(index, samples, weights, 100, n, False)
+        result = index
+    elif system.endswith("shuffle"):
+        t0 = time.perf_counter()
+        result = shuffle(n, n, np.random.RandomState(seed))
+    elif system.endswith("sample-index"):
+        sizes, docs, tokens = inputs
+        t0 = time.perf_counter()
+        result = helpers.build_sample_idx(sizes, docs, 4096, 1, tokens, True, True)
+    else:
+        raise ValueError(f"not a megatron system: {system}")
+    out["epoch_s"] = time.perf_counter() - t0
+    out["count"] = len(result)
+    out["peak_mib"] = _status_mib("VmHWM")
+    out["digest"] = _digest(result)
+    return out
+
+
 #: The size of the sampler that pays a process's one-time set-up before the timed one.
 MIN_N = 1000
 #: Fresh samplers timed to their first index in one run (the fastest counts), within a budget
@@ -481,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         "reads": _measure_reads,
         "permutations": _measure_permutation,
         "elastic": _measure_elastic,
+        "megatron": _measure_megatron,
     }[spec["family"]]
     result = measure(spec)
     # A family whose data is built untimed before its run (the buckets' lengths) reads its

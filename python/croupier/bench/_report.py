@@ -78,6 +78,7 @@ def table(results: dict[str, Any]) -> str:
     batches = [r for r in rows if r["family"] == "buckets"]
     reads = [r for r in rows if r["family"] == "reads"]
     elastic = [r for r in rows if r["family"] == "elastic"]
+    megatron = [r for r in rows if r["family"] == "megatron"]
     lines: list[str] = []
     if samplers:
         lines += [
@@ -132,6 +133,14 @@ def table(results: dict[str, Any]) -> str:
             "| --- | --- | --- | --- |",
         ]
         lines += [_line(r, results, ("epoch_s",)) for r in perms]
+    if megatron:
+        if lines:
+            lines.append("")
+        lines += [
+            "| N | Megatron-Core's dataset index | time | memory added, MiB (peak RSS) |",
+            "| --- | --- | --- | --- |",
+        ]
+        lines += [_line(r, results, ("epoch_s",)) for r in megatron]
     return "\n".join(lines)
 
 
@@ -237,7 +246,8 @@ def _line(r: dict[str, Any], results: dict[str, Any], keys: tuple[str, ...]) -> 
     mem = _mem(r) + (_mem_ratio(*pair) if pair else "")
     if pair and results["systems"][r["system"]]["same_output"]:
         same = pair[0].get("digest") is not None and pair[0].get("digest") == r.get("digest")
-        mem += "; same output as torch" if same else "; OUTPUT DIFFERS from torch"
+        other = "megatron-core" if r["family"] == "megatron" else "torch"
+        mem += f"; same output as {other}" if same else f"; OUTPUT DIFFERS from {other}"
     if not r.get("checks_ok", True):
         mem += " CHECK FAILED"
     return "| " + " | ".join([*cells, mem]) + " |"
@@ -289,6 +299,7 @@ FAMILY_TITLES = {
     "reads": "Reads (16-byte rows)",
     "elastic": "Elastic resume",
     "permutations": "Full permutation",
+    "megatron": "Megatron-Core's indices",
 }
 METRIC_WORDS = {
     "epoch_s": "one rank's whole epoch",

@@ -1,6 +1,6 @@
 """What ``croupier bench`` compares: each system, what it measures and how much memory it needs.
 
-Six families. *Samplers* produce one rank's epoch of a ``DistributedSampler`` (time to the first
+Seven families. *Samplers* produce one rank's epoch of a ``DistributedSampler`` (time to the first
 index, to the whole epoch, to the first index after resuming at mid-epoch); *mixtures* the same
 for one rank's epoch of a ``MixtureSampler`` over 100 datasets that add up to N.
 *Buckets* systems produce one rank's epoch of token-budget batches over N log-normal lengths
@@ -14,6 +14,11 @@ order as a map-style dataset is read. *Elastic* systems resume an epoch checkpoi
 middle on W ranks on ``W' = max(1, 3W/4)`` ranks (8 -> 6) and produce one new rank's rest of
 the epoch (time to its first index after loading the state, to the whole rest, peak memory).
 *Permutations* produce a full permutation of ``[0, N)`` (time to the whole of it).
+*Megatron* systems build Megatron-Core's dataset indices at size N with megatron-core's own
+helpers or croupier's identical ones (``croupier.compat.megatron``): the blend of N positions
+over 100 datasets, the shuffle index of N samples, and the sample index over N documents
+(time to the whole array; the output must be the same). Not in the default run; skipped
+without megatron-core.
 
 The *headline* systems (croupier and the main alternative of each family) are what a plain
 ``croupier bench`` runs; ``--all`` adds the rest. Each system's cost model (``startup_s``,
@@ -27,10 +32,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FAMILIES", "SYSTEMS", "System", "by_name", "choose"]
+__all__ = ["EXTRA_FAMILIES", "FAMILIES", "SYSTEMS", "System", "by_name", "choose"]
 
 #: The families, in the order tables and plots show them.
-FAMILIES = ("samplers", "mixtures", "buckets", "reads", "elastic", "permutations")
+FAMILIES = (
+    "samplers",
+    "mixtures",
+    "buckets",
+    "reads",
+    "elastic",
+    "permutations",
+    "megatron",
+)
+#: Families with no system in the default run (asked for with --families or --all).
+EXTRA_FAMILIES = ("megatron",)
 
 
 @dataclass(frozen=True)
@@ -339,6 +354,72 @@ SYSTEMS: tuple[System, ...] = (
         startup_s=4.0,
         s_per_index=1.2e-07,
         baseline_for="croupier-permutation",
+    ),
+    System(
+        "croupier-megatron-blend",
+        "megatron",
+        "croupier.compat.megatron.build_blending_indices (100 datasets)",
+        ("croupier",),
+        bytes_per_index=10,
+        startup_s=0.5,
+        s_per_index=5.5e-08,
+        headline=False,
+    ),
+    System(
+        "megatron-blend",
+        "megatron",
+        "megatron-core helpers.build_blending_indices (100 datasets)",
+        ("megatron.core.datasets.helpers",),
+        bytes_per_index=10,
+        startup_s=6.0,
+        s_per_index=1.6e-07,
+        headline=False,
+        baseline_for="croupier-megatron-blend",
+        same_output=True,
+    ),
+    System(
+        "croupier-megatron-shuffle",
+        "megatron",
+        "croupier.compat.megatron.build_shuffle_index",
+        ("croupier",),
+        bytes_per_index=4,
+        startup_s=0.5,
+        s_per_index=2.5e-08,
+        headline=False,
+    ),
+    System(
+        "megatron-shuffle",
+        "megatron",
+        "megatron-core gpt_dataset._build_shuffle_index (numpy RandomState.shuffle)",
+        ("megatron.core.datasets.gpt_dataset",),
+        bytes_per_index=4,
+        startup_s=6.0,
+        s_per_index=1.7e-07,
+        headline=False,
+        baseline_for="croupier-megatron-shuffle",
+        same_output=True,
+    ),
+    System(
+        "croupier-megatron-sample-index",
+        "megatron",
+        "croupier.compat.megatron.build_sample_idx (N documents, 4096 tokens a sample)",
+        ("croupier",),
+        bytes_per_index=12,
+        startup_s=0.5,
+        s_per_index=4.0e-08,
+        headline=False,
+    ),
+    System(
+        "megatron-sample-index",
+        "megatron",
+        "megatron-core helpers.build_sample_idx (N documents, 4096 tokens a sample)",
+        ("megatron.core.datasets.helpers",),
+        bytes_per_index=12,
+        startup_s=6.0,
+        s_per_index=6.0e-08,
+        headline=False,
+        baseline_for="croupier-megatron-sample-index",
+        same_output=True,
     ),
 )
 
