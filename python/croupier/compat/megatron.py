@@ -80,17 +80,8 @@ def build_document_index(
     """
     epochs = _count(num_epochs, "num_epochs", 1)
     check_random_state(numpy_random_state, "numpy_random_state")
-    docs = np.asarray(documents)
-    if docs.ndim != 1 or not (np.issubdtype(docs.dtype, np.integer) or docs.size == 0):
-        raise TypeError(
-            f"documents must be a 1-D array of integers, got {docs.ndim}-D {docs.dtype}"
-        )
-    if docs.size and (int(docs.min()) < 0 or int(docs.max()) > _INT32_MAX):
-        raise ValueError(
-            f"documents must be ids in [0, {_INT32_MAX}] (the document index is int32), got "
-            f"[{int(docs.min())}, {int(docs.max())}]"
-        )
-    index = np.tile(docs.astype(np.int32), epochs)
+    docs = _int32_values(documents, "documents", "ids")
+    index = np.tile(docs, epochs)
     if separate_final_epoch and epochs > 1:
         cut = (epochs - 1) * len(docs)
         legacy_shuffle(index[:cut], numpy_random_state)
@@ -278,14 +269,16 @@ def build_exhaustive_blending_indices(
     _core.blend_sample_positions(positions, datasets, samples[:total])
 
 
-def _int32_ids(values: object, name: str) -> np.ndarray:
+def _int32_values(values: object, name: str, kind: str) -> np.ndarray:
+    """``values`` as a C-contiguous, aligned ``int32`` array (a copy only where needed), or
+    the error naming ``name``: a 1-D integer array of ``kind`` in ``[0, 2**31)``."""
     array = np.asarray(values)
     if array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
         raise TypeError(f"{name} must be a 1-D array of integers, got {array.ndim}-D {array.dtype}")
     if array.size and (int(array.min()) < 0 or int(array.max()) > _INT32_MAX):
         raise ValueError(
-            f"{name} must be in [0, {_INT32_MAX}] (megatron-core reads them as int32), got "
-            f"[{int(array.min())}, {int(array.max())}]"
+            f"{name} must be {kind} in [0, {_INT32_MAX}] (megatron-core keeps them as int32), "
+            f"got [{int(array.min())}, {int(array.max())}]"
         )
     return np.require(array, dtype=np.int32, requirements=["C", "A"])
 
@@ -318,8 +311,8 @@ def build_sample_idx(
         >>> build_sample_idx(sizes, np.array([1, 0, 2], np.int32), 4, 1, 10).tolist()
         [[0, 0], [0, 4], [2, 0]]
     """
-    lengths = _int32_ids(sizes, "sizes")
-    docs = _int32_ids(document_indices, "document_indices")
+    lengths = _int32_values(sizes, "sizes", "lengths")
+    docs = _int32_values(document_indices, "document_indices", "ids")
     if docs.size == 0 or lengths.size == 0:
         raise ValueError("document_indices and sizes must not be empty (there are no documents)")
     seq = _count(sequence_length, "sequence_length", 1)

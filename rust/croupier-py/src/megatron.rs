@@ -10,6 +10,15 @@ use crate::runtime::long;
 /// Blends of this many positions and more run interruptibly (Ctrl-C heard within milliseconds).
 const INTERRUPTIBLE_FROM: usize = 1 << 20;
 
+fn readonly<'a, T: numpy::Element>(
+    array: &'a PyReadonlyArray1<'_, T>,
+    name: &str,
+) -> PyResult<&'a [T]> {
+    array
+        .as_slice()
+        .map_err(|_| PyValueError::new_err(format!("{name} must be C-contiguous")))
+}
+
 fn contiguous<'a, T>(
     slice: Result<&'a mut [T], numpy::AsSliceError>,
     name: &str,
@@ -25,9 +34,7 @@ pub(crate) fn greatest_error_blend<'py>(
     weights: PyReadonlyArray1<'py, f64>,
     mut out: PyReadwriteArray1<'py, u16>,
 ) -> PyResult<()> {
-    let weights = weights
-        .as_slice()
-        .map_err(|_| PyValueError::new_err("weights must be C-contiguous"))?;
+    let weights = readonly(&weights, "weights")?;
     let out = contiguous(out.as_slice_mut(), "dataset_index")?;
     let big = out.len() >= INTERRUPTIBLE_FROM;
     long(py, big, move || {
@@ -42,9 +49,7 @@ pub(crate) fn exhaustive_greatest_error_blend<'py>(
     sizes: PyReadonlyArray1<'py, u64>,
     mut out: PyReadwriteArray1<'py, u16>,
 ) -> PyResult<()> {
-    let sizes = sizes
-        .as_slice()
-        .map_err(|_| PyValueError::new_err("sizes must be C-contiguous"))?;
+    let sizes = readonly(&sizes, "sizes")?;
     let out = contiguous(out.as_slice_mut(), "dataset_index")?;
     let big = out.len() >= INTERRUPTIBLE_FROM;
     long(py, big, move || {
@@ -60,9 +65,7 @@ pub(crate) fn blend_sample_positions<'py>(
     num_datasets: usize,
     mut out: PyReadwriteArray1<'py, i64>,
 ) -> PyResult<()> {
-    let datasets = datasets
-        .as_slice()
-        .map_err(|_| PyValueError::new_err("datasets must be C-contiguous"))?;
+    let datasets = readonly(&datasets, "datasets")?;
     let out = contiguous(out.as_slice_mut(), "dataset_sample_index")?;
     let big = out.len() >= INTERRUPTIBLE_FROM;
     long(py, big, move || {
@@ -85,12 +88,8 @@ pub(crate) fn sample_index<'py>(
     add_extra_token: i32,
     wide: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let sizes = sizes
-        .as_slice()
-        .map_err(|_| PyValueError::new_err("sizes must be C-contiguous"))?;
-    let docs = document_index
-        .as_slice()
-        .map_err(|_| PyValueError::new_err("document_index must be C-contiguous"))?;
+    let sizes = readonly(&sizes, "sizes")?;
+    let docs = readonly(&document_index, "document_index")?;
     let spec = croupier_core::SampleIndexSpec {
         seq_length,
         num_epochs,

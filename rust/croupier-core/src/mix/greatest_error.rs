@@ -278,12 +278,12 @@ impl Greedy {
         }
         let (mut lowest, mut misses, mut seen) = (f64::INFINITY, 0u32, 0u64);
         let mut start = 2;
-        let blk = BLOCK;
         while start < n {
-            if start % 4096 < blk && cancelled() {
+            // Blocks start at 2 + 16k: a look at the flag every CHECK_EVERY positions.
+            if (start - 2) % CHECK_EVERY as u64 == 0 && cancelled() {
                 return Err(Error::Cancelled);
             }
-            let stop = (start + blk).min(n);
+            let stop = (start + BLOCK).min(n);
             self.draw_members((stop - 1) as f64);
             let mut i = start;
             while i < stop {
