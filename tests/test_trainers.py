@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -38,10 +36,13 @@ def _port() -> int:
 def _run(
     framework: str, out: str, *args: str, world: int = WORLD, env: dict[str, str] | None = None
 ) -> None:
-    """Runs a framework's runner on ``world`` processes: Lightning (``--devices``) starts its
-    other processes itself; the others are started here as torchrun starts its workers (the
-    same ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` variables, ``env://`` rendezvous), without
-    torchrun's agent process, which cost about 6 s per run. A failing rank stops the others."""
+    """Runs a framework's runner on ``world`` processes, started as torchrun starts its workers
+    (``trainers/launch.py``: the same variables, ``env://`` rendezvous on 127.0.0.1), each
+    framework taking them for torchrun's, Lightning too. A failing rank stops the others."""
+    import tempfile
+
+    from trainers.launch import launch
+
     script = os.path.join(HERE, "trainers", f"run_{framework}.py")
     env = {
         **os.environ,
@@ -52,64 +53,12 @@ def _run(
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONWARNINGS": "ignore",
     }
-    cmd = [sys.executable, script, "--out", out, *args]
+    argv = ["--out", out, *args]
     if framework == "lightning":
-        ranks = [({}, [*cmd, "--devices", str(world)])]
-    else:
-        ranks = [
-            (
-                {
-                    "RANK": str(r),
-                    "LOCAL_RANK": str(r),
-                    "WORLD_SIZE": str(world),
-                    "LOCAL_WORLD_SIZE": str(world),
-                    "GROUP_RANK": "0",
-                },
-                cmd,
-            )
-            for r in range(world)
-        ]
-    code, output = _launch(ranks, env, timeout=600)
-    assert code == 0, output
-
-
-def _launch(
-    ranks: list[tuple[dict[str, str], list[str]]], env: dict[str, str], timeout: float
-) -> tuple[int, str]:
-    """Starts one process per ``(variables, command)`` and waits for all of them; once one
-    fails, the others get 10 s to fail too (their messages help) and are then killed, as they
-    are at the timeout. Returns the first failure's exit code (0 if none) and the processes'
-    output, the failed ones' last."""
-    import tempfile
-    import time
-
+        argv += ["--devices", str(world)]
     with tempfile.TemporaryDirectory() as logs:
-        procs = []
-        for i, (variables, cmd) in enumerate(ranks):
-            log = open(os.path.join(logs, f"{i}.log"), "w+")  # noqa: SIM115 (closed below)
-            procs.append(
-                (subprocess.Popen(cmd, env={**env, **variables}, stdout=log, stderr=log), log)
-            )
-        deadline, stop_at, timed_out = time.monotonic() + timeout, None, False
-        while any(p.poll() is None for p, _ in procs):
-            now = time.monotonic()
-            if stop_at is None and any(p.poll() for p, _ in procs):
-                stop_at = now + 10
-            if now > deadline or (stop_at is not None and now > stop_at):
-                timed_out = now > deadline
-                for p, _ in procs:
-                    p.kill()
-                break
-            time.sleep(0.05)
-        texts = []
-        for i, (p, log) in sorted(enumerate(procs), key=lambda ip: ip[1][0].wait() != 0):
-            log.seek(0)
-            texts.append(f"-- process {i} (exit {p.returncode})\n{log.read()}")
-            log.close()
-    code = next((p.returncode for p, _ in procs if p.returncode != 0), 0)
-    if timed_out:
-        texts.append(f"-- killed after {timeout:.0f} s")
-    return code or (-1 if timed_out else 0), "\n".join(texts)[-9000:]
+        code, output = launch(script, argv, env, world, logs, timeout=600)
+    assert code == 0, output
 
 
 def _check(kind: str, out: str) -> None:

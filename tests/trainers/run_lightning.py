@@ -1,12 +1,13 @@
 """Lightning, 2 CPU processes (DDP over gloo), with Lightning's defaults
-(``use_distributed_sampler=True``) and the loader from ``train_dataloader``.
+(``use_distributed_sampler=True``) and the loader from ``train_dataloader``; started as torchrun
+starts its workers (``launch.py``), or alone, when Lightning starts the other processes.
 
     python run_lightning.py --kind K [--stateful] --out DIR --stage full|part1|part2 [--steps S] \
         [--workers W] [--accum A]
 
 ``part1`` trains ``S`` optimizer steps with a checkpoint at step ``S`` and stops; ``part2``
-resumes from that checkpoint (``fit(ckpt_path=...)``) to the end. Lightning's ddp strategy
-starts the second process by running this script again.
+resumes from that checkpoint (``fit(ckpt_path=...)``) to the end. Alone, Lightning's ddp
+strategy starts the other processes by running this script again.
 """
 
 from __future__ import annotations
