@@ -211,6 +211,9 @@ elif call == "megatron blend":
     w = np.random.default_rng(0).random(100)
     w /= w.sum()
     index, sample = np.zeros(200_000_000, np.int16), np.zeros(200_000_000, np.int64)
+elif call == "megatron random sampler":
+    from croupier.compat.megatron import MegatronPretrainingRandomSampler
+    sampler = MegatronPretrainingRandomSampler(None, 400_000_000, 0, 4, 0, 1, False)
 print("started", flush=True)
 try:
     if call == "permutation":
@@ -219,6 +222,8 @@ try:
         legacy_shuffle(x, state)
     elif call == "megatron blend":
         build_blending_indices(index, sample, w, 100, len(index), False)
+    elif call == "megatron random sampler":
+        next(iter(sampler))
     else:
         sampler.indices()
 except KeyboardInterrupt:
@@ -262,6 +267,7 @@ sys.exit(0)
         "mixture",
         "legacy shuffle",
         "megatron blend",
+        "megatron random sampler",
     ],
 )
 @pytest.mark.parametrize("delay", [0.05, 0.5])
