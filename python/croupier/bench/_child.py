@@ -13,6 +13,7 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["main"]
@@ -459,12 +460,37 @@ def _megatron_inputs(system: str, n: int, seed: int) -> tuple[Any, ...]:
     return ()
 
 
+def _megatron_lm_random_sampler(
+    total: int, consumed: int, mbs: int, rank: int, dp: int
+) -> Iterator[list[int]]:
+    """Megatron-LM's ``MegatronPretrainingRandomSampler`` with data sharding, as its source
+    describes it: the epoch's ``torch.randperm`` of the rank's bucket (a generator seeded
+    with the epoch) as a Python list, offset to the bucket, in micro-batches."""
+    import torch
+
+    group = mbs * dp
+    active = total - total % group
+    epoch, current = divmod(consumed, active)
+    bucket = total // group * mbs
+    g = torch.Generator()
+    g.manual_seed(epoch)
+    perm = torch.randperm(bucket, generator=g).tolist()
+    batch: list[int] = []
+    for x in perm[current // dp :]:
+        batch.append(rank * bucket + x)
+        if len(batch) == mbs:
+            yield batch
+            batch = []
+
+
 def _measure_megatron(spec: dict[str, Any]) -> dict[str, Any]:
     import warnings
 
     import numpy as np
 
     system, n, seed = spec["system"], spec["n"], spec["seed"]
+    if system.endswith("random-sampler"):
+        return _measure_megatron_sampler(system, n)
     with warnings.catch_warnings():
         # megatron-core warns at import that Transformer Engine and Apex are absent.
         warnings.simplefilter("ignore")
@@ -504,6 +530,36 @@ def _measure_megatron(spec: dict[str, Any]) -> dict[str, Any]:
     out["peak_mib"] = _status_mib("VmHWM")
     out["digest"] = _digest(result)
     return out
+
+
+def _measure_megatron_sampler(system: str, n: int) -> dict[str, Any]:
+    """One rank's epoch (rank 3 of 8, micro-batches of 4) of Megatron-LM's random sampler
+    over ``n`` samples, every micro-batch drawn: time to the first and to the last."""
+    import numpy as np
+
+    from croupier.compat.megatron import MegatronPretrainingRandomSampler
+
+    batches: Iterator[list[int]]
+    base = _status_mib("VmRSS")
+    t0 = time.perf_counter()
+    if system.startswith("croupier"):
+        batches = iter(MegatronPretrainingRandomSampler(None, n, 0, 4, 3, 8, True))
+    else:
+        batches = _megatron_lm_random_sampler(n, 0, 4, 3, 8)
+    got = [next(batches, [])]
+    first = time.perf_counter() - t0
+    got.extend(batches)
+    epoch = time.perf_counter() - t0
+    peak = _status_mib("VmHWM")
+    flat = np.fromiter((i for b in got for i in b), dtype=np.int64)
+    return {
+        "rss_base_mib": base,
+        "first_s": first,
+        "epoch_s": epoch,
+        "count": len(flat),
+        "peak_mib": peak,
+        "digest": _digest(flat),
+    }
 
 
 #: The size of the sampler that pays a process's one-time set-up before the timed one.

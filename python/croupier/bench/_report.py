@@ -137,7 +137,7 @@ def table(results: dict[str, Any]) -> str:
         if lines:
             lines.append("")
         lines += [
-            "| N | Megatron-Core's dataset index | time | memory added, MiB (peak RSS) |",
+            "| N | Megatron's index or sampler epoch | time | memory added, MiB (peak RSS) |",
             "| --- | --- | --- | --- |",
         ]
         lines += [_line(r, results, ("epoch_s",)) for r in megatron]
@@ -246,7 +246,9 @@ def _line(r: dict[str, Any], results: dict[str, Any], keys: tuple[str, ...]) -> 
     mem = _mem(r) + (_mem_ratio(*pair) if pair else "")
     if pair and results["systems"][r["system"]]["same_output"]:
         same = pair[0].get("digest") is not None and pair[0].get("digest") == r.get("digest")
-        other = "megatron-core" if r["family"] == "megatron" else "torch"
+        other = "torch"
+        if r["family"] == "megatron":
+            other = "Megatron-LM" if r["system"].endswith("sampler") else "megatron-core"
         mem += f"; same output as {other}" if same else f"; OUTPUT DIFFERS from {other}"
     if not r.get("checks_ok", True):
         mem += " CHECK FAILED"

@@ -17,8 +17,10 @@ the epoch (time to its first index after loading the state, to the whole rest, p
 *Megatron* systems build Megatron-Core's dataset indices at size N with megatron-core's own
 helpers or croupier's identical ones (``croupier.compat.megatron``): the blend of N positions
 over 100 datasets, the shuffle index of N samples, and the sample index over N documents
-(time to the whole array; the output must be the same). Not in the default run; skipped
-without megatron-core.
+(time to the whole array; the output must be the same); and one rank's epoch of Megatron-LM's
+``MegatronPretrainingRandomSampler`` over N samples (rank 3 of 8, micro-batches of 4, its
+default data sharding; time to every micro-batch, the same ones). Not in the default run;
+megatron-core's systems skipped without megatron-core.
 
 The *headline* systems (croupier and the main alternative of each family) are what a plain
 ``croupier bench`` runs; ``--all`` adds the rest. Each system's cost model (``startup_s``,
@@ -420,6 +422,29 @@ SYSTEMS: tuple[System, ...] = (
         headline=False,
         baseline_for="croupier-megatron-sample-index",
         same_output=True,
+    ),
+    System(
+        "croupier-megatron-random-sampler",
+        "megatron",
+        "croupier.compat.megatron.MegatronPretrainingRandomSampler (rank 3 of 8, micro-batch 4)",
+        ("croupier",),
+        bytes_per_index=2,
+        startup_s=0.5,
+        s_per_index=6.0e-09,
+        headline=False,
+    ),
+    System(
+        "megatron-random-sampler",
+        "megatron",
+        "Megatron-LM's MegatronPretrainingRandomSampler (rank 3 of 8, micro-batch 4)",
+        ("torch",),
+        bytes_per_index=8,
+        startup_s=4.0,
+        s_per_index=3.0e-08,
+        headline=False,
+        baseline_for="croupier-megatron-random-sampler",
+        same_output=True,
+        hand_written="Megatron-LM's MegatronPretrainingRandomSampler, which is not on PyPI",
     ),
 )
 

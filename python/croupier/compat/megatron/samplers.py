@@ -64,15 +64,14 @@ def _common(
     return total, consumed, mbs, rank, size
 
 
-def _batches(flat: np.ndarray, mbs: int, add: int = 0) -> Iterator[list[int]]:
-    """The whole micro-batches of ``flat`` (plus ``add``), as lists, a chunk at a time."""
+def _chunks(flat: np.ndarray, mbs: int, add: int = 0) -> Iterator[list[list[int]]]:
+    """The whole micro-batches of ``flat`` (plus ``add``) as lists of lists, a chunk of
+    about ``_CHUNK`` indices at a time."""
     whole = len(flat) // mbs * mbs
     step = max(_CHUNK // mbs, 1) * mbs
     for at in range(0, whole, step):
-        chunk = flat[at : min(at + step, whole)]
-        items = (chunk.astype(np.int64) + add if add else chunk).tolist()
-        for i in range(0, len(items), mbs):
-            yield items[i : i + mbs]
+        chunk = flat[at : min(at + step, whole)].reshape(-1, mbs)
+        yield (chunk.astype(np.int64) + add if add else chunk).tolist()
 
 
 def _check_state(state: Mapping[str, Any], kind: str, mine: Mapping[str, Any]) -> int:
@@ -332,14 +331,15 @@ class MegatronPretrainingRandomSampler:
         if self.data_sharding:
             bucket = self.total_samples // group * mbs
             perm = self._permutation(epoch, bucket)
-            batches = _batches(perm[current // size :], mbs, self.data_parallel_rank * bucket)
+            chunks = _chunks(perm[current // size :], mbs, self.data_parallel_rank * bucket)
         else:
             perm = self._permutation(epoch, self.total_samples // mbs * mbs)
             # perm[current:][rank::size]: `current` is whole groups, a multiple of size.
-            batches = _batches(perm[self.data_parallel_rank :: size][current // size :], mbs)
-        for batch in batches:
-            self.consumed_samples += group
-            yield batch
+            chunks = _chunks(perm[self.data_parallel_rank :: size][current // size :], mbs)
+        for batches in chunks:
+            for batch in batches:
+                self.consumed_samples += group
+                yield batch
 
     def _config(self) -> dict[str, Any]:
         return {
