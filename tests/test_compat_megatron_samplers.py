@@ -106,7 +106,7 @@ def test_random_batches_are_megatrons_epoch_after_epoch(w, epochs, groups, shard
             got.append((b, s.consumed_samples))
         assert got == want
         assert s.consumed_samples == model.consumed
-        assert s.epoch == model.consumed // active
+        assert s.epoch == model.epochs_started[-1]  # the pass's epoch, Megatron's attribute
 
 
 @given(w=world(), sharding=st.booleans(), epoch=st.integers(0, 3))
@@ -179,7 +179,7 @@ def test_random_sampler_through_random_iterations_checkpoints_and_resumes(
         assert s.consumed_samples == model.consumed
 
 
-def test_a_random_seed_dataset_gets_the_epoch_as_megatrons_does():
+def _random_seed_dataset(module):
     class RandomSeedDataset:
         def __init__(self):
             self.epochs = []
@@ -187,14 +187,48 @@ def test_a_random_seed_dataset_gets_the_epoch_as_megatrons_does():
         def set_epoch(self, epoch):
             self.epochs.append(epoch)
 
-    RandomSeedDataset.__module__ = "megatron.training.datasets.data_samplers"
-    ds = RandomSeedDataset()
-    s = MegatronPretrainingRandomSampler(ds, 10, 8 + 4, 2, 0, 2, True)  # epoch 1, one group in
-    for _ in range(3):
-        list(s)
-    assert ds.epochs == [1, 2, 3]
-    other = types.SimpleNamespace(set_epoch=lambda e: pytest.fail("not Megatron's dataset"))
-    list(MegatronPretrainingRandomSampler(other, 10, 0, 2, 0, 2, True))
+    RandomSeedDataset.__module__ = module
+    return RandomSeedDataset
+
+
+def test_a_random_seed_dataset_gets_the_epoch_as_megatrons_does():
+    theirs = _random_seed_dataset("megatron.training.datasets.data_samplers")
+
+    class Mine(theirs):  # isinstance holds for a subclass: Megatron sets its epoch too
+        pass
+
+    for ds in (theirs(), Mine()):
+        s = MegatronPretrainingRandomSampler(ds, 10, 8 + 4, 2, 0, 2, True)  # epoch 1, a group in
+        epochs = []
+        for _ in range(3):
+            list(s)
+            epochs.append(s.epoch)  # the iteration's epoch, as Megatron's attribute holds it
+        assert ds.epochs == epochs == [1, 2, 3]
+    for other in (
+        _random_seed_dataset("megatron_utils")(),  # another package's class of that name
+        types.SimpleNamespace(set_epoch=lambda e: pytest.fail("not Megatron's dataset")),
+    ):
+        list(MegatronPretrainingRandomSampler(other, 10, 0, 2, 0, 2, True))
+        assert getattr(other, "epochs", []) == []
+
+
+def test_consumed_samples_assigned_is_checked_and_followed():
+    s = MegatronPretrainingRandomSampler(None, 10, 0, 1, 0, 2, False)
+    for bad, error in [(1, ValueError), (-4, ValueError), (2.0, TypeError)]:
+        with pytest.raises(error, match="consumed_samples"):
+            s.consumed_samples = bad
+        assert s.consumed_samples == 0
+    s.consumed_samples = 12  # epoch 1, a group in: as a sampler made with that count
+    assert list(s) == list(RandomModel(10, 12, 1, 0, 2, False))
+
+
+def test_a_new_sequential_iterator_has_handed_out_nothing():
+    s = MegatronPretrainingSampler(100, 4, 2, 1, 4)
+    it = iter(s)
+    next(it)
+    assert s.state_dict()["consumed_samples"] == 12
+    iter(s)
+    assert s.state_dict()["consumed_samples"] == 4
 
 
 def test_the_randperm_variant_is_the_torch_in_use_or_the_one_named():
@@ -261,6 +295,15 @@ def test_a_refused_state_leaves_the_sampler_as_it_was():
         ({**before, "kind": "megatron-pretraining"}, "state is of 'megatron-pretraining'"),
         ({**before, "version": 2}, "state version 2"),
         ({**before, "consumed_samples": -8}, r"consumed_samples'\] must be in \[0, "),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            s.load_state_dict(state)
+        assert s.state_dict() == before
+    for state, match in [
+        ({}, "state lacks 'kind', 'version', 'consumed_samples'"),
+        ({"consumed_samples": 8}, "state lacks 'kind'"),
+        ({**before, "micro_batch_size": 4.0}, "micro_batch_size: state has 4.0"),
+        ({**before, "data_sharding": 1}, "data_sharding: state has 1"),
     ]:
         with pytest.raises(ValueError, match=match):
             s.load_state_dict(state)

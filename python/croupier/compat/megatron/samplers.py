@@ -21,6 +21,11 @@ iterator has handed batches out, which a new sampler (or Megatron's) resumes fro
 whose workers prefetch draws batches ahead of training: resume from the trainer's own count
 (Megatron's ``args.consumed_train_samples``), as Megatron-LM does.
 
+Megatron's arithmetic is kept where it surprises: without ``data_sharding``, when
+``total_samples`` leaves a partial group, the first ranks can get one micro-batch more than the
+others in an epoch, and their counts (and next epochs) drift apart, rank by rank, as they do
+in Megatron-LM: checkpoint the trainer's count, not one rank's sampler.
+
 Megatron's assertions are ``ValueError``/``TypeError`` here, raised when the sampler is made
 or a state loaded, before anything is computed; where Megatron would fail only at the first
 batch (a ``consumed_samples`` inside a micro-batch group of the random sampler) or divide by
@@ -74,11 +79,32 @@ def _chunks(flat: np.ndarray, mbs: int, add: int = 0) -> Iterator[list[list[int]
         yield (chunk.astype(np.int64) + add if add else chunk).tolist()
 
 
+# Where Megatron-LM defines RandomSeedDataset (megatron.legacy before it moved).
+_RANDOM_SEED_DATASET = {
+    ("megatron.training.datasets.data_samplers", "RandomSeedDataset"),
+    ("megatron.legacy.data.data_samplers", "RandomSeedDataset"),
+}
+
+
+def _is_random_seed_dataset(dataset: object) -> bool:
+    """Whether ``dataset`` is a Megatron-LM ``RandomSeedDataset`` (or of a subclass), what
+    Megatron's sampler tests with ``isinstance``: its class or a base is the one Megatron-LM
+    defines."""
+    return any(
+        (getattr(c, "__module__", None), c.__name__) in _RANDOM_SEED_DATASET
+        for c in type(dataset).__mro__
+    )
+
+
 def _check_state(state: Mapping[str, Any], kind: str, mine: Mapping[str, Any]) -> int:
-    """The ``consumed_samples`` of ``state``, once its kind and configuration match ``mine``
-    (``data_parallel_size`` may differ: the count is the whole world's)."""
+    """The ``consumed_samples`` of ``state``, once its kind and configuration match ``mine``,
+    values and types (its ``data_parallel_size`` is not compared: the count is the whole
+    world's)."""
     if not isinstance(state, Mapping):
         raise TypeError(f"state must be a mapping, got {type(state).__name__}")
+    missing = [k for k in ("kind", "version", "consumed_samples", *mine) if k not in state]
+    if missing:
+        raise ValueError(f"state lacks {', '.join(map(repr, missing))}: not a {kind} state")
     if state.get("kind") != kind:
         raise ValueError(f"state is of {state.get('kind')!r}, this sampler is {kind!r}")
     if state.get("version") != _STATE_VERSION:
@@ -86,7 +112,7 @@ def _check_state(state: Mapping[str, Any], kind: str, mine: Mapping[str, Any]) -
     differences = [
         f"{k}: state has {state.get(k)!r}, this sampler has {v!r}"
         for k, v in mine.items()
-        if state.get(k) != v
+        if state[k] != v or type(state[k]) is not type(v)
     ]
     if differences:
         raise ValueError("state is of another configuration: " + "; ".join(differences))
@@ -153,9 +179,12 @@ class MegatronPretrainingSampler:
         return self.total_samples
 
     def __iter__(self) -> Iterator[list[int]]:
-        start, total = self.consumed_samples, self.total_samples
+        self._handed_out = self.consumed_samples  # a new iterator has handed out nothing
+        return self._batches(self.consumed_samples)
+
+    def _batches(self, start: int) -> Iterator[list[int]]:
+        total = self.total_samples
         mbs, group = self.micro_batch_size, self.micro_batch_times_data_parallel_size
-        self._handed_out = start
         groups = (total - start) // group
         first = start + self.data_parallel_rank * mbs
         per_chunk = max(_CHUNK // mbs, 1)
@@ -195,7 +224,9 @@ class MegatronPretrainingSampler:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """The next iteration starts at the state's ``consumed_samples`` (saved on any number
-        of ranks). Refused, the sampler unchanged, if the state is of another configuration."""
+        of ranks; at ``total_samples``, the end of a ``drop_last=False`` run, it yields
+        nothing, where Megatron's constructor refuses the count). Refused, the sampler
+        unchanged, if the state is of another configuration."""
         consumed = _check_state(state, self._KIND, self._config())
         if consumed > self.total_samples:
             raise ValueError(
@@ -291,17 +322,28 @@ class MegatronPretrainingRandomSampler:
         self.micro_batch_times_data_parallel_size = group
         self.last_batch_size = total % group
         self._check_consumed("consumed_samples", consumed)
-        self.consumed_samples = consumed
-        self._perm: tuple[int, np.ndarray] | None = None  # the latest epoch's permutation
+        self._consumed = consumed
+        #: The epoch of the latest iteration (set as it starts, as Megatron's is; before the
+        #: first, the epoch ``consumed_samples`` is in).
+        self.epoch = consumed // (total - self.last_batch_size)
+        self._perm: tuple[int, np.ndarray] | None = None  # the running epoch's permutation
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self.total_samples
 
     @property
-    def epoch(self) -> int:
-        """The epoch ``consumed_samples`` is in."""
-        return self.consumed_samples // (self.total_samples - self.last_batch_size)
+    def consumed_samples(self) -> int:
+        """Megatron's count: the samples the whole world consumed, as this rank's iterators
+        handed micro-batches out. Assigned, it must leave whole groups of the epoch consumed;
+        the next iteration goes on from it."""
+        return self._consumed
+
+    @consumed_samples.setter
+    def consumed_samples(self, value: int) -> None:
+        consumed = check_int("consumed_samples", value, 0, MAX_LEN)
+        self._check_consumed("consumed_samples", consumed)
+        self._consumed = consumed
 
     def _check_consumed(self, name: str, consumed: int) -> None:
         active = self.total_samples - self.last_batch_size
@@ -313,7 +355,8 @@ class MegatronPretrainingRandomSampler:
             )
 
     def _permutation(self, epoch: int, n: int) -> np.ndarray:
-        """``torch.randperm(n)`` seeded with ``epoch``, kept for the next iteration."""
+        """``torch.randperm(n)`` seeded with ``epoch``, kept until the epoch's iteration ends
+        (a new iterator inside the epoch reads it again)."""
         with self._lock:
             if self._perm is None or self._perm[0] != epoch:
                 self._perm = None  # the previous epoch's memory goes first
@@ -322,9 +365,9 @@ class MegatronPretrainingRandomSampler:
 
     def __iter__(self) -> Iterator[list[int]]:
         active = self.total_samples - self.last_batch_size
-        epoch, current = divmod(self.consumed_samples, active)
-        dataset = type(self.dataset)
-        if dataset.__name__ == "RandomSeedDataset" and dataset.__module__.startswith("megatron"):
+        epoch, current = divmod(self._consumed, active)
+        self.epoch = epoch
+        if _is_random_seed_dataset(self.dataset):
             self.dataset.set_epoch(epoch)
         mbs, size = self.micro_batch_size, self.data_parallel_size
         group = self.micro_batch_times_data_parallel_size
@@ -338,8 +381,11 @@ class MegatronPretrainingRandomSampler:
             chunks = _chunks(perm[self.data_parallel_rank :: size][current // size :], mbs)
         for batches in chunks:
             for batch in batches:
-                self.consumed_samples += group
+                self._consumed += group
                 yield batch
+        with self._lock:
+            if self._perm is not None and self._perm[0] == epoch:
+                self._perm = None  # the epoch is done: its permutation's memory goes
 
     def _config(self) -> dict[str, Any]:
         return {
@@ -355,18 +401,22 @@ class MegatronPretrainingRandomSampler:
         return {
             "kind": self._KIND,
             "version": _STATE_VERSION,
-            "consumed_samples": self.consumed_samples,
+            "consumed_samples": self._consumed,
             "data_parallel_size": self.data_parallel_size,
             **self._config(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Goes on from the state's ``consumed_samples`` (saved on any number of ranks whose
-        groups the count fits). Refused, the sampler unchanged, if the state is of another
-        configuration or its count is inside a group of this world."""
+        """Goes on from the state's ``consumed_samples``, as a Megatron sampler made with that
+        count would. A state saved on another number of ranks loads when the count is whole
+        groups of this world: without ``data_sharding`` the epoch then goes on exactly (one
+        permutation, dealt anew); with it each rank's bucket depends on the number of ranks,
+        so the rest of that epoch is the new buckets' (as in Megatron: some samples come
+        twice, some wait for the next epoch). Refused, the sampler unchanged, if the state is
+        of another configuration or its count is inside a group of this world."""
         consumed = _check_state(state, self._KIND, self._config())
         self._check_consumed("state['consumed_samples']", consumed)
-        self.consumed_samples = consumed
+        self._consumed = consumed
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
