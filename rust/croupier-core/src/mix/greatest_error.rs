@@ -5,14 +5,18 @@
 //! blend is the same greedy with the sizes' shares as weights, each dataset leaving when its
 //! size is spent.
 //!
-//! megatron-core scans every dataset at every position. Here only the datasets whose error can
-//! be the largest are scanned: the *candidates*, whose error has reached a `floor` that the
-//! largest error has stayed above recently. Every other dataset waits on a timing wheel for the
-//! position at which its error (rising by its weight a position, while its count stands)
-//! reaches the floor. When no candidate's error reaches the floor, that position scans every
-//! dataset, so the floor decides the speed only, never the result: the candidates are compared
+//! megatron-core scans every dataset at every position. Here, for each block of 16 positions,
+//! only the datasets whose error can reach a `floor` within the block are scanned: the
+//! *members* (an error rises by its weight a position while its count stands, so its value at
+//! the block's last position bounds it), the floor being a level the largest error has stayed
+//! above recently. When no member's error reaches the floor, that position scans every
+//! dataset, so the floor decides the speed only, never the result: the members are compared
 //! on the very `f64` values megatron-core computes, and a dataset is left out only when its
 //! exact error is below the floor by more than any rounding could move it.
+//!
+//! A long blend runs in parallel pieces (`parallel_blend`): every piece but the first starts
+//! from a guess of the counts at its start and is checked against the true run, which it
+//! joins within a few positions; the result is the one run's, whatever the guess.
 
 use rayon::prelude::*;
 
@@ -59,7 +63,8 @@ pub fn greatest_error_blend(weights: &[f64], out: &mut [u16]) -> Result<()> {
             format!("a sum of {sum}"),
         ));
     }
-    Greedy::new(weights.to_vec(), None, out.len() as u64, sum).run(out)
+    let end = out.len() as u64;
+    parallel_blend(|| Greedy::new(weights.to_vec(), None, end, sum), out)
 }
 
 /// megatron-core's `build_exhaustive_blending_indices`: `out` (of length `sizes`' sum) takes
@@ -102,8 +107,121 @@ pub fn exhaustive_greatest_error_blend(sizes: &[u64], out: &mut [u16]) -> Result
     // megatron-core: sizes[i] / static_cast<double>(total_size), the int64 converted first.
     let weights: Vec<f64> = sizes.iter().map(|&s| s as f64 / total as f64).collect();
     let sum = weights.iter().sum();
-    let limits = sizes.iter().map(|&s| s as f64).collect();
-    Greedy::new(weights, Some(limits), total, sum).run(out)
+    let limits: Vec<f64> = sizes.iter().map(|&s| s as f64).collect();
+    parallel_blend(
+        || Greedy::new(weights.clone(), Some(limits.clone()), total, sum),
+        out,
+    )
+}
+
+/// Positions a piece of a parallel blend holds at least.
+const PIECE: u64 = 1 << 20;
+/// Positions after a piece's start at which it records its counts: where the piece before it,
+/// arriving with the true counts, looks whether the two have met.
+const MEETINGS: [u64; 5] = [16, 256, 4096, 65_536, 1 << 20];
+
+/// What a piece of a parallel blend leaves: its counts at each meeting point inside it and at
+/// its end.
+struct Piece {
+    meetings: Vec<(u64, Vec<f64>)>,
+    end: Vec<f64>,
+}
+
+/// The greedy over `out` in parallel pieces, the same positions as one run from the start.
+///
+/// The greedy's next position depends only on the counts, and its counts after `p` positions
+/// stay within a sample or two of the shares `w p`. So every piece but the first starts from
+/// the largest-remainder shares at its start, a guess, and runs on while the pieces before it
+/// run. Then, piece after piece, the true counts at a piece's start (the end of the piece
+/// before, itself true by then) run on over the piece until they equal the guessed run's
+/// counts at one of its meeting points: from there the two runs are one, so the rest of the
+/// piece (and its end counts) stands. Two runs from different counts meet within a few
+/// positions in practice (100 datasets of uniform, Zipf and equal weights, from the
+/// largest-remainder guess: within 6); a piece whose runs never meet is rewritten whole, so a
+/// guess decides the speed only, never the result.
+fn parallel_blend<F: Fn() -> Greedy + Sync>(make: F, out: &mut [u16]) -> Result<()> {
+    let n = out.len() as u64;
+    let pieces = (rayon::current_num_threads() as u64).min(n / PIECE);
+    if pieces < 2 {
+        return make().run(out);
+    }
+    blend_in_pieces(make, out, pieces, Greedy::guess_counts)
+}
+
+/// [`parallel_blend`] in `pieces` pieces, each after the first starting from `guess`'s counts.
+fn blend_in_pieces<F, G>(make: F, out: &mut [u16], pieces: u64, guess: G) -> Result<()>
+where
+    F: Fn() -> Greedy + Sync,
+    G: Fn(&mut Greedy, u64) + Sync,
+{
+    let n = out.len() as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    let size = n.div_ceil(pieces.max(1)).max(1);
+    let results: Vec<Result<Piece>> = out
+        .par_chunks_mut(size as usize)
+        .enumerate()
+        .map(|(k, chunk)| {
+            let mut g = make();
+            let start = k as u64 * size;
+            let end = start + chunk.len() as u64;
+            let mut meetings = Vec::new();
+            if k > 0 {
+                guess(&mut g, start);
+                let mut at = start;
+                for step in MEETINGS {
+                    let to = (start + step).min(end);
+                    if to <= at {
+                        break;
+                    }
+                    g.offset = at;
+                    g.run(&mut chunk[(at - start) as usize..(to - start) as usize])?;
+                    meetings.push((to, g.counts.clone()));
+                    at = to;
+                }
+                g.offset = at;
+                g.run(&mut chunk[(at - start) as usize..])?;
+            } else {
+                g.run(chunk)?;
+            }
+            Ok(Piece {
+                meetings,
+                end: g.counts.clone(),
+            })
+        })
+        .collect();
+    let mut pieces_done = Vec::with_capacity(results.len());
+    for r in results {
+        pieces_done.push(r?);
+    }
+    let mut counts = pieces_done[0].end.clone();
+    for (k, piece) in pieces_done.iter().enumerate().skip(1) {
+        let start = k as u64 * size;
+        let end = (start + size).min(n);
+        let chunk = &mut out[start as usize..end as usize];
+        let mut g = make();
+        g.counts.clone_from(&counts);
+        let mut at = start;
+        let mut met = false;
+        for (to, theirs) in &piece.meetings {
+            g.offset = at;
+            g.run(&mut chunk[(at - start) as usize..(to - start) as usize])?;
+            at = *to;
+            if g.counts == *theirs {
+                met = true;
+                break;
+            }
+        }
+        if met {
+            counts.clone_from(&piece.end);
+        } else {
+            g.offset = at;
+            g.run(&mut chunk[(at - start) as usize..])?;
+            counts = g.counts;
+        }
+    }
+    Ok(())
 }
 
 /// `out[i]`: how many positions before `i` went to `datasets[i]`'s dataset (megatron-core's
@@ -218,6 +336,8 @@ struct Greedy {
     floor: f64,
     /// More than any rounding of an error, at every position of the run.
     slack: f64,
+    /// The position of `out[0]` in the run at hand.
+    offset: u64,
 }
 
 /// Lanes a scan of every dataset handles at once (two 256-bit vectors of `f64`).
@@ -247,10 +367,12 @@ impl Greedy {
             live: 0,
             floor: 0.0,
             slack,
+            offset: 0,
         }
     }
 
-    fn run(mut self, out: &mut [u16]) -> Result<()> {
+    /// The positions `offset..offset + out.len()` into `out`, from the counts at hand.
+    fn run(&mut self, out: &mut [u16]) -> Result<()> {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
@@ -269,19 +391,23 @@ impl Greedy {
     /// AVX2 build only computes more lanes at once and keeps the members' counts in registers.
     #[inline(always)]
     fn run_any(&mut self, out: &mut [u16], avx2: bool) -> Result<()> {
-        let n = out.len() as u64;
+        let n = self.offset + out.len() as u64;
         // Positions 0 and 1 share x = 1: the blocks' rising errors start at position 2.
-        for i in 0..n.min(2) {
+        for i in self.offset..n.min(2) {
             let (d, _) = first_max(&self.weights, &self.counts, 1.0);
-            out[i as usize] = d as u16;
+            out[(i - self.offset) as usize] = d as u16;
             self.count(d);
         }
         let (mut lowest, mut misses, mut seen) = (f64::INFINITY, 0u32, 0u64);
-        let mut start = 2;
+        let mut start = self.offset.max(2);
+        let mut look = start;
         while start < n {
-            // Blocks start at 2 + 16k: a look at the flag every CHECK_EVERY positions.
-            if (start - 2) % CHECK_EVERY as u64 == 0 && cancelled() {
-                return Err(Error::Cancelled);
+            // A look at the flag every CHECK_EVERY positions.
+            if start >= look {
+                if cancelled() {
+                    return Err(Error::Cancelled);
+                }
+                look = start + CHECK_EVERY as u64;
             }
             let stop = (start + BLOCK).min(n);
             self.draw_members((stop - 1) as f64);
@@ -293,7 +419,7 @@ impl Greedy {
                     // The floor missed: the largest error may be anyone's.
                     misses += 1;
                     let (d, top) = first_max(&self.weights, &self.counts, i as f64);
-                    out[i as usize] = d as u16;
+                    out[(i - self.offset) as usize] = d as u16;
                     lowest = lowest.min(top);
                     self.count(d);
                     if let Ok(k) = self.members[..self.live].binary_search(&(d as u32)) {
@@ -315,6 +441,38 @@ impl Greedy {
             }
         }
         Ok(())
+    }
+
+    /// Counts for a run starting at position `at`: each dataset's share `w at` rounded down,
+    /// the positions left over to the largest remainders (a spent dataset's count infinite).
+    /// A guess: [`parallel_blend`] checks it against the true run.
+    fn guess_counts(&mut self, at: u64) {
+        let datasets = if self.limits.is_empty() {
+            self.counts.iter().take_while(|c| c.is_finite()).count()
+        } else {
+            self.limits.len()
+        };
+        let x = at as f64;
+        let mut rest: Vec<(f64, usize)> = Vec::with_capacity(datasets);
+        let mut left = at as f64;
+        for d in 0..datasets {
+            let share = self.weights[d] * x;
+            let whole = share.floor();
+            self.counts[d] = whole;
+            left -= whole;
+            rest.push((share - whole, d));
+        }
+        rest.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(_, d) in rest.iter().take(left.max(0.0) as usize) {
+            self.counts[d] += 1.0;
+        }
+        if !self.limits.is_empty() {
+            for d in 0..datasets {
+                if self.counts[d] >= self.limits[d] {
+                    self.counts[d] = f64::INFINITY;
+                }
+            }
+        }
     }
 
     /// Counts a sample of `d`; a spent dataset's count turns infinite, so it never wins again.
@@ -374,7 +532,7 @@ impl Greedy {
                 return i;
             }
             *lowest = lowest.min(top);
-            out[i as usize] = self.members[k] as u16;
+            out[(i - self.offset) as usize] = self.members[k] as u16;
             let count = self.member_counts[k] + 1.0;
             // The whole 4-lane group is written back: the next position reads it as one
             // vector, and a narrower store would stall that read (no store forwarding).
@@ -525,7 +683,7 @@ mod avx2 {
                     }
                 }
             }
-            *out.get_unchecked_mut(i as usize) = *g.members.get_unchecked(k) as u16;
+            *out.get_unchecked_mut((i - g.offset) as usize) = *g.members.get_unchecked(k) as u16;
         }
         *lowest = least;
         for j in 0..V {
@@ -673,6 +831,64 @@ mod tests {
                 assert_eq!(out.iter().filter(|&&o| o as usize == d).count() as u64, s);
             }
         }
+    }
+
+    #[test]
+    fn pieces_give_the_one_run_whatever_the_guess() {
+        let weights = [
+            normalized(&(1..=100).map(|d| 1.0 / d as f64).collect::<Vec<_>>()),
+            normalized(&[1.0, 2.0, 3.0, 4.0]),
+            normalized(&[1e-9, 1.0, 1e-6, 3.0]),
+            vec![0.5, 0.5],
+        ];
+        // A guess far from the truth: the pieces' runs never meet and are rewritten whole.
+        let far = |g: &mut Greedy, _at: u64| {
+            g.counts
+                .iter_mut()
+                .filter(|c| c.is_finite())
+                .for_each(|c| *c = 0.0)
+        };
+        for w in &weights {
+            for n in [0usize, 1, 2, 3, 17, 5000, 70_000] {
+                let want = reference(w, n);
+                for pieces in [1u64, 2, 3, 7] {
+                    for guessed in [true, false] {
+                        let mut out = vec![u16::MAX; n];
+                        let make = || Greedy::new(w.clone(), None, n as u64, w.iter().sum());
+                        if guessed {
+                            blend_in_pieces(make, &mut out, pieces, Greedy::guess_counts).unwrap();
+                        } else {
+                            blend_in_pieces(make, &mut out, pieces, far).unwrap();
+                        }
+                        assert_eq!(out, want, "{w:?} n={n} pieces={pieces} {guessed}");
+                    }
+                }
+            }
+        }
+        for sizes in [vec![5000u64, 1, 20, 333], (1..=50).map(|d| d * d).collect()] {
+            let total: u64 = sizes.iter().sum();
+            let want = exhaustive_reference(&sizes);
+            let w: Vec<f64> = sizes.iter().map(|&s| s as f64 / total as f64).collect();
+            let limits: Vec<f64> = sizes.iter().map(|&s| s as f64).collect();
+            for pieces in [2u64, 5] {
+                let mut out = vec![u16::MAX; total as usize];
+                let make = || Greedy::new(w.clone(), Some(limits.clone()), total, w.iter().sum());
+                blend_in_pieces(make, &mut out, pieces, Greedy::guess_counts).unwrap();
+                assert_eq!(out, want, "{sizes:?} pieces={pieces}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_long_blend_in_parallel_is_the_one_run() {
+        // Over PIECE * 2 positions: the public entry point cuts it in pieces.
+        let w = normalized(
+            &(0..100)
+                .map(|d| ((d * 37 % 101) + 1) as f64)
+                .collect::<Vec<_>>(),
+        );
+        let n = 2 * PIECE as usize + 12_345;
+        assert_eq!(blend(&w, n), reference(&w, n));
     }
 
     #[test]
