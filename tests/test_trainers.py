@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections import Counter
 
 import pytest
@@ -34,11 +35,19 @@ def _port() -> int:
 
 
 def _run(
-    framework: str, out: str, *args: str, world: int = WORLD, env: dict[str, str] | None = None
+    framework: str,
+    out: str,
+    *args: str,
+    world: int = WORLD,
+    env: dict[str, str] | None = None,
+    own_launcher: bool = False,
 ) -> None:
     """Runs a framework's runner on ``world`` processes, started as torchrun starts its workers
     (``trainers/launch.py``: the same variables, ``env://`` rendezvous on 127.0.0.1), each
-    framework taking them for torchrun's, Lightning too. A failing rank stops the others."""
+    framework taking them for torchrun's, Lightning too. A failing rank stops the others.
+    ``own_launcher``: Lightning starts its other processes itself, from one ``python`` run
+    of the script (``devices=world``), as a user's ``python train.py`` does."""
+    import subprocess
     import tempfile
 
     from trainers.launch import launch
@@ -56,6 +65,13 @@ def _run(
     argv = ["--out", out, *args]
     if framework == "lightning":
         argv += ["--devices", str(world)]
+    if own_launcher:
+        assert framework == "lightning", "only Lightning starts its own processes"
+        run = subprocess.run(
+            [sys.executable, script, *argv], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert run.returncode == 0, (run.stdout + run.stderr)[-9000:]
+        return
     with tempfile.TemporaryDirectory() as logs:
         code, output = launch(script, argv, env, world, logs, timeout=600)
     assert code == 0, output
@@ -128,6 +144,21 @@ def test_a_stopped_run_resumes_exactly(framework, kind, where, extra, tmp_path):
     trained = batches_in(kind, WORLD, steps, accum)
     assert all(len(recorded(out, r)) == trained for r in range(WORLD))
     _run(framework, out, "--kind", kind, "--stage", "part2", *extra)
+    _check(kind, out)
+
+
+@pytest.mark.slow
+def test_a_run_lightning_starts_by_itself_resumes_exactly(tmp_path):
+    """``python train.py`` with ``devices=2``: Lightning's own launcher runs the script again
+    for the second process (the other tests start the ranks as torchrun does). Stopped in the
+    second epoch and resumed from Lightning's checkpoint: every batch of both epochs."""
+    _needs("lightning")
+    kind, out = "mixture", str(tmp_path)
+    steps = batches_per_epoch(kind, WORLD) + 4
+    _run("lightning", out, "--kind", kind, "--stage", "part1", "--steps", str(steps),
+         "--stateful", own_launcher=True)  # fmt: skip
+    assert all(len(recorded(out, r)) == steps for r in range(WORLD))
+    _run("lightning", out, "--kind", kind, "--stage", "part2", "--stateful", own_launcher=True)
     _check(kind, out)
 
 
