@@ -119,6 +119,18 @@ def _check_state(state: Mapping[str, Any], kind: str, mine: Mapping[str, Any]) -
     return check_int("state['consumed_samples']", state.get("consumed_samples"), 0, MAX_LEN)
 
 
+def _state(sampler: Any, consumed: int) -> dict[str, Any]:
+    """A Megatron sampler's state: its kind, the format version, ``consumed_samples``, the
+    world it was saved on and its configuration (``sampler._config()``)."""
+    return {
+        "kind": sampler._KIND,
+        "version": _STATE_VERSION,
+        "consumed_samples": consumed,
+        "data_parallel_size": sampler.data_parallel_size,
+        **sampler._config(),
+    }
+
+
 class MegatronPretrainingSampler:
     """Megatron-LM's ``MegatronPretrainingSampler``: the samples ``consumed_samples`` to
     ``total_samples - 1`` in order, in groups of ``micro_batch_size * data_parallel_size``;
@@ -214,13 +226,7 @@ class MegatronPretrainingSampler:
         """``{"consumed_samples", ...}``: the samples the whole world consumed once this rank's
         latest iterator handed out what it has (the start, before one), and the
         configuration."""
-        return {
-            "kind": self._KIND,
-            "version": _STATE_VERSION,
-            "consumed_samples": self._handed_out,
-            "data_parallel_size": self.data_parallel_size,
-            **self._config(),
-        }
+        return _state(self, self._handed_out)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """The next iteration starts at the state's ``consumed_samples`` (saved on any number
@@ -398,13 +404,7 @@ class MegatronPretrainingRandomSampler:
     def state_dict(self) -> dict[str, Any]:
         """``{"consumed_samples", ...}``: Megatron's count as this rank's iterators advanced it
         (the epoch follows from it), and the configuration."""
-        return {
-            "kind": self._KIND,
-            "version": _STATE_VERSION,
-            "consumed_samples": self._consumed,
-            "data_parallel_size": self.data_parallel_size,
-            **self._config(),
-        }
+        return _state(self, self._consumed)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Goes on from the state's ``consumed_samples``, as a Megatron sampler made with that
