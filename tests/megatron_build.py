@@ -2,7 +2,10 @@
 croupier's under ``croupier.compat.megatron.patch()``) and prints, as JSON, a digest of every
 sample read and of every cached index file. Run by tests/test_compat_megatron_helpers.py:
 
-    python megatron_build.py DATA_DIR PORT {megatron,croupier} CACHE_DIR
+    python megatron_build.py DATA_DIR PORT {megatron,croupier,index-free} CACHE_DIR
+
+``index-free`` builds under ``patch(index_free=True)`` and also prints, per split, the
+``(dataset, sample)`` of every blended position and each GPTDataset's shuffle index.
 """
 
 import hashlib
@@ -67,10 +70,10 @@ def build(cache):
 
 
 patched = False
-if sys.argv[3] == "croupier":
+if sys.argv[3] in ("croupier", "index-free"):
     import croupier.compat.megatron as cm
 
-    with cm.patch():
+    with cm.patch(index_free=sys.argv[3] == "index-free"):
         patched = cm._patched()
         datasets = build(cache_dir)
     assert not cm._patched()
@@ -87,5 +90,26 @@ for root, _, names in os.walk(cache_dir):
     for n in sorted(names):
         with open(os.path.join(root, n), "rb") as f:
             files[n] = hashlib.sha256(f.read()).hexdigest()
-print(json.dumps({"samples": digest, "files": files, "patched": patched}))
+blends = {}
+if sys.argv[3] == "index-free":
+    for split, ds in zip(["train", "valid", "test"], datasets, strict=True):
+        blends[split] = {
+            "positions": [
+                [int(ds.dataset_index[i]), int(ds.dataset_sample_index[i])] for i in range(len(ds))
+            ],
+            "weights": [float(w) for w in ds.weights],
+            "sizes": [len(d) for d in ds.datasets],
+            "shuffles": [
+                [d.shuffle_index[:].tolist(), len(d.sample_index) - 1] for d in ds.datasets
+            ],
+            # Sample (d, s) of the blend is GPTDataset d's sample s.
+            "same": all(
+                np.array_equal(
+                    ds[i]["tokens"],
+                    ds.datasets[ds.dataset_index[i]][int(ds.dataset_sample_index[i])]["tokens"],
+                )
+                for i in range(0, len(ds), 7)
+            ),
+        }
+print(json.dumps({"samples": digest, "files": files, "patched": patched, "blends": blends}))
 dist.destroy_process_group()

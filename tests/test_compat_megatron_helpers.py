@@ -230,21 +230,56 @@ def _port() -> int:
         return sock.getsockname()[1]
 
 
-def test_a_blended_build_under_patch_is_byte_identical(tmp_path: Path):
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory) -> dict[str, dict]:
+    """The same BlendedMegatronDatasetBuilder build by megatron-core, under patch() and under
+    patch(index_free=True), each in a fresh process with its own cache directory."""
+    work = tmp_path_factory.mktemp("megatron")
     script = Path(__file__).with_name("megatron_build.py")
     results = {}
-    for mode in ("megatron", "croupier"):
+    for mode in ("megatron", "croupier", "index-free"):
         run = subprocess.run(
-            [sys.executable, str(script), str(tmp_path), str(_port()), mode, str(tmp_path / mode)],
+            [sys.executable, str(script), str(work), str(_port()), mode, str(work / mode)],
             capture_output=True,
             text=True,
             timeout=300,
         )
         assert run.returncode == 0, run.stderr[-3000:]
         results[mode] = json.loads(run.stdout.strip().splitlines()[-1])
-    ours, theirs = results["croupier"], results["megatron"]
+    return results
+
+
+def test_a_blended_build_under_patch_is_byte_identical(builds):
+    ours, theirs = builds["croupier"], builds["megatron"]
     assert ours["patched"] and not theirs["patched"]
     # Three GPTDatasets and the BlendedDataset, per split: every cached index file.
     assert len(theirs["files"]) >= 40
     assert ours["files"] == theirs["files"]
     assert ours["samples"] == theirs["samples"]
+
+
+def test_an_index_free_build_writes_no_blend_or_shuffle_and_takes_the_same_samples(builds):
+    ours, theirs = builds["index-free"], builds["megatron"]
+    assert ours["patched"]
+    kept = {name for name in theirs["files"] if name.endswith(("-description.txt", "_index.npy"))}
+    dropped = {n for n in kept if "BlendedDataset" in n or n.endswith("shuffle_index.npy")}
+    assert dropped and any("BlendedDataset" in n for n in dropped)
+    # The document and sample indices (and descriptions) are megatron-core's, byte for byte.
+    assert set(ours["files"]) == kept - dropped
+    assert all(ours["files"][n] == theirs["files"][n] for n in ours["files"])
+    for split, blend in ours["blends"].items():
+        size = theirs["samples"][split][0]
+        assert ours["samples"][split][0] == size == len(blend["positions"])
+        assert blend["same"], "a blended sample must be its dataset's sample"
+        total = sum(blend["weights"])
+        taken: dict[int, list[int]] = {}
+        for d, s in blend["positions"]:
+            taken.setdefault(d, []).append(s)
+        for d, w in enumerate(blend["weights"]):
+            samples = sorted(taken.get(d, []))
+            # Largest remainder: within one sample of the weight; each of 0 .. c_d - 1 once.
+            assert abs(len(samples) - w / total * size) < 1
+            assert samples == list(range(len(samples)))
+            assert len(samples) <= blend["sizes"][d]
+        for shuffle, samples in blend["shuffles"]:
+            assert sorted(shuffle) == list(range(samples))

@@ -451,7 +451,7 @@ def _megatron_inputs(system: str, n: int, seed: int) -> tuple[Any, ...]:
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    if system.endswith("blend"):
+    if system.endswith(("blend", "index-free")):
         weights = rng.random(100)
         return (weights / weights.sum(),)
     if system.endswith("sample-index"):
@@ -491,6 +491,8 @@ def _measure_megatron(spec: dict[str, Any]) -> dict[str, Any]:
     system, n, seed = spec["system"], spec["n"], spec["seed"]
     if system.endswith("random-sampler"):
         return _measure_megatron_sampler(system, n)
+    if system.endswith("index-free"):
+        return _measure_index_free(n, seed)
     with warnings.catch_warnings():
         # megatron-core warns at import that Transformer Engine and Apex are absent.
         warnings.simplefilter("ignore")
@@ -530,6 +532,29 @@ def _measure_megatron(spec: dict[str, Any]) -> dict[str, Any]:
     out["peak_mib"] = _status_mib("VmHWM")
     out["digest"] = _digest(result)
     return out
+
+
+def _measure_index_free(n: int, seed: int) -> dict[str, Any]:
+    """Time to a fresh run's first sample with the index-free blend and shuffle index over
+    ``n`` samples: both constructed, blend position 0 and its dataset's shuffle position read
+    (megatron-core builds both whole first)."""
+    from croupier.compat.megatron import IndexFreeBlend, IndexFreeShuffle
+
+    (weights,) = _megatron_inputs("index-free", n, seed)
+    base = _status_mib("VmRSS")
+    t0 = time.perf_counter()
+    blend = IndexFreeBlend(weights, n, seed=seed)
+    dataset, sample = blend[0]
+    count = int(blend.counts[dataset])
+    position = int(IndexFreeShuffle(count, count, seed=seed)[sample])
+    elapsed = time.perf_counter() - t0
+    return {
+        "rss_base_mib": base,
+        "first_s": elapsed,
+        "epoch_s": elapsed,
+        "count": int(0 <= position < count),
+        "peak_mib": _status_mib("VmHWM"),
+    }
 
 
 def _measure_megatron_sampler(system: str, n: int) -> dict[str, Any]:

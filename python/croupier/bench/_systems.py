@@ -17,10 +17,11 @@ the epoch (time to its first index after loading the state, to the whole rest, p
 *Megatron* systems build Megatron-Core's dataset indices at size N with megatron-core's own
 helpers or croupier's identical ones (``croupier.compat.megatron``): the blend of N positions
 over 100 datasets, the shuffle index of N samples, and the sample index over N documents
-(time to the whole array; the output must be the same); and one rank's epoch of Megatron-LM's
-``MegatronPretrainingRandomSampler`` over N samples (rank 3 of 8, micro-batches of 4, its
-default data sharding; time to every micro-batch, the same ones). Not in the default run;
-megatron-core's systems skipped without megatron-core.
+(time to the whole array; the output must be the same); the same blend and shuffle index
+index-free (time to construct them and read the first sample's position); and one rank's
+epoch of Megatron-LM's ``MegatronPretrainingRandomSampler`` over N samples (rank 3 of 8,
+micro-batches of 4, its default data sharding; time to every micro-batch, the same ones). Not
+in the default run; megatron-core's systems skipped without megatron-core.
 
 The *headline* systems (croupier and the main alternative of each family) are what a plain
 ``croupier bench`` runs; ``--all`` adds the rest. Each system's cost model (``startup_s``,
@@ -422,6 +423,17 @@ SYSTEMS: tuple[System, ...] = (
         headline=False,
         baseline_for="croupier-megatron-sample-index",
         same_output=True,
+    ),
+    System(
+        "croupier-megatron-index-free",
+        "megatron",
+        "croupier.compat.megatron index-free: the first sample's blend and shuffle position "
+        "(100 datasets, nothing built)",
+        ("croupier",),
+        bytes_per_index=0,
+        startup_s=0.5,
+        s_per_index=0.0,
+        headline=False,
     ),
     System(
         "croupier-megatron-random-sampler",

@@ -5,10 +5,14 @@ names, giving the same arrays and the same micro-batches from the same arguments
   (``build_blending_indices``, ``build_exhaustive_blending_indices``, ``build_sample_idx``,
   ``build_document_index``, ``build_shuffle_index``) and :func:`patch`, which makes an
   installed megatron-core use them;
+- :mod:`croupier.compat.megatron.index_free`: :class:`IndexFreeBlend` and
+  :class:`IndexFreeShuffle`, croupier's keyed orders read by random access in place of a
+  blend and a shuffle index, for new runs (``patch(index_free=True)``);
 - :mod:`croupier.compat.megatron.samplers`: ``MegatronPretrainingSampler`` and
   ``MegatronPretrainingRandomSampler``, Megatron-LM's training batch samplers, with a state.
 """
 
+from croupier.compat.megatron.index_free import IndexFreeBlend, IndexFreeShuffle, IndexView
 from croupier.compat.megatron.indices import (
     Patch,
     build_blending_indices,
@@ -27,6 +31,9 @@ from croupier.compat.megatron.samplers import (
 )
 
 __all__ = [
+    "IndexFreeBlend",
+    "IndexFreeShuffle",
+    "IndexView",
     "MegatronPretrainingRandomSampler",
     "MegatronPretrainingSampler",
     "Patch",

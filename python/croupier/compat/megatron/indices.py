@@ -353,6 +353,7 @@ _OURS = {
 _lock = threading.Lock()
 _saved: list[tuple[Any, str, Any]] = []
 _depth = 0
+_index_free = False
 
 
 class Patch:
@@ -387,7 +388,7 @@ class Patch:
         self.undo()
 
 
-def patch() -> Patch:
+def patch(*, index_free: bool = False) -> Patch:
     """Makes an installed megatron-core build its dataset indices with croupier: the same
     arrays, so every run keeps its data order and its cached index files. Replaces
     ``megatron.core.datasets.helpers``' ``build_blending_indices``,
@@ -395,11 +396,20 @@ def patch() -> Patch:
     ``_build_document_index`` and ``_build_shuffle_index``, which ``GPTDataset``,
     ``BlendedDataset`` and every other caller reach through their modules.
 
+    With ``index_free=True`` (for new runs), a ``BlendedDataset``'s blend is an
+    :class:`~croupier.compat.megatron.IndexFreeBlend` and a ``GPTDataset``'s shuffle index an
+    :class:`~croupier.compat.megatron.IndexFreeShuffle`, read by random access and never
+    built, written or loaded: croupier's orders, not megatron-core's, with the same samples
+    per dataset. The document and sample indices stay megatron-core's (and its cache files).
+    ``defer_npy_index_mmap`` is refused in that mode.
+
     Call it once before the datasets are built, or use it as a context manager; nested
-    patches are undone with the outermost.
+    patches are undone with the outermost and must agree on ``index_free``.
 
     Raises:
         ImportError: megatron-core is not installed (``pip install croupier[megatron]``).
+        TypeError: ``index_free`` is not a bool.
+        ValueError: a patch with the other ``index_free`` is installed.
 
     Example:
         >>> import croupier.compat.megatron as croupier_megatron
@@ -407,17 +417,57 @@ def patch() -> Patch:
         ...     builder = BlendedMegatronDatasetBuilder(GPTDataset, sizes, is_built, config)
         ...     datasets = builder.build()
     """
-    global _depth
-    modules = {name: importlib.import_module(name) for name in _TARGETS}
+    global _depth, _index_free
+    if not isinstance(index_free, bool):
+        raise TypeError(f"index_free must be a bool, got {type(index_free).__name__}")
+    modules = {name: importlib.import_module(name) for name in (*_TARGETS, *_INDEX_FREE)}
     with _lock:
+        if _depth and index_free != _index_free:
+            raise ValueError(
+                f"a patch with index_free={_index_free} is installed: undo it before "
+                f"patching with index_free={index_free}"
+            )
         if _depth == 0:
-            for module_name, names in _TARGETS.items():
-                module = modules[module_name]
-                for name in names:
-                    _saved.append((module, name, getattr(module, name)))
-                    setattr(module, name, _OURS[name])
+            targets = [
+                (modules[module_name], name, _OURS[name])
+                for module_name, names in _TARGETS.items()
+                for name in names
+            ]
+            if index_free:
+                targets += [
+                    (getattr(modules[module_name], owner), name, ours)
+                    for module_name, (owner, name, ours) in _INDEX_FREE.items()
+                ]
+            for owner, name, ours in targets:
+                _saved.append((owner, name, owner.__dict__[name]))
+                setattr(owner, name, ours)
+            _index_free = index_free
         _depth += 1
     return Patch()
+
+
+def _gpt_indices(self: Any) -> tuple[Any, Any, Any]:
+    """``GPTDataset._build_document_sample_shuffle_indices`` under ``patch(index_free=True)``."""
+    from croupier.compat.megatron.index_free import gpt_indices
+
+    return gpt_indices(self)
+
+
+def _blend_indices(self: Any) -> tuple[Any, Any]:
+    """``BlendedDataset._build_indices`` under ``patch(index_free=True)``."""
+    from croupier.compat.megatron.index_free import blend_indices
+
+    return blend_indices(self)
+
+
+_INDEX_FREE = {
+    "megatron.core.datasets.gpt_dataset": (
+        "GPTDataset",
+        "_build_document_sample_shuffle_indices",
+        _gpt_indices,
+    ),
+    "megatron.core.datasets.blended_dataset": ("BlendedDataset", "_build_indices", _blend_indices),
+}
 
 
 def _patched() -> bool:
