@@ -46,3 +46,16 @@ def _no_launcher_environment(monkeypatch):
         "PMI_SIZE",
     ):
         monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _megatron_unpatched():
+    """A test that leaves croupier.compat.megatron.patch() installed (the docs' one-line
+    examples do) would turn later comparisons with megatron-core's own builders into
+    comparisons of croupier with itself: every patch is undone after each test."""
+    yield
+    import sys
+
+    indices = sys.modules.get("croupier.compat.megatron.indices")
+    if indices is not None:
+        indices._undo_all()

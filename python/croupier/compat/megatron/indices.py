@@ -354,6 +354,8 @@ _lock = threading.Lock()
 _saved: list[tuple[Any, str, Any]] = []
 _depth = 0
 _index_free = False
+# Bumped by _undo_all, so a handle of a patch undone that way does nothing.
+_generation = 0
 
 
 class Patch:
@@ -362,12 +364,13 @@ class Patch:
 
     def __init__(self) -> None:
         self._active = True
+        self._generation = _generation
 
     def undo(self) -> None:
         """Gives megatron-core its own builders back (once every nested patch is undone)."""
         global _depth
         with _lock:
-            if not self._active:
+            if not self._active or self._generation != _generation:
                 return
             self._active = False
             _depth -= 1
@@ -443,7 +446,8 @@ def patch(*, index_free: bool = False) -> Patch:
                 setattr(owner, name, ours)
             _index_free = index_free
         _depth += 1
-    return Patch()
+        handle = Patch()
+    return handle
 
 
 def _gpt_indices(self: Any) -> tuple[Any, Any, Any]:
@@ -468,6 +472,17 @@ _INDEX_FREE = {
     ),
     "megatron.core.datasets.blended_dataset": ("BlendedDataset", "_build_indices", _blend_indices),
 }
+
+
+def _undo_all() -> None:
+    """Undoes every patch installed (for tests, which must not leave one behind)."""
+    global _depth, _generation
+    with _lock:
+        _generation += 1
+        for owner, name, original in reversed(_saved):
+            setattr(owner, name, original)
+        _saved.clear()
+        _depth = 0
 
 
 def _patched() -> bool:
