@@ -232,14 +232,19 @@ def _port() -> int:
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory) -> dict[str, dict]:
-    """The same BlendedMegatronDatasetBuilder build by megatron-core, under patch() and under
-    patch(index_free=True), each in a fresh process with its own cache directory."""
+    """The same BlendedMegatronDatasetBuilder build by megatron-core, under patch() (a cache
+    directory of its own) and under patch(index_free=True) (in megatron-core's cache
+    directory, after it), each in a fresh process."""
     work = tmp_path_factory.mktemp("megatron")
     script = Path(__file__).with_name("megatron_build.py")
     results = {}
-    for mode in ("megatron", "croupier", "index-free"):
+    for mode, cache in (
+        ("megatron", "megatron"),
+        ("croupier", "croupier"),
+        ("index-free", "megatron"),
+    ):
         run = subprocess.run(
-            [sys.executable, str(script), str(work), str(_port()), mode, str(work / mode)],
+            [sys.executable, str(script), str(work), str(_port()), mode, str(work / cache)],
             capture_output=True,
             text=True,
             timeout=300,
@@ -261,12 +266,19 @@ def test_a_blended_build_under_patch_is_byte_identical(builds):
 def test_an_index_free_build_writes_no_blend_or_shuffle_and_takes_the_same_samples(builds):
     ours, theirs = builds["index-free"], builds["megatron"]
     assert ours["patched"]
-    kept = {name for name in theirs["files"] if name.endswith(("-description.txt", "_index.npy"))}
-    dropped = {n for n in kept if "BlendedDataset" in n or n.endswith("shuffle_index.npy")}
-    assert dropped and any("BlendedDataset" in n for n in dropped)
-    # The document and sample indices (and descriptions) are megatron-core's, byte for byte.
-    assert set(ours["files"]) == kept - dropped
-    assert all(ours["files"][n] == theirs["files"][n] for n in ours["files"])
+    # In megatron-core's cache directory: its files untouched, ours beside them, no blend or
+    # shuffle index among them, the document and sample indices byte-identical to its own.
+    added = {n: h for n, h in ours["files"].items() if n not in theirs["files"]}
+    assert {n: ours["files"][n] for n in theirs["files"]} == theirs["files"]
+    assert added and all("-index_free-" in n for n in added)
+    assert not any("BlendedDataset" in n or "shuffle_index" in n for n in added)
+    suffixes = ("description.txt", "document_index.npy", "sample_index.npy", "shuffle_ranges.json")
+    for suffix in suffixes:
+        mine = sorted(n for n in added if n.endswith(suffix))
+        assert len(mine) == 9, suffix  # three GPTDatasets per split
+        if suffix.endswith(".npy"):
+            for n in mine:
+                assert added[n] == theirs["files"][n.replace("-index_free", "")]
     for split, blend in ours["blends"].items():
         size = theirs["samples"][split][0]
         assert ours["samples"][split][0] == size == len(blend["positions"])

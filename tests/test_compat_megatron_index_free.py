@@ -83,6 +83,28 @@ def test_every_read_of_a_position_gives_the_same_value(seed, start, stop, step, 
         assert [fresh[k][p] for p in reversed(points)] == [whole[p] for p in reversed(points)]
 
 
+def test_reading_forward_backward_and_at_strides_gives_the_same_values():
+    for k, view in enumerate(_views(5)):
+        whole = view[:]
+        n = len(whole)
+        patterns = [
+            range(n),  # forward, one by one
+            range(n - 1, -1, -1),  # backward
+            [p + k for p in range(0, n - 4, 700) for k in range(4)],  # micro-batches, a stride
+            [p + k for p in range(0, n - 4, 9000) for k in range(4)],  # a long stride
+            [p for q in range(0, n - 600, 2000) for p in (q + 500, q, q + 250)],  # to and fro
+        ]
+        for pattern in patterns:
+            fresh = _views(5)[k]
+            assert [fresh[p] for p in pattern] == [whole[p] for p in pattern]
+
+
+def test_the_two_shuffle_ranges_are_keyed_apart():
+    index = IndexFreeShuffle(1000, 2000, seed=5)[:].astype(np.int64)
+    assert sorted(index[1000:] - 1000) == list(range(1000))
+    assert not np.array_equal(index[1000:] - 1000, index[:1000])
+
+
 def test_the_same_seed_gives_the_same_order_and_another_seed_another():
     a, b, c = (IndexFreeBlend([0.5, 0.5], 5000, seed=s) for s in (1, 1, 2))
     assert np.array_equal(a.dataset_index[:], b.dataset_index[:])
@@ -140,7 +162,14 @@ def test_positions_near_1e10_are_read_at_once():
             TypeError,
             r"weights\[1\] must be a number",
         ),
-        (lambda: IndexFreeBlend("ab", 10, seed=0), TypeError, "weights must be a sequence"),
+        (lambda: IndexFreeBlend("ab", 10, seed=0), TypeError, "weights must be a 1-D sequence"),
+        (lambda: IndexFreeBlend(np.array(0.5), 10, seed=0), TypeError, "1-D sequence"),
+        (lambda: IndexFreeBlend([1, 2**1100], 10, seed=0), ValueError, "positive and finite"),
+        (lambda: IndexFreeBlend([1e308, 1e308], 10, seed=0), ValueError, "finite sum"),
+        (lambda: IndexFreeBlend([1.0], 2**63, seed=0), ValueError, "size must be at least 1 and"),
+        (lambda: IndexFreeBlend([2**62, 2**62], None, seed=0), ValueError, "sum below 2"),
+        (lambda: IndexFreeBlend([1.0], 10, seed=0)[0:2], TypeError, "slice blend.dataset_index"),
+        (lambda: IndexFreeShuffle(2**63, 2**63, seed=0), ValueError, "num_samples must be"),
         (lambda: IndexFreeBlend([1.0] * 32768, 10, seed=0), ValueError, "int16"),
         (lambda: IndexFreeBlend([0.5, 0.5], 0, seed=0), ValueError, "size must be at least 1"),
         (lambda: IndexFreeBlend([0.5, 0.5], 1.5, seed=0), TypeError, "size must be an integer"),

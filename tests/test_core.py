@@ -314,6 +314,7 @@ def test_a_mixture_pickles_with_its_keywords():
         mix = _core.Mixture(
             [30, 70], [(0, 40, [1.0, 2.0], 1.0)], num_replicas=2, rank=1, drop_last=False,
             shuffle=True, seed=5, length=40, order=order, interleave=interleave,
+            permute_samples=True,
         )  # fmt: skip
         again = pickle.loads(pickle.dumps(mix))
         assert again.indices(3).tolist() == mix.indices(3).tolist()
@@ -323,15 +324,17 @@ def test_a_mixture_pickles_with_its_keywords():
         _core.Mixture(
             [30, 70], [(0, 40, [1.0, 2.0], 1.0)], num_replicas=2, rank=1, drop_last=False,
             shuffle=True, length=40, order=_core.Order.PER_RANK, interleave="uniform",
+            permute_samples=True,
         )  # fmt: skip
     with pytest.raises(ValueError, match="interleave must be 'uniform' or 'balanced'"):
         _core.Mixture(
             [30, 70], [(0, 40, [1.0, 2.0], 1.0)], num_replicas=2, rank=1, drop_last=False,
             shuffle=True, seed=5, length=40, order=_core.Order.GLOBAL, interleave="random",
+            permute_samples=True,
         )  # fmt: skip
     with pytest.raises(ValueError, match="order"):
         _core.Mixture(
             [30, 70], [(0, 40, [1.0, 2.0], 1.0)], num_replicas=2, rank=1, drop_last=False,
             shuffle=True, seed=5, length=40, order=_core.Order.TORCH_FORWARD,
-            interleave="uniform",
+            interleave="uniform", permute_samples=True,
         )  # fmt: skip

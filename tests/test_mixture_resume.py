@@ -115,6 +115,7 @@ def _reference(cfg: Config, phases: list[Phase], world: int) -> np.ndarray:
             length=None,
             order=_ORDERS[cfg.order],
             interleave=cfg.interleave,
+            permute_samples=True,
         )
         shares.append(np.asarray(m.indices(cfg.epoch), dtype=np.int64))
     out = np.empty(sum(len(x) for x in shares), dtype=np.int64)

@@ -305,14 +305,17 @@ class Mixture:
         length: int | None,
         order: Order,
         interleave: str,
+        permute_samples: bool,
     ) -> Mixture:
         """The datasets' ``sizes`` mixed over ``phases`` for rank ``rank`` of
         ``num_replicas``. ``order``: ``Order.GLOBAL`` (one global sequence of ``length``
         positions, ``None``: every dataset once, dealt with torch's striding; phases in global
         positions) or ``Order.PER_RANK`` (each rank its own sequence of ``length`` positions,
         ``None``: one pass of every dataset's share). ``interleave``: ``"uniform"`` or
-        ``"balanced"`` (global order only). Every keyword is required; an unknown one is a
-        ``TypeError``."""
+        ``"balanced"`` (global order only). ``permute_samples``: with ``shuffle``, whether each
+        dataset's passes are permuted too (``False``: each read in order but for the slot order
+        inside a leaf of the interleave, which stays shuffled). Every keyword is required; an
+        unknown one is a ``TypeError``."""
     def __getnewargs_ex__(
         self,
     ) -> tuple[tuple[list[int], list[tuple[int, int, list[float], float]]], dict[str, object]]:

@@ -254,6 +254,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             length=length,
             order=CORE_ORDERS[self.order],
             interleave=self.interleave,
+            permute_samples=True,
         )
 
     def _positions_of(self, num_replicas: int) -> int:

@@ -28,6 +28,8 @@ config! {
         order: Order,
         /// `"uniform"` or `"balanced"` (the global order's).
         interleave: String,
+        /// With `shuffle`, whether each dataset's passes are permuted too.
+        permute_samples: bool,
     }
 }
 
@@ -54,6 +56,7 @@ impl MixtureConfig {
             length: c.length,
             order: c.order.core(),
             interleave,
+            permute_samples: c.permute_samples,
         })
     }
 
@@ -68,6 +71,7 @@ impl MixtureConfig {
         d.set_item("length", self.length)?;
         d.set_item("order", self.order)?;
         d.set_item("interleave", &self.interleave)?;
+        d.set_item("permute_samples", self.permute_samples)?;
         Ok(d)
     }
 }

@@ -402,8 +402,9 @@ def patch(*, index_free: bool = False) -> Patch:
     With ``index_free=True`` (for new runs), a ``BlendedDataset``'s blend is an
     :class:`~croupier.compat.megatron.IndexFreeBlend` and a ``GPTDataset``'s shuffle index an
     :class:`~croupier.compat.megatron.IndexFreeShuffle`, read by random access and never
-    built, written or loaded: croupier's orders, not megatron-core's, with the same samples
-    per dataset. The document and sample indices stay megatron-core's (and its cache files).
+    built, written or loaded: croupier's orders, not megatron-core's, each dataset giving a
+    prefix of its samples as megatron-core's blend does. The document and sample indices are
+    megatron-core's arrays, cached beside megatron-core's files under names of their own.
     ``defer_npy_index_mmap`` is refused in that mode.
 
     Call it once before the datasets are built, or use it as a context manager; nested

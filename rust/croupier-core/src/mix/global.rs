@@ -103,6 +103,8 @@ pub(crate) struct Global {
     pub(crate) offsets: Vec<u64>,
     pub(crate) phases: Vec<GlobalPhase>,
     pub(crate) shuffle: bool,
+    /// Whether the passes are permuted (`shuffle` and the config's `permute_samples`).
+    pub(crate) permute: bool,
     pub(crate) seed: u64,
 }
 
@@ -274,7 +276,7 @@ impl<'a> Passes<'a> {
     fn write<T: Index>(&mut self, dv: &[(u32, u64)], out: &mut [T]) {
         let g = self.global;
         let at = self.at;
-        if !g.shuffle {
+        if !g.permute {
             for (o, &(d, v)) in out.iter_mut().zip(dv) {
                 let d = d as usize;
                 *o = T::from_u64(g.offsets[d] + at.occurrence(d, v) % g.sizes[d]);
@@ -1072,6 +1074,78 @@ mod tests {
         (true, Interleaving::Balanced),
         (false, Interleaving::Uniform),
     ];
+
+    #[test]
+    fn unpermuted_samples_keep_the_interleave_and_read_each_pass_in_order() {
+        let offsets: Vec<u64> = SIZES
+            .iter()
+            .scan(0, |run, &n| {
+                *run += n;
+                Some(*run - n)
+            })
+            .collect();
+        let dataset = |g: u64| offsets.partition_point(|&o| o <= g) - 1;
+        for il in [Interleaving::Uniform, Interleaving::Balanced] {
+            for order in [Order::Global, Order::PerRank] {
+                // (the per-rank order has no balanced interleave)
+                if order == Order::PerRank && il == Interleaving::Balanced {
+                    continue;
+                }
+                let make = |permute_samples| {
+                    let config = MixtureConfig {
+                        seed: 11,
+                        interleave: il,
+                        order,
+                        permute_samples,
+                        ..MixtureConfig::default()
+                    };
+                    let m = Mixture::new(&SIZES, &phases(), &config).unwrap();
+                    m.range(3, 0, m.len()).unwrap().to_u64_vec()
+                };
+                let (permuted, ordered) = (make(true), make(false));
+                assert_eq!(permuted.len(), ordered.len());
+                let datasets: Vec<usize> = ordered.iter().map(|&g| dataset(g)).collect();
+                let same: Vec<usize> = permuted.iter().map(|&g| dataset(g)).collect();
+                assert_eq!(
+                    datasets, same,
+                    "{il:?} {order:?}: the interleave must not change"
+                );
+                // Each dataset's occurrences read whole passes, each in order but for the
+                // slot order inside a leaf of the interleave: no sample further from its place
+                // than a leaf (the permuted passes move their samples anywhere).
+                let leaf = crate::mix::interleave::global_leaf_size(SIZES.len())
+                    .max(crate::mix::interleave::leaf_size(SIZES.len()))
+                    as i64;
+                let mut read: Vec<Vec<u64>> = vec![Vec::new(); SIZES.len()];
+                for (&g, &d) in ordered.iter().zip(&datasets) {
+                    read[d].push(g - offsets[d]);
+                }
+                let far = |reads: &[Vec<u64>]| {
+                    reads.iter().enumerate().any(|(d, r)| {
+                        r.iter()
+                            .enumerate()
+                            .any(|(k, &s)| (s as i64 - (k as u64 % SIZES[d]) as i64).abs() >= leaf)
+                    })
+                };
+                for (d, r) in read.iter().enumerate() {
+                    for pass in r.chunks(SIZES[d] as usize) {
+                        let mut p = pass.to_vec();
+                        p.sort_unstable();
+                        assert!(p.iter().enumerate().all(|(k, &s)| s == k as u64));
+                    }
+                }
+                assert!(!far(&read), "{il:?} {order:?}: a sample left its leaf");
+                let mut permuted_reads: Vec<Vec<u64>> = vec![Vec::new(); SIZES.len()];
+                for (&g, &d) in permuted.iter().zip(&datasets) {
+                    permuted_reads[d].push(g - offsets[d]);
+                }
+                assert!(
+                    far(&permuted_reads),
+                    "{il:?} {order:?}: passes are permuted by default"
+                );
+            }
+        }
+    }
 
     #[test]
     fn the_global_sequence_is_the_same_for_every_world_size() {

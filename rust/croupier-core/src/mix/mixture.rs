@@ -99,6 +99,12 @@ pub struct MixtureConfig {
     /// How each phase's datasets are interleaved; [`Interleaving::Balanced`] needs
     /// [`Order::Global`].
     pub interleave: Interleaving,
+    /// With `shuffle`, whether each dataset's passes are permuted too (the default); `false`
+    /// keeps the interleave shuffled and reads every pass in order (a rank's strided share of
+    /// it in [`Order::PerRank`]) but for the interleave's slot order inside each of its leaves
+    /// (no sample further from its place than a leaf), for callers whose datasets shuffle
+    /// their samples themselves.
+    pub permute_samples: bool,
 }
 
 impl Default for MixtureConfig {
@@ -113,6 +119,7 @@ impl Default for MixtureConfig {
             length: None,
             order: Order::Global,
             interleave: Interleaving::Uniform,
+            permute_samples: true,
         }
     }
 }
@@ -236,6 +243,7 @@ impl Mixture {
                 .map(|p| GlobalPhase::new(p.start, p.end, p.counts.clone(), config.interleave))
                 .collect(),
             shuffle: self.shuffle,
+            permute: self.shuffle && config.permute_samples,
             seed: self.seed,
         };
         self.length = layout.num_samples();
@@ -271,7 +279,7 @@ impl Mixture {
                             self.num_replicas,
                             self.rank,
                             config.deal.drop_last,
-                            self.shuffle,
+                            self.shuffle && config.permute_samples,
                         )
                     })
                     .transpose()
