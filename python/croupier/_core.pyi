@@ -31,6 +31,7 @@ __all__ = [
     "greatest_error_blend",
     "layout",
     "legacy_shuffle",
+    "micro_batches",
     "permutation",
     "permutation_into",
     "sample_index",
@@ -397,6 +398,10 @@ def blend_sample_positions(
     datasets: npt.NDArray[np.uint16], num_datasets: int, out: npt.NDArray[np.int64]
 ) -> None:
     """``out[i]``: how many earlier positions went to ``datasets[i]``'s dataset."""
+
+def micro_batches(first: int, group: int, mbs: int, start: int, stop: int) -> npt.NDArray[np.int64]:
+    """Megatron-LM's sequential sampler's micro-batches of groups ``[start, stop)``,
+    flattened: group ``k``'s ``mbs`` samples from ``first + k * group``."""
 
 def sample_index(
     sizes: npt.NDArray[np.int32],

@@ -73,6 +73,24 @@ pub(crate) fn blend_sample_positions<'py>(
     })
 }
 
+/// Megatron-LM's sequential sampler's micro-batches of groups `[start, stop)`, flattened:
+/// group `k`'s `mbs` samples from `first + k * group`.
+#[pyfunction]
+pub(crate) fn micro_batches<'py>(
+    py: Python<'py>,
+    first: u64,
+    group: u64,
+    mbs: u64,
+    start: u64,
+    stop: u64,
+) -> PyResult<Bound<'py, numpy::PyArray1<i64>>> {
+    use numpy::IntoPyArray;
+    let out = crate::runtime::core(
+        py.detach(|| croupier_core::deal::micro_batches(first, group, mbs, start, stop)),
+    )?;
+    Ok(out.into_pyarray(py))
+}
+
 /// megatron-core's `build_sample_idx`: a new `(num_samples + 1, 2)` array, `int64` when
 /// `wide`, else `int32`.
 #[pyfunction]

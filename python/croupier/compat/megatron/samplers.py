@@ -203,9 +203,8 @@ class MegatronPretrainingSampler:
         handed_out = start
         for g in range(0, groups, per_chunk):
             # Group k's part for this rank: first + k * group, ... mbs of them.
-            ks = np.arange(g, min(g + per_chunk, groups), dtype=np.int64)
-            items = ((ks * group + first)[:, None] + np.arange(mbs)).tolist()
-            for batch in items:
+            flat = _core.micro_batches(first, group, mbs, g, min(g + per_chunk, groups))
+            for batch in flat.reshape(-1, mbs).tolist():
                 handed_out += group
                 self._handed_out = handed_out
                 yield batch

@@ -19,6 +19,8 @@
 //!   its values from `class_split`, cut into blocks, each block in its own uniform order.
 //! - `class_split`: the values of chosen classes of a uniform random partition of `[0, n)`,
 //!   drawn by recursive hypergeometric splitting without computing the other classes.
+//! - `micro_batches`: one rank's micro-batches of consecutive samples, as Megatron-LM's
+//!   sequential pretraining sampler deals them ([`micro_batches`]).
 //! - `seekable`: the order of a share's long blocks, a bucket shuffle with fixed bucket sizes
 //!   whose positions can be read one by one (a mid-epoch resume reads only what it needs).
 //!
@@ -29,9 +31,11 @@ pub(crate) mod class_split;
 pub(crate) mod elastic;
 pub(crate) mod fast_share;
 pub(crate) mod layout;
+pub(crate) mod micro_batches;
 pub(crate) mod rank;
 pub(crate) mod seekable;
 
 pub use elastic::{Elastic, ELASTIC_FIRST_STOP};
 pub use layout::{check_num_replicas, check_world, Deal, Layout};
+pub use micro_batches::micro_batches;
 pub use rank::{first_stop, rank_range, rank_range_bytes, Draw, Order};
