@@ -20,7 +20,7 @@
 //! - `class_split`: the values of chosen classes of a uniform random partition of `[0, n)`,
 //!   drawn by recursive hypergeometric splitting without computing the other classes.
 //! - `micro_batches`: one rank's micro-batches of consecutive samples, as Megatron-LM's
-//!   sequential pretraining sampler deals them ([`micro_batches`]).
+//!   sequential pretraining sampler deals them ([`micro_batches()`]).
 //! - `seekable`: the order of a share's long blocks, a bucket shuffle with fixed bucket sizes
 //!   whose positions can be read one by one (a mid-epoch resume reads only what it needs).
 //!
