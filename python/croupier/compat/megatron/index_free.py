@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from croupier import _core
+from croupier._validate import check_int
 
 __all__ = ["CHUNK", "IndexFreeBlend", "IndexFreeShuffle", "IndexView"]
 
@@ -55,20 +56,6 @@ FIRST = 1 << 8
 
 _SEED_LIMIT = 1 << 64
 _SIZE_LIMIT = 1 << 63
-
-
-def _whole(value: object, name: str, least: int, limit: int | None = None) -> int:
-    """``value`` as an int in ``[least, limit)``, or the error naming ``name``."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    try:
-        whole = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
-    if whole < least or (limit is not None and whole >= limit):
-        bound = "" if limit is None else f" and below {limit}"
-        raise ValueError(f"{name} must be at least {least}{bound}, got {whole}")
-    return whole
 
 
 class _Chunks:
@@ -228,7 +215,7 @@ def _values(weights: object) -> list[Any]:
 def _sizes(weights: object) -> list[int]:
     """An exhaustive blend's weights: each dataset's samples, positive integers summing to
     less than ``2**63``."""
-    sizes = [_whole(w, f"weights[{i}]", 1) for i, w in enumerate(_values(weights))]
+    sizes = [check_int(f"weights[{i}]", w, 1) for i, w in enumerate(_values(weights))]
     if sum(sizes) >= _SIZE_LIMIT:
         raise ValueError(f"weights (samples per dataset) must sum below 2**63, got {sum(sizes)}")
     return sizes
@@ -294,8 +281,8 @@ class IndexFreeBlend:
             length = sum(counts)
         else:
             values = _shares(weights)
-            length = _whole(size, "size", 1, _SIZE_LIMIT)
-        self.seed = _whole(seed, "seed", 0, _SEED_LIMIT)
+            length = check_int("size", size, 1, _SIZE_LIMIT - 1)
+        self.seed = check_int("seed", seed, 0, _SEED_LIMIT - 1)
         """The key of the order."""
         if size is not None:
             total = sum(values)
@@ -383,11 +370,11 @@ class IndexFreeShuffle(IndexView):
     """
 
     def __init__(self, num_samples: int, total_size: int, *, seed: int) -> None:
-        first = _whole(num_samples, "num_samples", 0, _SIZE_LIMIT)
-        total = _whole(total_size, "total_size", 0, _SIZE_LIMIT)
+        first = check_int("num_samples", num_samples, 0, _SIZE_LIMIT - 1)
+        total = check_int("total_size", total_size, 0, _SIZE_LIMIT - 1)
         if total < first:
             raise ValueError(f"total_size must be at least num_samples ({first}), got {total}")
-        self.seed = _whole(seed, "seed", 0, _SEED_LIMIT)
+        self.seed = check_int("seed", seed, 0, _SEED_LIMIT - 1)
         """The key of the order."""
         self._first = first
         self._parts = [self._share(n, key) for key, n in enumerate((first, total - first))]

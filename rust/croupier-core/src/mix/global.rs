@@ -1075,16 +1075,25 @@ mod tests {
         (false, Interleaving::Uniform),
     ];
 
-    #[test]
-    fn unpermuted_samples_keep_the_interleave_and_read_each_pass_in_order() {
-        let offsets: Vec<u64> = SIZES
+    /// Where each dataset starts in the concatenation, and the dataset of a global index.
+    fn offsets() -> Vec<u64> {
+        SIZES
             .iter()
             .scan(0, |run, &n| {
                 *run += n;
                 Some(*run - n)
             })
-            .collect();
-        let dataset = |g: u64| offsets.partition_point(|&o| o <= g) - 1;
+            .collect()
+    }
+
+    fn dataset_of(offsets: &[u64], g: u64) -> usize {
+        offsets.partition_point(|&o| o <= g) - 1
+    }
+
+    #[test]
+    fn unpermuted_samples_keep_the_interleave_and_read_each_pass_in_order() {
+        let offsets = offsets();
+        let dataset = |g: u64| dataset_of(&offsets, g);
         for il in [Interleaving::Uniform, Interleaving::Balanced] {
             for order in [Order::Global, Order::PerRank] {
                 // (the per-rank order has no balanced interleave)
@@ -1116,10 +1125,15 @@ mod tests {
                 let leaf = crate::mix::interleave::global_leaf_size(SIZES.len())
                     .max(crate::mix::interleave::leaf_size(SIZES.len()))
                     as i64;
-                let mut read: Vec<Vec<u64>> = vec![Vec::new(); SIZES.len()];
-                for (&g, &d) in ordered.iter().zip(&datasets) {
-                    read[d].push(g - offsets[d]);
-                }
+                // Each dataset's samples, in the order its positions read them.
+                let reads = |seq: &[u64]| {
+                    let mut read: Vec<Vec<u64>> = vec![Vec::new(); SIZES.len()];
+                    for (&g, &d) in seq.iter().zip(&datasets) {
+                        read[d].push(g - offsets[d]);
+                    }
+                    read
+                };
+                let read = reads(&ordered);
                 let far = |reads: &[Vec<u64>]| {
                     reads.iter().enumerate().any(|(d, r)| {
                         r.iter()
@@ -1135,12 +1149,8 @@ mod tests {
                     }
                 }
                 assert!(!far(&read), "{il:?} {order:?}: a sample left its leaf");
-                let mut permuted_reads: Vec<Vec<u64>> = vec![Vec::new(); SIZES.len()];
-                for (&g, &d) in permuted.iter().zip(&datasets) {
-                    permuted_reads[d].push(g - offsets[d]);
-                }
                 assert!(
-                    far(&permuted_reads),
+                    far(&reads(&permuted)),
                     "{il:?} {order:?}: passes are permuted by default"
                 );
             }
@@ -1177,14 +1187,8 @@ mod tests {
 
     #[test]
     fn counts_are_exact_per_phase_and_passes_are_whole() {
-        let offsets: Vec<u64> = SIZES
-            .iter()
-            .scan(0, |a, &n| {
-                *a += n;
-                Some(*a - n)
-            })
-            .collect();
-        let dataset = |v: u64| offsets.partition_point(|&o| o <= v) - 1;
+        let offsets = offsets();
+        let dataset = |v: u64| dataset_of(&offsets, v);
         for (shuffle, il) in KINDS {
             let m = mixture(1, 0, false, shuffle, il);
             let seq = interleaved(1, false, shuffle, il);
