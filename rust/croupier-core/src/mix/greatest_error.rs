@@ -332,6 +332,8 @@ struct Greedy {
     member_limits: Vec<f64>,
     /// Real members (the rest is padding).
     live: usize,
+    /// Lanes in use: `live` rounded up to 1, 2, 4 or 8 vectors of 4 (or to [`LANES`]).
+    lanes: usize,
     /// The level the largest error has stayed above recently.
     floor: f64,
     /// More than any rounding of an error, at every position of the run.
@@ -360,10 +362,11 @@ impl Greedy {
             weights: w,
             counts,
             limits: limits.unwrap_or_default(),
-            members: Vec::with_capacity(room),
-            member_weights: Vec::with_capacity(room),
-            member_counts: Vec::with_capacity(room),
-            member_limits: Vec::with_capacity(room),
+            members: vec![u32::MAX; room],
+            member_weights: vec![0.0; room],
+            member_counts: vec![f64::INFINITY; room],
+            member_limits: vec![f64::NAN; room],
+            lanes: 0,
             live: 0,
             floor: 0.0,
             slack,
@@ -410,7 +413,7 @@ impl Greedy {
                 look = start + CHECK_EVERY as u64;
             }
             let stop = (start + BLOCK).min(n);
-            self.draw_members((stop - 1) as f64);
+            self.draw_members((stop - 1) as f64, avx2);
             let mut i = start;
             while i < stop {
                 i = self.members_run(i, stop, out, &mut lowest, avx2);
@@ -504,7 +507,7 @@ impl Greedy {
         #[cfg(target_arch = "x86_64")]
         if avx2 {
             let exhaustive = !self.limits.is_empty();
-            let vectors = self.members.len() / 4;
+            let vectors = self.lanes / 4;
             macro_rules! kernel {
                 ($v:literal) => {
                     // SAFETY: the caller checked AVX2; the member arrays hold 4 * $v lanes.
@@ -527,7 +530,12 @@ impl Greedy {
         }
         let _ = avx2;
         for i in start..stop {
-            let (k, top) = first_max(&self.member_weights, &self.member_counts, i as f64);
+            let lanes = self.lanes;
+            let (k, top) = first_max(
+                &self.member_weights[..lanes],
+                &self.member_counts[..lanes],
+                i as f64,
+            );
             if top < self.floor {
                 return i;
             }
@@ -553,47 +561,59 @@ impl Greedy {
     /// reach the floor less twice the slack. Every other dataset's rounded error stays below
     /// the floor all block long. Padded to 1, 2, 4 or 8 vectors of 4 lanes (or to [`LANES`]).
     #[inline(always)]
-    fn draw_members(&mut self, x_last: f64) {
-        self.members.clear();
-        self.member_weights.clear();
-        self.member_counts.clear();
-        self.member_limits.clear();
+    fn draw_members(&mut self, x_last: f64, avx2: bool) {
         let level = self.floor - 3.0 * self.slack;
-        let exhaustive = !self.limits.is_empty();
-        for (g, (w, c)) in self
-            .weights
-            .chunks_exact(LANES)
-            .zip(self.counts.chunks_exact(LANES))
-            .enumerate()
-        {
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: the caller checked AVX2.
+            unsafe { avx2::draw_members(self, x_last, level) };
+            return self.pad_members();
+        }
+        let _ = avx2;
+        let mut live = 0;
+        for g in 0..self.weights.len() / LANES {
             let mut hits = 0u32;
             for j in 0..LANES {
-                hits |= ((w[j] * x_last - c[j] >= level) as u32) << j;
+                let d = g * LANES + j;
+                hits |= ((self.weights[d] * x_last - self.counts[d] >= level) as u32) << j;
             }
             while hits != 0 {
-                let j = hits.trailing_zeros() as usize;
+                let d = g * LANES + hits.trailing_zeros() as usize;
                 hits &= hits - 1;
-                let d = g * LANES + j;
-                self.members.push(d as u32);
-                self.member_weights.push(w[j]);
-                self.member_counts.push(c[j]);
-                self.member_limits
-                    .push(if exhaustive { self.limits[d] } else { f64::NAN });
+                self.join(live, d);
+                live += 1;
             }
         }
-        self.live = self.members.len();
-        let lanes = match self.live {
+        self.live = live;
+        self.pad_members();
+    }
+
+    /// Dataset `d` as member `k` (its weight, count and size in lane `k`).
+    #[inline(always)]
+    fn join(&mut self, k: usize, d: usize) {
+        self.members[k] = d as u32;
+        self.member_weights[k] = self.weights[d];
+        self.member_counts[k] = self.counts[d];
+        if !self.limits.is_empty() {
+            self.member_limits[k] = self.limits[d];
+        }
+    }
+
+    /// The lanes after the `live` members, up to whole vectors, made padding.
+    #[inline(always)]
+    fn pad_members(&mut self) {
+        self.lanes = match self.live {
             0..=4 => 4,
             5..=8 => 8,
             9..=16 => 16,
             17..=32 => 32,
             live => live.div_ceil(LANES) * LANES,
         };
-        while self.members.len() < lanes {
-            self.members.push(u32::MAX);
-            self.member_weights.push(0.0);
-            self.member_counts.push(f64::INFINITY);
-            self.member_limits.push(f64::NAN);
+        for k in self.live..self.lanes {
+            self.members[k] = u32::MAX;
+            self.member_weights[k] = 0.0;
+            self.member_counts[k] = f64::INFINITY;
+            self.member_limits[k] = f64::NAN;
         }
     }
 }
@@ -604,6 +624,79 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::Greedy;
+
+    /// For each mask of 4 lanes, the lanes set, first to last, then the rest (as indices of
+    /// 32-bit halves: lane `l` is halves `2l` and `2l + 1`): a permutation that packs the
+    /// lanes of a mask to the front.
+    const PACK: [[i32; 8]; 16] = {
+        let mut table = [[0i32; 8]; 16];
+        let mut mask = 0;
+        while mask < 16 {
+            let mut at = 0;
+            let mut lane = 0;
+            while lane < 4 {
+                if mask & (1 << lane) != 0 {
+                    table[mask][2 * at] = 2 * lane as i32;
+                    table[mask][2 * at + 1] = 2 * lane as i32 + 1;
+                    at += 1;
+                }
+                lane += 1;
+            }
+            mask += 1;
+        }
+        table
+    };
+
+    /// [`Greedy::draw_members`]' scan of every dataset, four at a time and without a branch
+    /// on the data: the members (every dataset whose error at `x_last` reaches `level`) in
+    /// dataset order, without padding. Each group's lanes are packed to the front and stored
+    /// whole at the next free lane; the stray lanes behind are overwritten or padded later.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn draw_members(g: &mut Greedy, x_last: f64, level: f64) {
+        let datasets = g.weights.len();
+        // The stores write 4 lanes from lane `live` <= datasets - 4 on: room enough.
+        assert!(g.members.len() >= datasets + 4 && g.member_limits.len() >= datasets + 4);
+        let (w, c, l) = (g.weights.as_ptr(), g.counts.as_ptr(), g.limits.as_ptr());
+        let (mw, mc, ml) = (
+            g.member_weights.as_mut_ptr(),
+            g.member_counts.as_mut_ptr(),
+            g.member_limits.as_mut_ptr(),
+        );
+        let ids = g.members.as_mut_ptr();
+        let exhaustive = !g.limits.is_empty();
+        let (xs, level) = (_mm256_set1_pd(x_last), _mm256_set1_pd(level));
+        let lanes = _mm256_setr_epi32(0, 0, 1, 0, 2, 0, 3, 0);
+        let mut live = 0;
+        for base in (0..datasets).step_by(4) {
+            let weights = _mm256_loadu_pd(w.add(base));
+            let counts = _mm256_loadu_pd(c.add(base));
+            let e = _mm256_sub_pd(_mm256_mul_pd(weights, xs), counts);
+            let mask = _mm256_movemask_pd(_mm256_cmp_pd::<_CMP_GE_OQ>(e, level)) as usize;
+            let pack = _mm256_loadu_si256(PACK[mask].as_ptr().cast());
+            macro_rules! put {
+                ($at:expr, $v:expr) => {
+                    _mm256_storeu_pd(
+                        $at,
+                        _mm256_castps_pd(_mm256_permutevar8x32_ps(_mm256_castpd_ps($v), pack)),
+                    )
+                };
+            }
+            put!(mw.add(live), weights);
+            put!(mc.add(live), counts);
+            if exhaustive {
+                put!(ml.add(live), _mm256_loadu_pd(l.add(base)));
+            }
+            // The datasets' ids, packed the same way (even halves of the permutation).
+            let id = _mm256_add_epi32(
+                _mm256_permutevar8x32_epi32(lanes, pack),
+                _mm256_set1_epi32(base as i32),
+            );
+            let id = _mm256_permutevar8x32_epi32(id, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+            _mm_storeu_si128(ids.add(live).cast(), _mm256_castsi256_si128(id));
+            live += mask.count_ones() as usize;
+        }
+        g.live = live;
+    }
 
     /// [`Greedy::members_run`] over `V` vectors of 4 members. A position's winner gets its 1
     /// through the mask of lanes equal to the largest error, so the next position does not wait
