@@ -636,8 +636,8 @@ mod avx2 {
             let mut lane = 0;
             while lane < 4 {
                 if mask & (1 << lane) != 0 {
-                    table[mask][2 * at] = 2 * lane as i32;
-                    table[mask][2 * at + 1] = 2 * lane as i32 + 1;
+                    table[mask][2 * at] = 2 * lane;
+                    table[mask][2 * at + 1] = 2 * lane + 1;
                     at += 1;
                 }
                 lane += 1;
