@@ -25,7 +25,6 @@ __all__ = [
     "RankShare",
     "SequentialBuckets",
     "__version__",
-    "blend_sample_positions",
     "epoch_end",
     "exhaustive_greatest_error_blend",
     "greatest_error_blend",
@@ -384,20 +383,18 @@ def legacy_shuffle(
     bytes, ``row`` bytes a row), in place, from the twister state ``(key, pos)``; ``key`` is
     updated in place and the new position returned."""
 
-def greatest_error_blend(weights: npt.NDArray[np.float64], out: npt.NDArray[np.uint16]) -> None:
+def greatest_error_blend(
+    weights: npt.NDArray[np.float64], out: npt.NDArray[np.uint16], samples: npt.NDArray[np.int64]
+) -> None:
     """megatron-core's ``build_blending_indices`` into ``out`` (the ``int16`` dataset index
-    viewed as ``uint16``), every position of it."""
+    viewed as ``uint16``) and ``samples`` (the dataset sample index, as long), every position
+    of them."""
 
 def exhaustive_greatest_error_blend(
-    sizes: npt.NDArray[np.uint64], out: npt.NDArray[np.uint16]
+    sizes: npt.NDArray[np.uint64], out: npt.NDArray[np.uint16], samples: npt.NDArray[np.int64]
 ) -> None:
-    """megatron-core's ``build_exhaustive_blending_indices`` into ``out`` (as long as the
-    sizes' sum)."""
-
-def blend_sample_positions(
-    datasets: npt.NDArray[np.uint16], num_datasets: int, out: npt.NDArray[np.int64]
-) -> None:
-    """``out[i]``: how many earlier positions went to ``datasets[i]``'s dataset."""
+    """megatron-core's ``build_exhaustive_blending_indices`` into ``out`` and ``samples``
+    (each as long as the sizes' sum)."""
 
 def micro_batches(first: int, group: int, mbs: int, start: int, stop: int) -> npt.NDArray[np.int64]:
     """Megatron-LM's sequential sampler's micro-batches of groups ``[start, stop)``,

@@ -70,8 +70,8 @@ pub use draw::random_access::RandomAccessPermutation;
 pub use error::{Error, Result};
 pub use index::{index_bytes, Index, Indices, MAX_LEN, U32_MAX_LEN};
 pub use mix::{
-    blend_sample_positions, exhaustive_greatest_error_blend, greatest_error_blend, Interleaving,
-    Mixture, MixtureConfig, PhaseSpec, BLEND_MAX_DATASETS, BLEND_WEIGHT_SUM_TOLERANCE,
+    exhaustive_greatest_error_blend, greatest_error_blend, Interleaving, Mixture, MixtureConfig,
+    PhaseSpec, BLEND_MAX_DATASETS, BLEND_WEIGHT_SUM_TOLERANCE,
 };
 pub use pack::{sample_index, SampleIndexSpec, SampleIndexValue};
 pub use shuffle::{

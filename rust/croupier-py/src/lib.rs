@@ -164,7 +164,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         megatron::exhaustive_greatest_error_blend,
         m
     )?)?;
-    m.add_function(wrap_pyfunction!(megatron::blend_sample_positions, m)?)?;
     m.add_function(wrap_pyfunction!(megatron::sample_index, m)?)?;
     m.add_function(wrap_pyfunction!(megatron::micro_batches, m)?)?;
     m.add("BLEND_MAX_DATASETS", croupier_core::BLEND_MAX_DATASETS)?;

@@ -27,49 +27,38 @@ fn contiguous<'a, T>(
 }
 
 /// megatron-core's `build_blending_indices` into `out` (the `int16` dataset index viewed as
-/// `uint16`), every position of it.
+/// `uint16`) and `samples` (the dataset sample index, as long), every position of them.
 #[pyfunction]
 pub(crate) fn greatest_error_blend<'py>(
     py: Python<'py>,
     weights: PyReadonlyArray1<'py, f64>,
     mut out: PyReadwriteArray1<'py, u16>,
+    mut samples: PyReadwriteArray1<'py, i64>,
 ) -> PyResult<()> {
     let weights = readonly(&weights, "weights")?;
     let out = contiguous(out.as_slice_mut(), "dataset_index")?;
+    let samples = contiguous(samples.as_slice_mut(), "dataset_sample_index")?;
     let big = out.len() >= INTERRUPTIBLE_FROM;
     long(py, big, move || {
-        croupier_core::greatest_error_blend(weights, out)
+        croupier_core::greatest_error_blend(weights, out, samples)
     })
 }
 
-/// megatron-core's `build_exhaustive_blending_indices` into `out` (as long as the sizes' sum).
+/// megatron-core's `build_exhaustive_blending_indices` into `out` and `samples` (each as long
+/// as the sizes' sum).
 #[pyfunction]
 pub(crate) fn exhaustive_greatest_error_blend<'py>(
     py: Python<'py>,
     sizes: PyReadonlyArray1<'py, u64>,
     mut out: PyReadwriteArray1<'py, u16>,
+    mut samples: PyReadwriteArray1<'py, i64>,
 ) -> PyResult<()> {
     let sizes = readonly(&sizes, "sizes")?;
     let out = contiguous(out.as_slice_mut(), "dataset_index")?;
+    let samples = contiguous(samples.as_slice_mut(), "dataset_sample_index")?;
     let big = out.len() >= INTERRUPTIBLE_FROM;
     long(py, big, move || {
-        croupier_core::exhaustive_greatest_error_blend(sizes, out)
-    })
-}
-
-/// `out[i]`: how many earlier positions went to `datasets[i]`'s dataset.
-#[pyfunction]
-pub(crate) fn blend_sample_positions<'py>(
-    py: Python<'py>,
-    datasets: PyReadonlyArray1<'py, u16>,
-    num_datasets: usize,
-    mut out: PyReadwriteArray1<'py, i64>,
-) -> PyResult<()> {
-    let datasets = readonly(&datasets, "datasets")?;
-    let out = contiguous(out.as_slice_mut(), "dataset_sample_index")?;
-    let big = out.len() >= INTERRUPTIBLE_FROM;
-    long(py, big, move || {
-        croupier_core::blend_sample_positions(datasets, num_datasets, out)
+        croupier_core::exhaustive_greatest_error_blend(sizes, out, samples)
     })
 }
 

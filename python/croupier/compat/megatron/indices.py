@@ -207,8 +207,7 @@ def build_blending_indices(
     if length == 0:
         return
     positions = index[:length].view(np.uint16)
-    _core.greatest_error_blend(w, positions)
-    _core.blend_sample_positions(positions, datasets, samples[:length])
+    _core.greatest_error_blend(w, positions, samples[:length])
     if verbose:
         counts = np.bincount(positions, minlength=datasets)
         print(" > sample ratios:")
@@ -265,8 +264,9 @@ def build_exhaustive_blending_indices(
     index = _out_array(dataset_index, "dataset_index", np.int16, total)
     samples = _out_array(dataset_sample_index, "dataset_sample_index", np.int64, total)
     positions = index[:total].view(np.uint16)
-    _core.exhaustive_greatest_error_blend(np.asarray(counts, dtype=np.uint64), positions)
-    _core.blend_sample_positions(positions, datasets, samples[:total])
+    _core.exhaustive_greatest_error_blend(
+        np.asarray(counts, dtype=np.uint64), positions, samples[:total]
+    )
 
 
 def _int32_values(values: object, name: str, kind: str) -> np.ndarray:

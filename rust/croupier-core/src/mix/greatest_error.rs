@@ -34,20 +34,23 @@ const WINDOW: u64 = 1 << 12;
 
 /// megatron-core's `build_blending_indices`: `out[i]` is the dataset of position `i`, for
 /// `i < out.len()`, by the greedy with `weights` (one per dataset, at least 0, summing to 1
-/// within [`BLEND_WEIGHT_SUM_TOLERANCE`], at most [`BLEND_MAX_DATASETS`]). Stops early
-/// (returning [`Error::Cancelled`]) when the call is cancelled.
+/// within [`BLEND_WEIGHT_SUM_TOLERANCE`], at most [`BLEND_MAX_DATASETS`]), and `samples[i]`
+/// how many earlier positions went to that dataset (megatron-core's dataset sample index; as
+/// long as `out`). Stops early (returning [`Error::Cancelled`]) when the call is cancelled.
 ///
 /// # Examples
 ///
 /// ```
 /// use croupier_core::greatest_error_blend;
 ///
-/// let mut out = [0u16; 6];
-/// greatest_error_blend(&[0.5, 0.25, 0.25], &mut out).unwrap();
+/// let (mut out, mut samples) = ([0u16; 6], [0i64; 6]);
+/// greatest_error_blend(&[0.5, 0.25, 0.25], &mut out, &mut samples).unwrap();
 /// assert_eq!(out, [0, 1, 2, 0, 0, 1]);
+/// assert_eq!(samples, [0, 0, 0, 1, 2, 1]);
 /// ```
-pub fn greatest_error_blend(weights: &[f64], out: &mut [u16]) -> Result<()> {
+pub fn greatest_error_blend(weights: &[f64], out: &mut [u16], samples: &mut [i64]) -> Result<()> {
     check_datasets(weights.len())?;
+    check_samples(out, samples)?;
     if let Some(d) = weights.iter().position(|w| !(w.is_finite() && *w >= 0.0)) {
         return Err(Error::out_of_range(
             "weights",
@@ -64,25 +67,34 @@ pub fn greatest_error_blend(weights: &[f64], out: &mut [u16]) -> Result<()> {
         ));
     }
     let end = out.len() as u64;
-    parallel_blend(|| Greedy::new(weights.to_vec(), None, end, sum), out)
+    parallel_blend(
+        || Greedy::new(weights.to_vec(), None, end, sum),
+        Blend { out, samples },
+    )
 }
 
 /// megatron-core's `build_exhaustive_blending_indices`: `out` (of length `sizes`' sum) takes
 /// exactly `sizes[d]` positions of dataset `d`, by the greedy with weights `sizes[d] / total`
-/// among the datasets not yet spent. Every size must be at least 1 (megatron-core writes past
-/// its arrays on a 0).
+/// among the datasets not yet spent, and `samples` as in [`greatest_error_blend`]. Every size
+/// must be at least 1 (megatron-core writes past its arrays on a 0).
 ///
 /// # Examples
 ///
 /// ```
 /// use croupier_core::exhaustive_greatest_error_blend;
 ///
-/// let mut out = [0u16; 5];
-/// exhaustive_greatest_error_blend(&[3, 2], &mut out).unwrap();
+/// let (mut out, mut samples) = ([0u16; 5], [0i64; 5]);
+/// exhaustive_greatest_error_blend(&[3, 2], &mut out, &mut samples).unwrap();
 /// assert_eq!(out, [0, 1, 0, 1, 0]);
+/// assert_eq!(samples, [0, 0, 1, 1, 2]);
 /// ```
-pub fn exhaustive_greatest_error_blend(sizes: &[u64], out: &mut [u16]) -> Result<()> {
+pub fn exhaustive_greatest_error_blend(
+    sizes: &[u64],
+    out: &mut [u16],
+    samples: &mut [i64],
+) -> Result<()> {
     check_datasets(sizes.len())?;
+    check_samples(out, samples)?;
     if let Some(d) = sizes.iter().position(|&s| s == 0) {
         return Err(Error::out_of_range(
             "sizes",
@@ -110,8 +122,32 @@ pub fn exhaustive_greatest_error_blend(sizes: &[u64], out: &mut [u16]) -> Result
     let limits: Vec<f64> = sizes.iter().map(|&s| s as f64).collect();
     parallel_blend(
         || Greedy::new(weights.clone(), Some(limits.clone()), total, sum),
-        out,
+        Blend { out, samples },
     )
+}
+
+/// A blend's two outputs over the same positions: each position's dataset, and how many
+/// earlier positions went to it.
+struct Blend<'a> {
+    out: &'a mut [u16],
+    samples: &'a mut [i64],
+}
+
+impl Blend<'_> {
+    /// Positions `from..to` of this blend (relative to its start).
+    fn part(&mut self, from: usize, to: usize) -> Blend<'_> {
+        Blend {
+            out: &mut self.out[from..to],
+            samples: &mut self.samples[from..to],
+        }
+    }
+
+    /// Position `k` (relative to the blend's start) went to dataset `d`, its sample `count`.
+    #[inline(always)]
+    fn put(&mut self, k: usize, d: usize, count: f64) {
+        self.out[k] = d as u16;
+        self.samples[k] = count as i64;
+    }
 }
 
 /// Positions a piece of a parallel blend holds at least.
@@ -139,33 +175,36 @@ struct Piece {
 /// positions in practice (100 datasets of uniform, Zipf and equal weights, from the
 /// largest-remainder guess: within 6); a piece whose runs never meet is rewritten whole, so a
 /// guess decides the speed only, never the result.
-fn parallel_blend<F: Fn() -> Greedy + Sync>(make: F, out: &mut [u16]) -> Result<()> {
-    let n = out.len() as u64;
+fn parallel_blend<F: Fn() -> Greedy + Sync>(make: F, blend: Blend<'_>) -> Result<()> {
+    let n = blend.out.len() as u64;
     let pieces = (rayon::current_num_threads() as u64).min(n / PIECE);
     if pieces < 2 {
-        return make().run(out);
+        return make().run(blend);
     }
-    blend_in_pieces(make, out, pieces, Greedy::guess_counts)
+    blend_in_pieces(make, blend, pieces, Greedy::guess_counts)
 }
 
 /// [`parallel_blend`] in `pieces` pieces, each after the first starting from `guess`'s counts.
-fn blend_in_pieces<F, G>(make: F, out: &mut [u16], pieces: u64, guess: G) -> Result<()>
+fn blend_in_pieces<F, G>(make: F, mut blend: Blend<'_>, pieces: u64, guess: G) -> Result<()>
 where
     F: Fn() -> Greedy + Sync,
     G: Fn(&mut Greedy, u64) + Sync,
 {
-    let n = out.len() as u64;
+    let n = blend.out.len() as u64;
     if n == 0 {
         return Ok(());
     }
     let size = n.div_ceil(pieces.max(1)).max(1);
-    let results: Vec<Result<Piece>> = out
+    let results: Vec<Result<Piece>> = blend
+        .out
         .par_chunks_mut(size as usize)
+        .zip(blend.samples.par_chunks_mut(size as usize))
         .enumerate()
-        .map(|(k, chunk)| {
+        .map(|(k, (out, samples))| {
+            let mut chunk = Blend { out, samples };
             let mut g = make();
             let start = k as u64 * size;
-            let end = start + chunk.len() as u64;
+            let end = start + chunk.out.len() as u64;
             let mut meetings = Vec::new();
             if k > 0 {
                 guess(&mut g, start);
@@ -176,12 +215,12 @@ where
                         break;
                     }
                     g.offset = at;
-                    g.run(&mut chunk[(at - start) as usize..(to - start) as usize])?;
+                    g.run(chunk.part((at - start) as usize, (to - start) as usize))?;
                     meetings.push((to, g.counts.clone()));
                     at = to;
                 }
                 g.offset = at;
-                g.run(&mut chunk[(at - start) as usize..])?;
+                g.run(chunk.part((at - start) as usize, (end - start) as usize))?;
             } else {
                 g.run(chunk)?;
             }
@@ -199,14 +238,14 @@ where
     for (k, piece) in pieces_done.iter().enumerate().skip(1) {
         let start = k as u64 * size;
         let end = (start + size).min(n);
-        let chunk = &mut out[start as usize..end as usize];
+        let mut chunk = blend.part(start as usize, end as usize);
         let mut g = make();
         g.counts.clone_from(&counts);
         let mut at = start;
         let mut met = false;
         for (to, theirs) in &piece.meetings {
             g.offset = at;
-            g.run(&mut chunk[(at - start) as usize..(to - start) as usize])?;
+            g.run(chunk.part((at - start) as usize, (to - start) as usize))?;
             at = *to;
             if g.counts == *theirs {
                 met = true;
@@ -217,87 +256,20 @@ where
             counts.clone_from(&piece.end);
         } else {
             g.offset = at;
-            g.run(&mut chunk[(at - start) as usize..])?;
+            g.run(chunk.part((at - start) as usize, (end - start) as usize))?;
             counts = g.counts;
         }
     }
     Ok(())
 }
 
-/// `out[i]`: how many positions before `i` went to `datasets[i]`'s dataset (megatron-core's
-/// dataset sample index), computed in parallel pieces. Every entry of `datasets` must be below
-/// `num_datasets`.
-///
-/// # Examples
-///
-/// ```
-/// use croupier_core::blend_sample_positions;
-///
-/// let mut out = [0i64; 5];
-/// blend_sample_positions(&[0, 1, 0, 0, 1], 2, &mut out).unwrap();
-/// assert_eq!(out, [0, 0, 1, 2, 1]);
-/// ```
-pub fn blend_sample_positions(
-    datasets: &[u16],
-    num_datasets: usize,
-    out: &mut [i64],
-) -> Result<()> {
-    check_datasets(num_datasets)?;
-    if out.len() != datasets.len() {
+fn check_samples(out: &[u16], samples: &[i64]) -> Result<()> {
+    if samples.len() != out.len() {
         return Err(Error::out_of_range(
-            "out",
-            format!("as long as datasets, {}", datasets.len()),
-            out.len().to_string(),
+            "samples",
+            format!("as long as out, {}", out.len()),
+            samples.len().to_string(),
         ));
-    }
-    if let Some(i) = datasets.iter().position(|&d| d as usize >= num_datasets) {
-        return Err(Error::out_of_range(
-            "datasets",
-            format!("below num_datasets = {num_datasets}"),
-            format!("datasets[{i}] = {}", datasets[i]),
-        ));
-    }
-    let piece = (datasets.len() / (4 * rayon::current_num_threads()).max(1)).max(1 << 20);
-    let counts: Vec<Vec<i64>> = datasets
-        .par_chunks(piece)
-        .map(|chunk| {
-            let mut seen = vec![0i64; num_datasets];
-            for (k, &d) in chunk.iter().enumerate() {
-                if k % CHECK_EVERY == 0 && cancelled() {
-                    break;
-                }
-                seen[d as usize] += 1;
-            }
-            seen
-        })
-        .collect();
-    if cancelled() {
-        return Err(Error::Cancelled);
-    }
-    let mut before = vec![0i64; num_datasets];
-    let starts: Vec<Vec<i64>> = counts
-        .iter()
-        .map(|seen| {
-            let start = before.clone();
-            before.iter_mut().zip(seen).for_each(|(b, s)| *b += s);
-            start
-        })
-        .collect();
-    datasets
-        .par_chunks(piece)
-        .zip(out.par_chunks_mut(piece))
-        .zip(starts)
-        .for_each(|((chunk, out), mut next)| {
-            for (k, (&d, o)) in chunk.iter().zip(out).enumerate() {
-                if k % CHECK_EVERY == 0 && cancelled() {
-                    return;
-                }
-                *o = next[d as usize];
-                next[d as usize] += 1;
-            }
-        });
-    if cancelled() {
-        return Err(Error::Cancelled);
     }
     Ok(())
 }
@@ -330,6 +302,9 @@ struct Greedy {
     member_weights: Vec<f64>,
     member_counts: Vec<f64>,
     member_limits: Vec<f64>,
+    /// The AVX2 kernel's copy of the members' counts, for the samples: the counts themselves
+    /// stay in registers.
+    member_next: Vec<f64>,
     /// Real members (the rest is padding).
     live: usize,
     /// Lanes in use: `live` rounded up to 1, 2, 4 or 8 vectors of 4 (or to [`LANES`]).
@@ -366,6 +341,7 @@ impl Greedy {
             member_weights: vec![0.0; room],
             member_counts: vec![f64::INFINITY; room],
             member_limits: vec![f64::NAN; room],
+            member_next: vec![0.0; room],
             lanes: 0,
             live: 0,
             floor: 0.0,
@@ -374,31 +350,31 @@ impl Greedy {
         }
     }
 
-    /// The positions `offset..offset + out.len()` into `out`, from the counts at hand.
-    fn run(&mut self, out: &mut [u16]) -> Result<()> {
+    /// The positions `offset..offset + len` into `blend`, from the counts at hand.
+    fn run(&mut self, mut blend: Blend<'_>) -> Result<()> {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { self.run_avx2(out) };
+            return unsafe { self.run_avx2(&mut blend) };
         }
-        self.run_any(out, false)
+        self.run_any(&mut blend, false)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn run_avx2(&mut self, out: &mut [u16]) -> Result<()> {
-        self.run_any(out, true)
+    unsafe fn run_avx2(&mut self, blend: &mut Blend<'_>) -> Result<()> {
+        self.run_any(blend, true)
     }
 
     /// The greedy over `out`, block by block. The same `f64` operations on every CPU: the
     /// AVX2 build only computes more lanes at once and keeps the members' counts in registers.
     #[inline(always)]
-    fn run_any(&mut self, out: &mut [u16], avx2: bool) -> Result<()> {
-        let n = self.offset + out.len() as u64;
+    fn run_any(&mut self, blend: &mut Blend<'_>, avx2: bool) -> Result<()> {
+        let n = self.offset + blend.out.len() as u64;
         // Positions 0 and 1 share x = 1: the blocks' rising errors start at position 2.
         for i in self.offset..n.min(2) {
             let (d, _) = first_max(&self.weights, &self.counts, 1.0);
-            out[(i - self.offset) as usize] = d as u16;
+            blend.put((i - self.offset) as usize, d, self.counts[d]);
             self.count(d);
         }
         let (mut lowest, mut misses, mut seen) = (f64::INFINITY, 0u32, 0u64);
@@ -416,13 +392,13 @@ impl Greedy {
             self.draw_members((stop - 1) as f64, avx2);
             let mut i = start;
             while i < stop {
-                i = self.members_run(i, stop, out, &mut lowest, avx2);
+                i = self.members_run(i, stop, blend, &mut lowest, avx2);
                 self.sync_counts();
                 if i < stop {
                     // The floor missed: the largest error may be anyone's.
                     misses += 1;
                     let (d, top) = first_max(&self.weights, &self.counts, i as f64);
-                    out[(i - self.offset) as usize] = d as u16;
+                    blend.put((i - self.offset) as usize, d, self.counts[d]);
                     lowest = lowest.min(top);
                     self.count(d);
                     if let Ok(k) = self.members[..self.live].binary_search(&(d as u32)) {
@@ -500,7 +476,7 @@ impl Greedy {
         &mut self,
         start: u64,
         stop: u64,
-        out: &mut [u16],
+        blend: &mut Blend<'_>,
         lowest: &mut f64,
         avx2: bool,
     ) -> u64 {
@@ -513,9 +489,9 @@ impl Greedy {
                     // SAFETY: the caller checked AVX2; the member arrays hold 4 * $v lanes.
                     unsafe {
                         if exhaustive {
-                            avx2::members_run::<$v, true>(self, start, stop, out, lowest)
+                            avx2::members_run::<$v, true>(self, start, stop, blend, lowest)
                         } else {
-                            avx2::members_run::<$v, false>(self, start, stop, out, lowest)
+                            avx2::members_run::<$v, false>(self, start, stop, blend, lowest)
                         }
                     }
                 };
@@ -540,7 +516,8 @@ impl Greedy {
                 return i;
             }
             *lowest = lowest.min(top);
-            out[(i - self.offset) as usize] = self.members[k] as u16;
+            let d = self.members[k] as usize;
+            blend.put((i - self.offset) as usize, d, self.member_counts[k]);
             let count = self.member_counts[k] + 1.0;
             // The whole 4-lane group is written back: the next position reads it as one
             // vector, and a narrower store would stall that read (no store forwarding).
@@ -623,7 +600,7 @@ impl Greedy {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::Greedy;
+    use super::{Blend, Greedy};
 
     /// For each mask of 4 lanes, the lanes set, first to last, then the rest (as indices of
     /// 32-bit halves: lane `l` is halves `2l` and `2l + 1`): a permutation that packs the
@@ -708,12 +685,13 @@ mod avx2 {
         g: &mut Greedy,
         start: u64,
         stop: u64,
-        out: &mut [u16],
+        blend: &mut Blend<'_>,
         lowest: &mut f64,
     ) -> u64 {
         let mut c = [_mm256_setzero_pd(); V];
         for (j, c) in c.iter_mut().enumerate() {
             *c = _mm256_loadu_pd(g.member_counts.as_ptr().add(4 * j));
+            _mm256_storeu_pd(g.member_next.as_mut_ptr().add(4 * j), *c);
         }
         // Weights and sizes are read from memory at every position (off the counts' chain):
         // registers are kept for the counts and errors.
@@ -776,7 +754,12 @@ mod avx2 {
                     }
                 }
             }
-            *out.get_unchecked_mut((i - g.offset) as usize) = *g.members.get_unchecked(k) as u16;
+            // The winner's sample: its count before this position, kept beside the registers.
+            let at = (i - g.offset) as usize;
+            let next = g.member_next.get_unchecked_mut(k);
+            *blend.out.get_unchecked_mut(at) = *g.members.get_unchecked(k) as u16;
+            *blend.samples.get_unchecked_mut(at) = *next as i64;
+            *next += 1.0;
         }
         *lowest = least;
         for j in 0..V {
@@ -866,9 +849,25 @@ mod tests {
         raw.iter().map(|w| w / sum).collect()
     }
 
+    /// megatron-core's dataset sample index of a blend: how many earlier positions went to
+    /// each position's dataset.
+    fn samples_of(datasets: &[u16]) -> Vec<i64> {
+        let mut seen = std::collections::HashMap::new();
+        datasets
+            .iter()
+            .map(|&d| {
+                let count = seen.entry(d).or_insert(0i64);
+                *count += 1;
+                *count - 1
+            })
+            .collect()
+    }
+
+    /// The blend and its samples, the samples checked against the blend's own counts.
     fn blend(weights: &[f64], n: usize) -> Vec<u16> {
-        let mut out = vec![0u16; n];
-        greatest_error_blend(weights, &mut out).unwrap();
+        let (mut out, mut samples) = (vec![0u16; n], vec![-1i64; n]);
+        greatest_error_blend(weights, &mut out, &mut samples).unwrap();
+        assert_eq!(samples, samples_of(&out), "{weights:?} n={n}");
         out
     }
 
@@ -917,9 +916,10 @@ mod tests {
             vec![7; 40],
         ] {
             let total: u64 = sizes.iter().sum();
-            let mut out = vec![0u16; total as usize];
-            exhaustive_greatest_error_blend(&sizes, &mut out).unwrap();
+            let (mut out, mut samples) = (vec![0u16; total as usize], vec![-1i64; total as usize]);
+            exhaustive_greatest_error_blend(&sizes, &mut out, &mut samples).unwrap();
             assert_eq!(out, exhaustive_reference(&sizes), "{sizes:?}");
+            assert_eq!(samples, samples_of(&out), "{sizes:?}");
             for (d, &s) in sizes.iter().enumerate() {
                 assert_eq!(out.iter().filter(|&&o| o as usize == d).count() as u64, s);
             }
@@ -946,14 +946,19 @@ mod tests {
                 let want = reference(w, n);
                 for pieces in [1u64, 2, 3, 7] {
                     for guessed in [true, false] {
-                        let mut out = vec![u16::MAX; n];
+                        let (mut out, mut samples) = (vec![u16::MAX; n], vec![-1i64; n]);
                         let make = || Greedy::new(w.clone(), None, n as u64, w.iter().sum());
+                        let blend = Blend {
+                            out: &mut out,
+                            samples: &mut samples,
+                        };
                         if guessed {
-                            blend_in_pieces(make, &mut out, pieces, Greedy::guess_counts).unwrap();
+                            blend_in_pieces(make, blend, pieces, Greedy::guess_counts).unwrap();
                         } else {
-                            blend_in_pieces(make, &mut out, pieces, far).unwrap();
+                            blend_in_pieces(make, blend, pieces, far).unwrap();
                         }
                         assert_eq!(out, want, "{w:?} n={n} pieces={pieces} {guessed}");
+                        assert_eq!(samples, samples_of(&want), "{w:?} n={n} pieces={pieces}");
                     }
                 }
             }
@@ -964,10 +969,16 @@ mod tests {
             let w: Vec<f64> = sizes.iter().map(|&s| s as f64 / total as f64).collect();
             let limits: Vec<f64> = sizes.iter().map(|&s| s as f64).collect();
             for pieces in [2u64, 5] {
-                let mut out = vec![u16::MAX; total as usize];
+                let (mut out, mut samples) =
+                    (vec![u16::MAX; total as usize], vec![-1; total as usize]);
                 let make = || Greedy::new(w.clone(), Some(limits.clone()), total, w.iter().sum());
-                blend_in_pieces(make, &mut out, pieces, Greedy::guess_counts).unwrap();
+                let blend = Blend {
+                    out: &mut out,
+                    samples: &mut samples,
+                };
+                blend_in_pieces(make, blend, pieces, Greedy::guess_counts).unwrap();
                 assert_eq!(out, want, "{sizes:?} pieces={pieces}");
+                assert_eq!(samples, samples_of(&want), "{sizes:?} pieces={pieces}");
             }
         }
     }
@@ -985,30 +996,16 @@ mod tests {
     }
 
     #[test]
-    fn sample_positions_count_earlier_positions() {
-        let datasets: Vec<u16> = (0..3_000_000u64)
-            .map(|i| ((i * 7919) % 13 % 5) as u16)
-            .collect();
-        let mut out = vec![0i64; datasets.len()];
-        blend_sample_positions(&datasets, 5, &mut out).unwrap();
-        let mut seen = [0i64; 5];
-        for (&d, &o) in datasets.iter().zip(&out) {
-            assert_eq!(o, seen[d as usize]);
-            seen[d as usize] += 1;
-        }
-    }
-
-    #[test]
     fn refuses_bad_input() {
-        let mut out = [0u16; 4];
-        assert!(greatest_error_blend(&[], &mut out).is_err());
-        assert!(greatest_error_blend(&[0.5, 0.6], &mut out).is_err());
-        assert!(greatest_error_blend(&[1.5, -0.5], &mut out).is_err());
-        assert!(greatest_error_blend(&[f64::NAN, 1.0], &mut out).is_err());
-        assert!(greatest_error_blend(&vec![1.0 / 32768.0; 32768], &mut out).is_err());
-        assert!(exhaustive_greatest_error_blend(&[2, 0, 2], &mut out).is_err());
-        assert!(exhaustive_greatest_error_blend(&[2, 1], &mut out).is_err());
-        let mut positions = [0i64; 2];
-        assert!(blend_sample_positions(&[0, 2], 2, &mut positions).is_err());
+        let (mut out, mut s) = ([0u16; 4], [0i64; 4]);
+        assert!(greatest_error_blend(&[], &mut out, &mut s).is_err());
+        assert!(greatest_error_blend(&[0.5, 0.6], &mut out, &mut s).is_err());
+        assert!(greatest_error_blend(&[1.5, -0.5], &mut out, &mut s).is_err());
+        assert!(greatest_error_blend(&[f64::NAN, 1.0], &mut out, &mut s).is_err());
+        assert!(greatest_error_blend(&vec![1.0 / 32768.0; 32768], &mut out, &mut s).is_err());
+        assert!(greatest_error_blend(&[0.5, 0.5], &mut out, &mut s[..3]).is_err());
+        assert!(exhaustive_greatest_error_blend(&[2, 0, 2], &mut out, &mut s).is_err());
+        assert!(exhaustive_greatest_error_blend(&[2, 1], &mut out, &mut s).is_err());
+        assert!(exhaustive_greatest_error_blend(&[2, 2], &mut out, &mut s[..3]).is_err());
     }
 }

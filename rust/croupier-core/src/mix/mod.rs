@@ -22,8 +22,8 @@ pub mod shape;
 pub use counts::{largest_remainder, phase_counts, probabilities};
 pub use global::Interleaving;
 pub use greatest_error::{
-    blend_sample_positions, exhaustive_greatest_error_blend, greatest_error_blend,
-    BLEND_MAX_DATASETS, BLEND_WEIGHT_SUM_TOLERANCE,
+    exhaustive_greatest_error_blend, greatest_error_blend, BLEND_MAX_DATASETS,
+    BLEND_WEIGHT_SUM_TOLERANCE,
 };
 pub use mixture::{pass_shares, Mixture, MixtureConfig, PhaseSpec, MIX_FIRST_STOP};
 pub use shape::{EpochShape, GLOBAL_WINDOW};
