@@ -360,8 +360,10 @@ impl Greedy {
         self.run_any(&mut blend, false)
     }
 
+    /// One copy of the AVX2 greedy for every caller (the pieces call it from three places).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
+    #[inline(never)]
     unsafe fn run_avx2(&mut self, blend: &mut Blend<'_>) -> Result<()> {
         self.run_any(blend, true)
     }
@@ -702,8 +704,13 @@ mod avx2 {
         let floor = g.floor;
         let mut reached = stop;
         let mut least = *lowest;
+        // Positions counted in f64 (exact below 2**53), not converted from the u64 at every
+        // position: with the conversion in the loop, builds differing only in unrelated code
+        // ran it at 17.5 or 10.5 ns a position (2 threads, 1e8 positions).
+        let mut xf = start as f64;
         for i in start..stop {
-            let x = _mm256_set1_pd(i as f64);
+            let x = _mm256_set1_pd(xf);
+            xf += 1.0;
             let mut e = [_mm256_setzero_pd(); V];
             for j in 0..V {
                 e[j] = _mm256_sub_pd(_mm256_mul_pd(_mm256_loadu_pd(weights.add(4 * j)), x), c[j]);
@@ -758,7 +765,8 @@ mod avx2 {
             let at = (i - g.offset) as usize;
             let next = g.member_next.get_unchecked_mut(k);
             *blend.out.get_unchecked_mut(at) = *g.members.get_unchecked(k) as u16;
-            *blend.samples.get_unchecked_mut(at) = *next as i64;
+            // A finite whole count below 2**53 (a winner's error is not `-inf`).
+            *blend.samples.get_unchecked_mut(at) = next.to_int_unchecked::<i64>();
             *next += 1.0;
         }
         *lowest = least;
