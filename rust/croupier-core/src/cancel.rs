@@ -125,6 +125,11 @@ impl Cancel {
     }
 }
 
+/// The flag the current thread carries, for a thread started to work for the same call.
+pub(crate) fn current() -> Option<Cancel> {
+    FLAG.with(|f| f.borrow().as_ref().map(|a| Cancel(Arc::clone(a))))
+}
+
 /// Whether the current thread's call was cancelled.
 #[inline]
 pub(crate) fn cancelled() -> bool {

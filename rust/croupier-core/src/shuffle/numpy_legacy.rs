@@ -18,10 +18,13 @@
 //!
 //! The swaps are the cost at scale (one random access each, into a buffer of gigabytes): the
 //! draws for the next [`LOOKAHEAD`] swaps are made ahead and their targets prefetched, in
-//! numpy's draw order.
+//! numpy's draw order. From [`DRAWS_APART_FROM`] elements on, a second thread makes the draws
+//! (a third of the time on one thread) in blocks, in numpy's order, while this one swaps.
+
+use std::sync::mpsc::{channel, sync_channel};
 
 use crate::cancel::{cancelled, CHECK_EVERY};
-use crate::shuffle::fisher_yates::{swaps_with_lookahead, LOOKAHEAD};
+use crate::shuffle::fisher_yates::{prefetch, swaps_with_lookahead, LOOKAHEAD};
 
 /// Words of the Mersenne Twister's state.
 pub const MT_WORDS: usize = 624;
@@ -152,8 +155,11 @@ impl Mt19937 {
 /// sorted.sort_unstable();
 /// assert_eq!(sorted, (0..10).collect::<Vec<u32>>()); // the same elements, reordered
 /// ```
-pub fn legacy_shuffle<T>(buf: &mut [T], mt: &mut Mt19937) {
+pub fn legacy_shuffle<T: Send>(buf: &mut [T], mt: &mut Mt19937) {
     let n = buf.len();
+    if n >= DRAWS_APART_FROM {
+        return shuffle_with_drawing_thread(buf, mt);
+    }
     // Swap number s exchanges element n-1-s with random_interval(n-1-s), s = 0 .. n-2: the
     // lookahead loop draws them in that order.
     swaps_with_lookahead::<_, LOOKAHEAD>(
@@ -162,6 +168,62 @@ pub fn legacy_shuffle<T>(buf: &mut [T], mt: &mut Mt19937) {
         |s| n - 1 - s,
         |s| mt.random_interval((n - 1 - s) as u64) as usize,
     );
+}
+
+/// Elements from which [`legacy_shuffle`] draws on a second thread.
+pub const DRAWS_APART_FROM: usize = 1 << 22;
+/// Draws a block carries from the drawing thread to the swapping one.
+const DRAW_BLOCK: usize = 1 << 13;
+/// Blocks drawn ahead of the swaps at most.
+const BLOCKS_AHEAD: usize = 4;
+
+/// [`legacy_shuffle`] with the draws made on a second thread: the same swaps in the same
+/// order, and `mt` left as numpy leaves it (unless cancelled). The drawing thread sends full
+/// blocks of targets and gets the swapped blocks back to refill, so no block is allocated
+/// after the first few.
+fn shuffle_with_drawing_thread<T: Send>(buf: &mut [T], mt: &mut Mt19937) {
+    let n = buf.len();
+    let swaps = n.saturating_sub(1);
+    let (full_tx, full_rx) = sync_channel::<Vec<u64>>(BLOCKS_AHEAD);
+    let (empty_tx, empty_rx) = channel::<Vec<u64>>();
+    let cancel = crate::cancel::current();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            if let Some(c) = &cancel {
+                c.attach();
+            }
+            let mut s = 0;
+            while s < swaps {
+                if cancelled() {
+                    return; // the swapping thread sees the closed channel
+                }
+                let mut block = empty_rx
+                    .try_recv()
+                    .unwrap_or_else(|_| Vec::with_capacity(DRAW_BLOCK));
+                block.clear();
+                let end = (s + DRAW_BLOCK).min(swaps);
+                block.extend((s..end).map(|s| mt.random_interval((n - 1 - s) as u64)));
+                s = end;
+                if full_tx.send(block).is_err() {
+                    return; // the swapping thread stopped (cancelled)
+                }
+            }
+        });
+        let mut s = 0;
+        for block in full_rx.iter() {
+            if cancelled() {
+                return; // dropping the receiver stops the drawing thread
+            }
+            for (k, &j) in block.iter().enumerate() {
+                if let Some(&ahead) = block.get(k + LOOKAHEAD) {
+                    prefetch(buf.as_ptr().wrapping_add(ahead as usize));
+                }
+                buf.swap(n - 1 - s, j as usize);
+                s += 1;
+            }
+            let _ = empty_tx.send(block);
+        }
+    });
 }
 
 /// [`legacy_shuffle`] over the rows of `bytes`, `row` bytes each (numpy's shuffle of a
@@ -208,6 +270,43 @@ mod tests {
             v.swap(i, j);
         }
         v
+    }
+
+    #[test]
+    fn the_drawing_thread_makes_numpys_swaps_and_leaves_its_state() {
+        // Around the block size and the lookahead inside a block; the public entry point takes
+        // this path from DRAWS_APART_FROM elements on.
+        for n in [
+            0usize,
+            1,
+            2,
+            LOOKAHEAD + 1,
+            DRAW_BLOCK,
+            DRAW_BLOCK + 1,
+            DRAW_BLOCK + 2,
+            3 * DRAW_BLOCK + 77,
+            20 * DRAW_BLOCK,
+        ] {
+            let start = Mt19937::from_genrand_seed(n as u32 ^ 0x5eed);
+            let (mut a, mut b) = (start.clone(), start.clone());
+            let mut threaded: Vec<u64> = (0..n as u64).collect();
+            shuffle_with_drawing_thread(&mut threaded, &mut a);
+            let want: Vec<u64> = plain(n, &mut b).into_iter().map(u64::from).collect();
+            assert_eq!(threaded, want, "n = {n}");
+            assert_eq!(a, b, "n = {n}: the state after");
+        }
+    }
+
+    #[test]
+    fn the_drawing_thread_stops_when_cancelled() {
+        let cancel = crate::Cancel::new();
+        cancel.attach();
+        cancel.raise();
+        let mut mt = Mt19937::from_genrand_seed(3);
+        let mut v: Vec<u32> = (0..(DRAWS_APART_FROM as u32)).collect();
+        legacy_shuffle(&mut v, &mut mt); // returns at once: no block is drawn, none swapped
+        crate::Cancel::detach();
+        assert!(v.iter().enumerate().all(|(i, &x)| x as usize == i));
     }
 
     #[test]
