@@ -332,8 +332,46 @@ def test_a_resumed_global_epoch_with_weight_changes_is_the_uninterrupted_one(dat
 
 @settings(max_examples=40, deadline=None)
 @given(data=scenarios("per_rank"), first_world=st.integers(1, 4))
+@example(
+    # Found by CI (2026-11-29): a schedule set on 1 rank, the state moved to 2 ranks mid-epoch
+    # and back to 1: the next epoch's phase started at 10, not 11 (each move rounded down).
+    data=(
+        Config([4, 4, 4], [1, 1, 1], "per_rank", "uniform", False, True, 0, 0),
+        [
+            (0.0, "skip", 1, "schedule", ([1, 1, 1], 1.0, [1, 1, 1])),
+            (0.5, "load", 2, "none", None),
+            (0.0, "load", 1, "none", None),
+        ],
+    ),
+    first_world=1,
+)
 def test_a_resumed_fast_epoch_with_weight_changes_is_the_uninterrupted_one(data, first_world):
     cfg, steps = data
     if cfg.drop_last and min(cfg.sizes) < 4:
         return
     _play(cfg, steps, first_world)
+
+
+def test_a_schedule_moved_to_other_ranks_and_back_keeps_its_starts():
+    # Each move is start * new_len // set_len from the schedule as set: 1 -> 3 -> 2 -> 1 ranks
+    # (a rank's epoch of 30, 9, 15, 30 positions) gives the starts back, where moving the
+    # moved starts would round down at every hop (29 -> 8 -> 13 -> 26).
+    sizes = [10, 10, 10]
+
+    def make(world: int, rank: int = 0) -> MixtureSampler:
+        return MixtureSampler(_cum(sizes), [1, 1, 1], world, rank, order="per_rank", seed=3)
+
+    first = make(1)
+    first.set_schedule([(0, [1, 1, 1]), (29, [1, 2, 1])])
+    state = first.state_dict()
+    assert state["schedule_set"] == [[0, [1.0, 1.0, 1.0], 1.0], [29, [1.0, 2.0, 1.0], 1.0]]
+    assert state["schedule_set_length"] == 30
+    for world in (3, 2):
+        moved = make(world)
+        moved.load_state_dict(state)
+        assert [s for s, _, _ in moved.schedule] == [0, 29 * len(moved) // 30]
+        state = moved.state_dict()
+    back = make(1)
+    back.load_state_dict(state)
+    assert back.schedule == [(0, [1.0, 1.0, 1.0], 1.0), (29, [1.0, 2.0, 1.0], 1.0)]
+    assert list(back) == list(first)

@@ -205,6 +205,9 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         }
         self._mixtures: dict[tuple[_Phase, ...], _core.Mixture] = {}
         self._schedule: tuple[_Entry, ...] = ((0, weights_t, temperature_f),)
+        # The schedule as it was set and the epoch length it counted then: a schedule moved to
+        # another number of ranks is moved from this, so moving back restores its starts.
+        self._schedule_set: tuple[tuple[_Entry, ...], int] = (self._schedule, self._positions)
         # What this sampler was constructed with, recorded in its states: a state loaded into
         # a sampler constructed otherwise warns (its schedule is the one kept).
         self._constructed: tuple[tuple[float, ...], float] = (weights_t, temperature_f)
@@ -362,8 +365,11 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         the default length (``sum(sizes)``) they never move. Otherwise, when the length
         follows ``num_replicas`` (the per-rank order's default, or the global order with
         ``num_samples``: ``num_samples * W`` positions), a state loaded on another number of
-        ranks (at an epoch boundary) moves every start in proportion: ``start * new_len //
-        old_len`` (rounded down; a phase left empty by the rounding is dropped). In the per-rank
+        ranks (at an epoch boundary) moves every start in proportion to the length the schedule
+        was set for: ``start * new_len // set_len`` (rounded down; a phase left empty by the
+        rounding is dropped), so a state moved to other ranks and back has the starts that were
+        set (the state records the schedule as set, ``schedule_set`` and
+        ``schedule_set_length``). In the per-rank
         order with ``num_samples`` the length, and so every start, stays as it is.
 
         Refused input (``TypeError``/``ValueError`` naming the entry) leaves the schedule in
@@ -373,6 +379,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
 
     def _set_schedule(self, schedule: tuple[_Entry, ...]) -> None:
         self._schedule = schedule
+        self._schedule_set = (schedule, self._positions)
         self._pending = True
         if self._elastic is not None:
             # During an elastic rest this world has iterated nothing: its phases in force
@@ -563,6 +570,9 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
         state = super()._state_at(epoch, position)
         state["schedule"] = [[s, list(w), t] for s, w, t in self._schedule]
+        as_set, set_len = self._set_of_schedule()
+        state["schedule_set"] = [[s, list(w), t] for s, w, t in as_set]
+        state["schedule_set_length"] = set_len
         constructed = self.__dict__.get("_constructed")  # (absent from older pickles)
         if constructed is not None:
             state["constructed_with"] = [list(constructed[0]), constructed[1]]
@@ -588,6 +598,11 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             # Pickled by a croupier whose Python computed the positions: the core's object
             # made from the configuration the pickle carries.
             self._shape = self._epoch_shape()
+
+    def _set_of_schedule(self) -> tuple[tuple[_Entry, ...], int]:
+        """The schedule as set and the epoch length it counted (a sampler pickled before this
+        was recorded: the schedule in force, on this length)."""
+        return self.__dict__.get("_schedule_set") or (self._schedule, self._positions)
 
     def _epoch_shape(self) -> _core.MixtureShape:
         """The order's arithmetic of positions (the core's), for these datasets, length,
@@ -635,8 +650,9 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         and returns what applies them once the base has positioned the sampler."""
         origin_phases = None
         other_construction = None
+        schedule_set = self._set_of_schedule()
         if loaded.foreign is None:
-            schedule, pending, deferred, phases = self._checked_extras(native, loaded)
+            schedule, pending, deferred, phases, schedule_set = self._checked_extras(native, loaded)
             other_construction = self._other_construction(native)
             if loaded.elastic is not None:
                 # The rest of the epoch keeps the phases it was iterated with (in its first
@@ -660,6 +676,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         def commit() -> None:
             self._origin_phases = origin_phases
             self._schedule, self._pending = schedule, pending
+            self._schedule_set = schedule_set
             self._phases = phases
             self._active = active
             self._cache = None
@@ -771,7 +788,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
 
     def _checked_extras(
         self, state: Mapping[str, Any], loaded: Loaded
-    ) -> tuple[tuple[_Entry, ...], bool, bool, tuple[_Phase, ...]]:
+    ) -> tuple[tuple[_Entry, ...], bool, bool, tuple[_Phase, ...], tuple[tuple[_Entry, ...], int]]:
         for key in ("schedule", "schedule_pending", "phases"):
             if key not in state:
                 raise StateError(
@@ -787,6 +804,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         first_len = self._positions_of(first_w)
         elastic = loaded.elastic is not None
         schedule = self._parsed_schedule(state["schedule"], saved_len)
+        as_set = self._schedule_set_in(state, schedule, saved_len)
         pending = check_bool("state['schedule_pending']", state["schedule_pending"])
         # Absent from states saved before it existed (they resumed the pending schedule).
         deferred = (
@@ -815,13 +833,13 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         if elastic:
             # An elastic rest: the phases stay those of the first world (checked there).
             _check_layout(phases, first_len, first_w)
-            schedule = _rescaled(schedule, saved_len, length)
-            return schedule, pending, deferred, tuple(phases)
+            schedule = _rescaled(*as_set, length)
+            return schedule, pending, deferred, tuple(phases), as_set
         if first_len != length:
             # Saved on another number of ranks at an epoch boundary: the phases are checked
             # against the length they were made for, then moved with the schedule.
             _check_layout(phases, first_len, first_w)
-            schedule = _rescaled(schedule, saved_len, length)
+            schedule = _rescaled(*as_set, length)
             entries = tuple((s, w, t) for s, _, w, t in phases)
             phases = list(self._fresh(_rescaled(entries, first_len, length)))
         for what, checked in (("schedule", self._fresh(schedule)), ("phases", tuple(phases))):
@@ -831,7 +849,22 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
                 raise StateError(
                     f"state[{what!r}] is not a valid schedule for this sampler: {e}"
                 ) from None
-        return schedule, pending, deferred, tuple(phases)
+        return schedule, pending, deferred, tuple(phases), as_set
+
+    def _schedule_set_in(
+        self, state: Mapping[str, Any], schedule: tuple[_Entry, ...], saved_len: int
+    ) -> tuple[tuple[_Entry, ...], int]:
+        """The schedule as set, and the length it counted, that ``state`` records (a state
+        saved before they were recorded: its schedule, on the length it was saved with)."""
+        if "schedule_set" not in state and "schedule_set_length" not in state:
+            return schedule, saved_len
+        for key in ("schedule_set", "schedule_set_length"):
+            if key not in state:
+                raise StateError(f"state has no {key!r} beside the other schedule_set key")
+        set_len = check_int(
+            "state['schedule_set_length']", state["schedule_set_length"], 1, MAX_LEN
+        )
+        return self._parsed_schedule(state["schedule_set"], set_len), set_len
 
 
 def _same_mixture(a: tuple[tuple[float, ...], float], b: tuple[tuple[float, ...], float]) -> bool:
