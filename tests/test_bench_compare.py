@@ -133,8 +133,9 @@ def test_the_committed_baseline_covers_every_bench_group():
         # Every group shows croupier faster, except the loader's cost per step, where croupier
         # does more (a checkpoint state every step) and must stay within 10% (1.02x recorded,
         # 0.92-0.94x in the VM state where single-threaded work ran twice as fast: 0.95x the
-        # median of both; docs/performance.md), and the mixture's global order timed against croupier's own per-rank order: it buys world-size invariance
-        # and whole passes, and at this size (1e6, one leaf) costs about 3x (docs/performance.md);
+        # median of both; docs/performance.md), and the mixture's global order timed against
+        # croupier's own per-rank order: it buys world-size invariance and whole passes, and at
+        # this size (1e6, one leaf) costs about 3x (docs/performance.md);
         # and the bucket sampler's global order resuming against its per-rank order (both read one
         # bucket's batches: about 1x).
         least = {
