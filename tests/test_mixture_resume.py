@@ -375,3 +375,14 @@ def test_a_schedule_moved_to_other_ranks_and_back_keeps_its_starts():
     back.load_state_dict(state)
     assert back.schedule == [(0, [1.0, 1.0, 1.0], 1.0), (29, [1.0, 2.0, 1.0], 1.0)]
     assert list(back) == list(first)
+
+
+def test_an_empty_epoch_state_loads_on_other_ranks():
+    # num_samples=0: the schedule as set counts an epoch of 0 positions (found by CI's deep
+    # epoch-boundary property test: schedule_set_length 0 was refused).
+    state = MixtureSampler(_cum([12]), [1], 1, 0, order="global", num_samples=0).state_dict()
+    assert state["schedule_set_length"] == 0
+    for world in (1, 2):
+        fresh = MixtureSampler(_cum([12]), [1], world, 0, order="global", num_samples=0)
+        fresh.load_state_dict(state)
+        assert len(fresh) == 0 and list(fresh) == []

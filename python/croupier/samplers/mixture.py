@@ -862,7 +862,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             if key not in state:
                 raise StateError(f"state has no {key!r} beside the other schedule_set key")
         set_len = check_int(
-            "state['schedule_set_length']", state["schedule_set_length"], 1, MAX_LEN
+            "state['schedule_set_length']", state["schedule_set_length"], 0, MAX_LEN
         )
         return self._parsed_schedule(state["schedule_set"], set_len), set_len
 
