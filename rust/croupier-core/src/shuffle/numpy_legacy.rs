@@ -209,6 +209,8 @@ fn shuffle_with_drawing_thread<T: Send>(buf: &mut [T], mt: &mut Mt19937) {
                 }
             }
         });
+        // Owned here, so a return drops it: a drawing thread waiting to send then stops.
+        let full_rx = full_rx;
         let mut s = 0;
         for block in full_rx.iter() {
             if cancelled() {
