@@ -66,6 +66,33 @@ def after_load(model: WorldModel, saved: Any, world: int) -> list[list[Any]]:
     return m.take(EVERYTHING)
 
 
+class Draws:
+    """Stands in for hypothesis' ``data`` in a replayed step: hands out ``values`` in turn."""
+
+    def __init__(self, *values: Any) -> None:
+        self.values = list(values)
+
+    def draw(self, strategy: Any, label: str | None = None) -> Any:
+        return self.values.pop(0)
+
+
+def replay(machine: RuleBasedStateMachine, steps: list[tuple[str, dict[str, Any]]]) -> None:
+    """Runs ``steps`` (rule name, arguments) on ``machine`` as hypothesis would: the invariants
+    after each one, then the teardown. A failing case found by a random seed stays pinned."""
+    invariants = [
+        name
+        for name in dir(type(machine))
+        if getattr(getattr(type(machine), name), "hypothesis_stateful_invariant", None)
+    ]
+    try:
+        for name, args in steps:
+            getattr(machine, name)(**args)
+            for inv in invariants:
+                getattr(machine, inv)()
+    finally:
+        machine.teardown()
+
+
 class LockstepMachine(RuleBasedStateMachine):
     """Subclasses set ``worlds``, ``elastic`` and define ``make``/``new_model``/``configs``."""
 

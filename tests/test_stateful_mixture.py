@@ -17,7 +17,7 @@ from hypothesis.stateful import initialize, rule
 
 import croupier
 from models.mixture import MixtureModel
-from stateful_support import LockstepMachine, budget
+from stateful_support import Draws, LockstepMachine, budget, replay
 
 weights_st = st.lists(st.sampled_from((0.0, 0.5, 1.0, 2.0, 5.0)), min_size=3, max_size=3).filter(
     any
@@ -104,3 +104,28 @@ class MixtureMachine(LockstepMachine):
 
 MixtureMachine.TestCase.settings = budget(80, 25)
 TestMixtureStateful = MixtureMachine.TestCase
+
+
+def test_a_schedule_moved_to_two_ranks_and_back_has_its_start_again():
+    """CI's random seed (stop 56): a schedule switching at 3 of 12, loaded on 2 ranks (start 1
+    of 6) and back on 1, switches at 3 again, not at 2 (the starts move from the schedule as
+    set, not from the moved one)."""
+    config = dict(
+        sizes=[4, 4, 4],
+        weights=[0.0, 0.0, 0.5],
+        world=1,
+        seed=0,
+        shuffle=False,
+        drop_last=False,
+        temperature=1.0,
+        kind="per_rank",
+    )
+    replay(
+        MixtureMachine(),
+        [
+            ("configure", config),
+            ("set_schedule", dict(first=[0.0, 0.0, 0.5], frac=0.25, second=[0.0, 0.5, 0.0])),
+            ("save_and_load", dict(as_json=False, data=Draws(2, 0))),
+            ("save_and_load", dict(as_json=False, data=Draws(1, 0))),
+        ],
+    )

@@ -25,8 +25,9 @@ Encodes (docs/samplers.md, the class docstring, docs/checkpointing.md):
   phases in force carry into another epoch (``set_epoch``) until then, so a ``set_skip`` into
   it resumes under them (the implementation's reading: the documents do not say which phases
   skipped positions of an epoch never iterated had). In the per-rank order a load on another
-  world size moves schedule starts in proportion (``start * new_len // old_len``, a phase left
-  empty dropped).
+  world size moves schedule starts in proportion from the schedule as set
+  (``start * new_len // set_len``, ``set_len`` the rank length it was set on; a phase left
+  empty dropped), so a schedule moved away and back has its starts again.
 - Interrupted and resumed equals uninterrupted: the epoch's sequence is a function of
   ``(seed, epoch)`` and its phase history only. The oracle for it is a fresh sampler of the
   first world (``num_replicas=1`` in the global order), driven through the same changes at the
@@ -115,7 +116,12 @@ class MixtureModel(WorldModel):
         self.drop_last = drop_last
         self._initial: Schedule = ((0, tuple(float(w) for w in weights), float(temperature)),)
         super().__init__(world, drop_last)
-        self.state.extra = {"schedule": self._initial, "pending": False, "continuing": False}
+        self.state.extra = {
+            "schedule": self._initial,
+            "schedule_set": (self._initial, self.positions(world)),
+            "pending": False,
+            "continuing": False,
+        }
 
     # -- positions ------------------------------------------------------------------------
 
@@ -216,6 +222,7 @@ class MixtureModel(WorldModel):
     def set_schedule(self, schedule: Schedule) -> None:
         ex = self.state.extra
         ex["schedule"] = schedule
+        ex["schedule_set"] = (schedule, self.positions(self.world))
         ex["pending"] = True
         ex["continuing"] = False
         s = self.state
@@ -301,9 +308,10 @@ class MixtureModel(WorldModel):
             # The phases in force are another length's until an iteration from position 0:
             # the documents do not say how a set_skip resume splices them (see the machine).
             ex["foreign"] = True
+            as_set, set_len = ex["schedule_set"]
             moved: list[Entry] = []
-            for start, w, t in ex["schedule"]:
-                at = start * new // old
+            for start, w, t in as_set:
+                at = start * new // set_len if set_len else 0
                 if moved and moved[-1][0] == at:
                     moved.pop()  # the earlier phase is left empty
                 moved.append((at, w, t))
