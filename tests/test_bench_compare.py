@@ -195,3 +195,49 @@ def test_optional_baselines_skip_whole_groups():
         assert sum(name.startswith("test_croupier") for name in names) == 1, (group, names)
         assert len(names) >= 2, (group, names)
         assert len({needs for _, needs in tests}) == 1, (group, tests)
+
+
+def test_a_reference_build_measured_in_the_same_session_replaces_the_recorded_ratios(
+    tmp_path, capsys
+):
+    """With ``--reference``, a group fails only against the reference build's runs of this
+    session: a machine state that halves every alternative's time (5x recorded, 2.5x now on
+    both sides) passes, and a croupier half as fast as the reference fails, with the failing
+    group's benchmarks written for a second run on each side."""
+    base = tmp_path / "base.json"
+    recorded = write(
+        tmp_path, "rec.json", run(a=(1.0, {"test_torch_a": 5.0}), b=(1.0, {"t_b": 5.0}))
+    )
+    bench_compare.main([str(recorded), "--margin", "0.3", "--write-baseline", str(base)])
+    assert json.loads(base.read_text())["commit"]  # what CI builds as the reference
+    ref = write(tmp_path, "ref.json", run(a=(1.0, {"test_torch_a": 2.5}), b=(1.0, {"t_b": 2.5})))
+    same = write(tmp_path, "same.json", run(a=(1.0, {"test_torch_a": 2.4}), b=(1.0, {"t_b": 2.6})))
+    assert bench_compare.main([str(same), "--baseline", str(base)]) == 1  # recorded: fails
+    assert bench_compare.main([str(same), "--baseline", str(base), "--reference", str(ref)]) == 0
+    assert "the reference build" in capsys.readouterr().out
+    slower = write(
+        tmp_path, "slow.json", run(a=(2.0, {"test_torch_a": 2.5}), b=(1.0, {"t_b": 2.5}))
+    )
+    rerun, rerun_ref = tmp_path / "rerun.txt", tmp_path / "rerun-ref.txt"
+    args = ["--baseline", str(base), "--reference", str(ref)]
+    assert (
+        bench_compare.main(
+            [str(slower), *args, "--rerun", str(rerun), "--rerun-reference", str(rerun_ref)]
+        )
+        == 1
+    )
+    assert "FAIL" in capsys.readouterr().out
+    expected = ["benches/test_a.py::test_croupier_a", "benches/test_a.py::test_torch_a"]
+    assert rerun.read_text().splitlines() == expected
+    assert rerun_ref.read_text().splitlines() == expected
+    # A ratio the reference itself measured in this session is noise, not a regression (as
+    # for the recorded runs); two slow runs of this commit are still slow.
+    ref_slow = write(tmp_path, "ref2.json", run(a=(2.0, {"test_torch_a": 2.5})))
+    assert bench_compare.main([str(slower), *args, "--reference", str(ref_slow)]) == 0
+    assert bench_compare.main([str(slower), str(slower), *args]) == 1
+
+
+def test_rerun_reference_needs_a_reference(tmp_path):
+    now = write(tmp_path, "now.json", run(a=(1.0, {"test_torch_a": 5.0})))
+    with pytest.raises(SystemExit):
+        bench_compare.main([str(now), "--rerun-reference", str(tmp_path / "x.txt")])
