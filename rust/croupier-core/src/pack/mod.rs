@@ -6,12 +6,13 @@
 //! the documents one by one on one thread. The same rows follow from prefix sums of the
 //! documents' lengths: sample `k` lies in the first document whose stream end reaches
 //! `k * seq_length + extra` (`extra`: the one token a sample reads past its end, when it does),
-//! so the index is built in parallel pieces of the document index, each piece knowing from its
-//! first prefix sum which samples start inside it.
+//! so the index is built in windows of the document index: each window's lengths gathered once
+//! (in parallel, into a buffer that stays in cache), then its pieces, each knowing from its
+//! first prefix sum which samples start inside it, write their rows in parallel.
 
 use rayon::prelude::*;
 
-use crate::cancel::{cancelled, CHECK_EVERY};
+use crate::cancel::cancelled;
 use crate::error::{Error, Result};
 
 /// The shape of a sample index: its arguments as megatron-core's `build_sample_idx` takes them.
@@ -139,6 +140,17 @@ pub fn sample_index<T: SampleIndexValue>(
     spec: &SampleIndexSpec,
     out: &mut [T],
 ) -> Result<()> {
+    sample_index_in_windows(sizes, document_index, spec, out, WINDOW)
+}
+
+/// [`sample_index`], its documents read in windows of `window` (tests take small ones).
+fn sample_index_in_windows<T: SampleIndexValue>(
+    sizes: &[i32],
+    document_index: &[i32],
+    spec: &SampleIndexSpec,
+    out: &mut [T],
+    window: usize,
+) -> Result<()> {
     let samples = spec.num_samples()?;
     if document_index.is_empty() {
         return Err(Error::out_of_range(
@@ -168,85 +180,91 @@ pub fn sample_index<T: SampleIndexValue>(
         ));
     }
     let (seq, extra) = (spec.seq_length as i64, spec.add_extra_token as i64);
-    // A document's length, with the length `AHEAD` documents on asked for: the lengths are
-    // read in the order of a shuffled index (a cache miss each), and asking ahead keeps many
-    // misses in flight instead of one.
-    let length = |j: usize| {
-        if let Some(&ahead) = document_index.get(j + AHEAD) {
-            prefetch(&sizes[ahead as usize]);
-        }
-        sizes[document_index[j] as usize] as i64
-    };
     // Samples k >= 1 whose start k * seq + extra is at most `tokens` (k <= samples).
     let started = |tokens: i64| (((tokens - extra).max(0) / seq) as u64).min(samples);
-    let piece = (document_index.len() / (4 * rayon::current_num_threads()).max(1)).max(1 << 16);
-    let totals: Vec<i64> = document_index
-        .par_chunks(piece)
-        .enumerate()
-        .map(|(p, chunk)| {
-            let mut total = 0;
-            for j in 0..chunk.len() {
-                if j % CHECK_EVERY == 0 && cancelled() {
-                    break;
-                }
-                total += length(p * piece + j);
-            }
-            total
-        })
-        .collect();
-    if cancelled() {
-        return Err(Error::Cancelled);
-    }
-    // Each piece's first prefix sum, and the rows (samples) starting inside it.
-    let mut firsts = Vec::with_capacity(totals.len());
-    let mut tokens = 0i64;
-    for t in &totals {
-        firsts.push(tokens);
-        tokens += t;
-    }
-    let (head, rows) = out.split_at_mut(2);
+    let (head, mut rows) = out.split_at_mut(2);
     head[0] = T::of(0);
     head[1] = T::of(0);
-    let mut shares = Vec::with_capacity(firsts.len());
-    let mut rest = rows;
-    for (p, &first) in firsts.iter().enumerate() {
-        let last = first + totals[p];
-        let (from, to) = (started(first), started(last));
-        let (share, tail) = rest.split_at_mut(2 * (to - from) as usize);
-        shares.push((p, first, from, share));
-        rest = tail;
+    // The documents are read in windows: each window's lengths are gathered once, in parallel
+    // (the lengths are read in the order of a shuffled index, a cache miss each: the time is
+    // here), into a buffer that stays in cache; then each piece of the window, its first
+    // prefix sum known from the pieces before it, writes the rows (samples) starting inside
+    // it, in parallel too.
+    let window = document_index.len().min(window.max(1));
+    let piece = window
+        .div_ceil(PIECES_PER_THREAD * rayon::current_num_threads())
+        .max(1);
+    let mut lengths = vec![0i32; window];
+    let mut tokens = 0i64; // before the window
+    for (w, docs) in document_index.chunks(window).enumerate() {
+        if cancelled() {
+            return Err(Error::Cancelled);
+        }
+        let lengths = &mut lengths[..docs.len()];
+        let totals: Vec<i64> = lengths
+            .par_chunks_mut(piece)
+            .zip(docs.par_chunks(piece))
+            .map(|(lengths, docs)| {
+                let mut total = 0;
+                for (j, (length, &d)) in lengths.iter_mut().zip(docs).enumerate() {
+                    if let Some(&ahead) = docs.get(j + AHEAD) {
+                        prefetch(&sizes[ahead as usize]);
+                    }
+                    *length = sizes[d as usize];
+                    total += *length as i64;
+                }
+                total
+            })
+            .collect();
+        // Each piece's first prefix sum, and its share of the rows.
+        let mut shares = Vec::with_capacity(totals.len());
+        for (p, total) in totals.iter().enumerate() {
+            let (from, to) = (started(tokens), started(tokens + total));
+            let (share, rest) = rows.split_at_mut(2 * (to - from) as usize);
+            shares.push((p, tokens, from, share));
+            rows = rest;
+            tokens += total;
+        }
+        let begin = w * window;
+        let lengths = &*lengths;
+        shares.into_par_iter().for_each(|(p, first, from, share)| {
+            let mut target = (from + 1) as i64 * seq + extra;
+            let mut before = first;
+            let mut rows = share.chunks_exact_mut(2);
+            let at = p * piece;
+            for (j, &length) in lengths[at..(at + piece).min(lengths.len())]
+                .iter()
+                .enumerate()
+            {
+                let after = before + length as i64;
+                while target <= after {
+                    let Some(row) = rows.next() else { return };
+                    row[0] = T::of((begin + at + j) as i64);
+                    row[1] = T::of(target - extra - before);
+                    target += seq;
+                }
+                before = after;
+            }
+        });
     }
     // Samples past the documents' end: the last document, at its length less the extra token.
-    let tail_offset = length(document_index.len() - 1) - extra;
-    for row in rest.chunks_exact_mut(2) {
+    let last = *document_index.last().expect("not empty");
+    let tail_offset = sizes[last as usize] as i64 - extra;
+    for row in rows.chunks_exact_mut(2) {
         row[0] = T::of(document_index.len() as i64 - 1);
         row[1] = T::of(tail_offset);
     }
-    shares.into_par_iter().for_each(|(p, first, from, share)| {
-        let mut target = (from + 1) as i64 * seq + extra;
-        let mut before = first;
-        let mut rows = share.chunks_exact_mut(2);
-        let begin = p * piece;
-        let end = (begin + piece).min(document_index.len());
-        for j in begin..end {
-            if (j - begin) % CHECK_EVERY == 0 && cancelled() {
-                return;
-            }
-            let after = before + length(j);
-            while target <= after {
-                let Some(row) = rows.next() else { return };
-                row[0] = T::of(j as i64);
-                row[1] = T::of(target - extra - before);
-                target += seq;
-            }
-            before = after;
-        }
-    });
     if cancelled() {
         return Err(Error::Cancelled);
     }
     Ok(())
 }
+
+/// Documents whose lengths are gathered at once (4 MiB of `i32`: the buffer stays in cache
+/// between its gather and its walk).
+const WINDOW: usize = 1 << 20;
+/// Pieces of a window per thread (uneven pieces balance).
+const PIECES_PER_THREAD: usize = 4;
 
 /// Documents between asking for a length and reading it.
 const AHEAD: usize = 96;
@@ -339,12 +357,21 @@ mod tests {
                 let mut out = vec![0i64; expected.len()];
                 sample_index(&sizes, &docs, &spec, &mut out).unwrap();
                 assert_eq!(out, expected, "{sizes:?} {docs:?} {spec:?}");
+                // Windows of every size down to one document each: the same rows.
+                for window in [1, 2, 3, 7, 1 + next(docs.len() as u64) as usize] {
+                    let mut out = vec![-1i64; expected.len()];
+                    sample_index_in_windows(&sizes, &docs, &spec, &mut out, window).unwrap();
+                    assert_eq!(
+                        out, expected,
+                        "window {window}: {sizes:?} {docs:?} {spec:?}"
+                    );
+                }
             }
         }
     }
 
     #[test]
-    fn pieces_agree_with_one_walk() {
+    fn windows_and_pieces_agree_with_one_walk() {
         let sizes: Vec<i32> = (0..5000i64).map(|i| (i * 7919 % 300) as i32).collect();
         let docs: Vec<i32> = (0..400_000)
             .map(|j| ((j as u64 * 2654435761) % 5000) as i32)
@@ -358,8 +385,13 @@ mod tests {
             add_extra_token: 1,
         };
         let expected = reference(&sizes, &docs, &spec);
-        let mut out = vec![0i32; expected.len()];
-        sample_index(&sizes, &docs, &spec, &mut out).unwrap();
-        assert!(out.iter().zip(&expected).all(|(&a, &b)| a as i64 == b));
+        for window in [WINDOW, 1 << 16, 99_991] {
+            let mut out = vec![-1i32; expected.len()];
+            sample_index_in_windows(&sizes, &docs, &spec, &mut out, window).unwrap();
+            assert!(
+                out.iter().zip(&expected).all(|(&a, &b)| a as i64 == b),
+                "{window}"
+            );
+        }
     }
 }
