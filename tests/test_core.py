@@ -338,3 +338,19 @@ def test_a_mixture_pickles_with_its_keywords():
             shuffle=True, seed=5, length=40, order=_core.Order.TORCH_FORWARD,
             interleave="uniform", permute_samples=True,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [0, 1, 2**18 - 1, 2**18, 2**18 + 1, 3 * 2**18 + 5])
+@pytest.mark.parametrize("wide", [False, True])
+def test_index_range_is_numpys_arange_across_pieces(n, wide):
+    got = _core.index_range(n, wide)
+    assert got.dtype == (np.int64 if wide else np.uint32)
+    assert np.array_equal(got, np.arange(n))
+    assert got.flags.writeable and got.flags.c_contiguous  # shuffled in place next
+
+
+def test_index_range_refuses_uint32_values_it_cannot_hold():
+    with pytest.raises(ValueError, match=r"total must be at most 2\*\*32"):
+        _core.index_range(2**32 + 1, False)
+    with pytest.raises(OverflowError):
+        _core.index_range(-1, True)

@@ -211,6 +211,17 @@ elif call == "megatron blend":
     w = np.random.default_rng(0).random(100)
     w /= w.sum()
     index, sample = np.zeros(200_000_000, np.int16), np.zeros(200_000_000, np.int64)
+elif call == "megatron shuffle index":
+    import numpy as np
+    from croupier.compat.megatron import build_shuffle_index
+    state = np.random.RandomState(0)
+    before = state.get_state()
+elif call == "megatron sample index":
+    import numpy as np
+    from croupier.compat.megatron import build_sample_idx
+    n = 200_000_000
+    sizes = np.full(n, 1000, np.int32)
+    docs = (np.arange(n, dtype=np.int64) * 48_271 % n).astype(np.int32)  # read at random
 elif call == "megatron random sampler":
     from croupier.compat.megatron import MegatronPretrainingRandomSampler
     sampler = MegatronPretrainingRandomSampler(None, 400_000_000, 0, 4, 0, 1, False)
@@ -222,13 +233,17 @@ try:
         legacy_shuffle(x, state)
     elif call == "megatron blend":
         build_blending_indices(index, sample, w, 100, len(index), False)
+    elif call == "megatron shuffle index":
+        build_shuffle_index(300_000_000, 300_000_000, state)
+    elif call == "megatron sample index":
+        build_sample_idx(sizes, docs, 4096, 1, 1000 * n, True, True)
     elif call == "megatron random sampler":
         next(iter(sampler))
     else:
         sampler.indices()
 except KeyboardInterrupt:
     print("interrupted", flush=True)
-    if call == "legacy shuffle":
+    if call in ("legacy shuffle", "megatron shuffle index"):
         after = state.get_state()
         if after[2] != before[2] or (after[1] != before[1]).any():
             print("the RandomState moved", flush=True)
@@ -267,6 +282,8 @@ sys.exit(0)
         "mixture",
         "legacy shuffle",
         "megatron blend",
+        "megatron shuffle index",
+        "megatron sample index",
         "megatron random sampler",
     ],
 )

@@ -4,7 +4,7 @@ The module only converts: arguments are checked with clear messages by the Pytho
 (``croupier._validate``) before they reach it; the core's own checks raise ``ValueError``.
 """
 
-from typing import final
+from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +30,7 @@ __all__ = [
     "greatest_error_blend",
     "layout",
     "legacy_shuffle",
+    "index_range",
     "micro_batches",
     "permutation",
     "permutation_into",
@@ -395,6 +396,10 @@ def exhaustive_greatest_error_blend(
 ) -> None:
     """megatron-core's ``build_exhaustive_blending_indices`` into ``out`` and ``samples``
     (each as long as the sizes' sum)."""
+
+def index_range(total: int, wide: bool) -> npt.NDArray[Any]:
+    """``[0, total)`` in a fresh array, ``uint32`` (``total`` at most 2**32) or, ``wide``,
+    ``int64``, written by all threads (megatron-core's shuffle index starts from it)."""
 
 def micro_batches(first: int, group: int, mbs: int, start: int, stop: int) -> npt.NDArray[np.int64]:
     """Megatron-LM's sequential sampler's micro-batches of groups ``[start, stop)``,

@@ -202,6 +202,43 @@ pub(crate) fn try_with_capacity_huge<T>(what: &'static str, n: u64) -> Result<Ve
     Ok(v)
 }
 
+/// `[0, n)` in order in a fresh buffer (huge pages as [`try_with_capacity_huge`]: a shuffle
+/// reads it at random), written by all threads, so that the page faults of first touch are
+/// spread over the cores (numpy's `arange` pays them on one).
+///
+/// # Errors
+///
+/// [`Error::Cancelled`](crate::Error::Cancelled) when cancelled, an allocation error when `n`
+/// values do not fit in memory.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(croupier_core::range_par::<u32>(5).unwrap(), [0, 1, 2, 3, 4]);
+/// ```
+pub fn range_par<T: Index>(n: u64) -> Result<Vec<T>> {
+    use rayon::prelude::*;
+    const PIECE: usize = 1 << 18;
+    let mut v = try_with_capacity_huge::<T>("an index range", n)?;
+    v.spare_capacity_mut()[..n as usize]
+        .par_chunks_mut(PIECE)
+        .enumerate()
+        .for_each(|(p, c)| {
+            if !crate::cancel::cancelled() {
+                let first = (p * PIECE) as u64;
+                for (k, x) in c.iter_mut().enumerate() {
+                    x.write(T::from_u64(first + k as u64));
+                }
+            }
+        });
+    if crate::cancel::cancelled() {
+        return Err(crate::Error::Cancelled);
+    }
+    // SAFETY: the first n elements were all written just above (the call was not cancelled).
+    unsafe { v.set_len(n as usize) };
+    Ok(v)
+}
+
 /// `n` zeros in a fresh buffer (huge pages as [`try_with_capacity_huge`]), written by all
 /// threads, so that the page faults of first touch are spread over the cores instead of
 /// paid on one.

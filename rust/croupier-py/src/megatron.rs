@@ -132,3 +132,25 @@ pub(crate) fn sample_index<'py>(
         build::<i32>(py, sizes, docs, spec, rows, big)
     }
 }
+
+/// `[0, total)` in a fresh array, `uint32` or (`wide`) `int64` as megatron-core's shuffle index
+/// takes, written by all threads (numpy's `arange` touches the fresh memory on one).
+#[pyfunction]
+pub(crate) fn index_range(py: Python<'_>, total: u64, wide: bool) -> PyResult<Bound<'_, PyAny>> {
+    if !wide && total > u32::MAX as u64 + 1 {
+        return Err(PyValueError::new_err(format!(
+            "total must be at most 2**32 for uint32 values, got {total}"
+        )));
+    }
+    let bytes = total * if wide { 8 } else { 4 };
+    crate::runtime::check_memory(bytes, "the index range")?;
+    let big = total as usize >= INTERRUPTIBLE_FROM;
+    if wide {
+        let v = long(py, big, move || croupier_core::range_par::<u64>(total))?;
+        let v: Vec<i64> = bytemuck::allocation::cast_vec(v);
+        Ok(numpy::PyArray1::from_vec(py, v).into_any())
+    } else {
+        let v = long(py, big, move || croupier_core::range_par::<u32>(total))?;
+        Ok(numpy::PyArray1::from_vec(py, v).into_any())
+    }
+}

@@ -115,8 +115,8 @@ def build_shuffle_index(
     check_random_state(numpy_random_state, "numpy_random_state")
     if total < first:
         raise ValueError(f"total_size must be at least num_samples ({first}), got {total}")
-    dtype = np.int64 if total >= np.iinfo(np.uint32).max - 1 else np.uint32
-    index = np.arange(total, dtype=dtype)
+    # megatron-core's np.arange, written by all threads.
+    index = _core.index_range(total, total >= np.iinfo(np.uint32).max - 1)
     legacy_shuffle(index[:first], numpy_random_state)
     if total > first:
         legacy_shuffle(index[first:], numpy_random_state)
