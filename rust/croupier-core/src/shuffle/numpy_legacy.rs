@@ -33,6 +33,15 @@ const MATRIX_A: u32 = 0x9908_b0df;
 const UPPER: u32 = 0x8000_0000;
 const LOWER: u32 = 0x7fff_ffff;
 
+/// The twister's output function of a state word.
+#[inline(always)]
+fn temper(mut y: u32) -> u32 {
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c_5680;
+    y ^= (y << 15) & 0xefc6_0000;
+    y ^ (y >> 18)
+}
+
 /// The 32-bit Mersenne Twister with numpy's state layout: `key` and `pos` are
 /// `RandomState.get_state()[1]` and `[2]`.
 #[derive(Clone, PartialEq, Eq)]
@@ -100,12 +109,9 @@ impl Mt19937 {
         if self.pos >= MT_WORDS {
             self.refill();
         }
-        let mut y = self.key[self.pos];
+        let y = self.key[self.pos];
         self.pos += 1;
-        y ^= y >> 11;
-        y ^= (y << 7) & 0x9d2c_5680;
-        y ^= (y << 15) & 0xefc6_0000;
-        y ^ (y >> 18)
+        temper(y)
     }
 
     /// The next 64-bit output: two 32-bit ones, the first in the high half.
@@ -113,6 +119,52 @@ impl Mt19937 {
     pub fn next_u64(&mut self) -> u64 {
         let hi = u64::from(self.next_u32());
         (hi << 32) | u64::from(self.next_u32())
+    }
+
+    /// `out[k] = self.random_interval(top - k)` for every `k` in order (`top` at least
+    /// `out.len() - 1`): the same values and the same state afterwards as that loop, which is
+    /// what a Fisher–Yates shuffle draws. Within one refill of the words and one power of two
+    /// of the bound, each word is tempered and masked apart from the others, and only the
+    /// count of accepted draws is carried from word to word (no branch on a rejection).
+    pub fn intervals_down(&mut self, top: u64, out: &mut [u64]) {
+        assert!(
+            out.len() as u64 <= top.saturating_add(1),
+            "bounds down from top stay at least 0"
+        );
+        let mut k = 0;
+        while k < out.len() {
+            let max = top - k as u64;
+            if self.pos >= MT_WORDS {
+                self.refill();
+            }
+            let avail = MT_WORDS - self.pos;
+            // The fast run reads at most `avail` words, so its bound falls at most that far;
+            // it needs one mask (one power of two) and a bound of at least 1 throughout
+            // (a bound of 0 draws no word).
+            let mask = u64::MAX >> max.leading_zeros();
+            let lowest = max.saturating_sub(avail as u64);
+            if max > u64::from(u32::MAX) || lowest == 0 || mask >> 1 >= lowest {
+                out[k] = self.random_interval(max);
+                k += 1;
+                continue;
+            }
+            let mask = mask as u32;
+            let room = out.len() - k;
+            let out = &mut out[k..];
+            let mut accepted = 0usize;
+            let mut read = avail;
+            for (u, &w) in self.key[self.pos..].iter().enumerate() {
+                let v = temper(w) & mask;
+                out[accepted] = u64::from(v);
+                accepted += usize::from(u64::from(v) <= max - accepted as u64);
+                if accepted == room {
+                    read = u + 1;
+                    break;
+                }
+            }
+            self.pos += read;
+            k += accepted;
+        }
     }
 
     /// numpy's `random_interval(max)`: uniform in `[0, max]` by masked rejection.
@@ -161,15 +213,26 @@ pub fn legacy_shuffle<T: Send>(buf: &mut [T], mt: &mut Mt19937) {
         return shuffle_with_drawing_thread(buf, mt);
     }
     // Swap number s exchanges element n-1-s with random_interval(n-1-s), s = 0 .. n-2: the
-    // lookahead loop draws them in that order.
+    // lookahead loop asks for them in that order, and they are drawn a block at a time.
+    let swaps = n.saturating_sub(1);
+    let mut drawn = [0u64; LOCAL_BLOCK];
     swaps_with_lookahead::<_, LOOKAHEAD>(
         buf,
-        n.saturating_sub(1),
+        swaps,
         |s| n - 1 - s,
-        |s| mt.random_interval((n - 1 - s) as u64) as usize,
+        |s| {
+            let k = s % LOCAL_BLOCK;
+            if k == 0 {
+                let len = LOCAL_BLOCK.min(swaps - s);
+                mt.intervals_down((n - 1 - s) as u64, &mut drawn[..len]);
+            }
+            drawn[k] as usize
+        },
     );
 }
 
+/// Draws made at once on the swapping thread.
+const LOCAL_BLOCK: usize = 512;
 /// Elements from which [`legacy_shuffle`] draws on a second thread.
 pub const DRAWS_APART_FROM: usize = 1 << 22;
 /// Draws a block carries from the drawing thread to the swapping one.
@@ -200,9 +263,9 @@ fn shuffle_with_drawing_thread<T: Send>(buf: &mut [T], mt: &mut Mt19937) {
                 let mut block = empty_rx
                     .try_recv()
                     .unwrap_or_else(|_| Vec::with_capacity(DRAW_BLOCK));
-                block.clear();
                 let end = (s + DRAW_BLOCK).min(swaps);
-                block.extend((s..end).map(|s| mt.random_interval((n - 1 - s) as u64)));
+                block.resize(end - s, 0);
+                mt.intervals_down((n - 1 - s) as u64, &mut block);
                 s = end;
                 if full_tx.send(block).is_err() {
                     return; // the swapping thread stopped (cancelled)
@@ -249,6 +312,42 @@ pub fn legacy_shuffle_rows(bytes: &mut [u8], row: usize, mt: &mut Mt19937) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bulk_draws_are_the_one_at_a_time_ones_and_leave_the_same_state() {
+        let mut lcg = 11u64;
+        let mut next = |bound: u64| {
+            lcg = lcg
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (lcg >> 33) % bound
+        };
+        // Tops at and around powers of two (a mask change inside a run), near 2**32 (the
+        // 64-bit draws above it), small ones that reach a bound of 1, random ones; lengths
+        // from 1 to past two refills; starting at every kind of word position.
+        let mut tops: Vec<u64> = vec![1, 2, 3, 600, 624, 625, 1024, 1025, 1 << 20];
+        for b in [10u32, 16, 31, 32, 33] {
+            tops.extend([(1u64 << b) - 1, 1 << b, (1 << b) + 1, (1 << b) + 700]);
+        }
+        tops.extend((0..40).map(|_| 1 + next(1 << 40)));
+        for (case, &top) in tops.iter().enumerate() {
+            let seed = case as u32;
+            let mut bulk = Mt19937::from_genrand_seed(seed);
+            for _ in 0..next(700) {
+                bulk.next_u32(); // any position in the words
+            }
+            let mut one = bulk.clone();
+            let len = (1 + next(1500)).min(top + 1) as usize;
+            let mut got = vec![u64::MAX; len];
+            bulk.intervals_down(top, &mut got);
+            let want: Vec<u64> = (0..len as u64)
+                .map(|k| one.random_interval(top - k))
+                .collect();
+            assert_eq!(got, want, "top {top}, len {len}");
+            assert_eq!(bulk, one, "state after top {top}, len {len}");
+            assert_eq!(bulk.next_u32(), one.next_u32());
+        }
+    }
 
     #[test]
     fn the_twister_is_the_reference_one() {
