@@ -113,6 +113,26 @@ def test_the_sample_index_is_megatrons(sizes, epochs, seq, drop, extra, seed):
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("last", [0, 1, 2])
+@pytest.mark.parametrize("extra", [True, False])
+def test_a_stream_shorter_than_its_epochs_says_is_refused_where_megatron_asserts(last, extra):
+    # tokens_per_epoch 10 over documents of 3 + last tokens: the rows past the documents' end
+    # repeat the last document at its length less the extra token, -1 for an empty one with
+    # the extra token, which megatron-core's int32 check refuses.
+    lengths, docs = np.array([3, last], np.int32), np.array([0, 1], np.int32)
+    try:
+        want = helpers.build_sample_idx(lengths, docs, 2, 1, 10, True, extra)
+    except AssertionError:
+        assert last == 0 and extra
+        with pytest.raises(ValueError, match=r"leaves \[0, 3\].*empty document"):
+            cm.build_sample_idx(lengths, docs, 2, 1, 10, True, extra)
+        return
+    got = cm.build_sample_idx(lengths, docs, 2, 1, 10, True, extra)
+    assert not (last == 0 and extra)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert got[-1].tolist() == [1, last - int(extra)]  # the rows past the end
+
+
 def test_a_large_sample_index_is_megatrons():
     # Millions of documents: the parallel pieces meet where one walk would go on.
     rng = np.random.default_rng(3)

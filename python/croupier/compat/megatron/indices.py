@@ -269,12 +269,17 @@ def build_exhaustive_blending_indices(
     )
 
 
-def _int32_values(values: object, name: str, kind: str) -> np.ndarray:
+def _int32_values(
+    values: object, name: str, kind: str, *, core_checks_range: bool = False
+) -> np.ndarray:
     """``values`` as a C-contiguous, aligned ``int32`` array (a copy only where needed), or
-    the error naming ``name``: a 1-D integer array of ``kind`` in ``[0, 2**31)``."""
+    the error naming ``name``: a 1-D integer array of ``kind`` in ``[0, 2**31)``. An ``int32``
+    array whose values the core checks itself (``core_checks_range``) is not read here."""
     array = np.asarray(values)
     if array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
         raise TypeError(f"{name} must be a 1-D array of integers, got {array.ndim}-D {array.dtype}")
+    if core_checks_range and array.dtype == np.int32:
+        return np.require(array, requirements=["C", "A"])
     if array.size and (int(array.min()) < 0 or int(array.max()) > _INT32_MAX):
         raise ValueError(
             f"{name} must be {kind} in [0, {_INT32_MAX}] (megatron-core keeps them as int32), "
@@ -311,8 +316,10 @@ def build_sample_idx(
         >>> build_sample_idx(sizes, np.array([1, 0, 2], np.int32), 4, 1, 10).tolist()
         [[0, 0], [0, 4], [2, 0]]
     """
-    lengths = _int32_values(sizes, "sizes", "lengths")
-    docs = _int32_values(document_indices, "document_indices", "ids")
+    # An int32 array is read once, by the core, which refuses a negative length or an id
+    # outside sizes (naming sizes or document_index).
+    lengths = _int32_values(sizes, "sizes", "lengths", core_checks_range=True)
+    docs = _int32_values(document_indices, "document_indices", "ids", core_checks_range=True)
     if docs.size == 0 or lengths.size == 0:
         raise ValueError("document_indices and sizes must not be empty (there are no documents)")
     seq = _count(sequence_length, "sequence_length", 1)
@@ -326,8 +333,11 @@ def build_sample_idx(
     index = _core.sample_index(
         lengths, docs, seq, epochs, tokens, bool(drop_last_partial_sequence), extra, wide
     )
-    if not wide and index.size and (int(index.min()) < 0 or int(index.max()) > largest):
-        # megatron-core asserts the same of its int32 index.
+    # megatron-core asserts that its int32 index stays in [0, largest]. Every row stays there
+    # (a place in document_indices, an offset below its document's length) except the rows
+    # past the documents' end, the last ones: the last document's length less the extra
+    # token, -1 for an empty one.
+    if not wide and index.size and int(index[-1, 1]) < 0:
         raise ValueError(
             f"the sample index leaves [0, {largest}]: the documents hold fewer tokens than "
             f"num_epochs * tokens_per_epoch says, ending in an empty document"
