@@ -202,13 +202,13 @@ pub(crate) fn try_with_capacity_huge<T>(what: &'static str, n: u64) -> Result<Ve
     Ok(v)
 }
 
-/// `[0, n)` in order in a fresh buffer (huge pages as [`try_with_capacity_huge`]: a shuffle
-/// reads it at random), written by all threads, so that the page faults of first touch are
+/// `[0, n)` in order in a fresh buffer (advised onto huge pages: a shuffle reads it at
+/// random), written by all threads, so that the page faults of first touch are
 /// spread over the cores (numpy's `arange` pays them on one).
 ///
 /// # Errors
 ///
-/// [`Error::Cancelled`](crate::Error::Cancelled) when cancelled, an allocation error when `n`
+/// [`Error::Cancelled`] when cancelled, an allocation error when `n`
 /// values do not fit in memory.
 ///
 /// # Examples
@@ -232,7 +232,7 @@ pub fn range_par<T: Index>(n: u64) -> Result<Vec<T>> {
             }
         });
     if crate::cancel::cancelled() {
-        return Err(crate::Error::Cancelled);
+        return Err(Error::Cancelled);
     }
     // SAFETY: the first n elements were all written just above (the call was not cancelled).
     unsafe { v.set_len(n as usize) };
