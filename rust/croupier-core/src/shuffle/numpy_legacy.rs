@@ -134,6 +134,11 @@ impl Mt19937 {
         let mut k = 0;
         while k < out.len() {
             let max = top - k as u64;
+            if max == 0 {
+                out[k] = 0; // random_interval(0) reads no word
+                k += 1;
+                continue;
+            }
             if self.pos >= MT_WORDS {
                 self.refill();
             }
