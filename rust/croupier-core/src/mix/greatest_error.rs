@@ -177,15 +177,32 @@ struct Piece {
 /// guess decides the speed only, never the result.
 fn parallel_blend<F: Fn() -> Greedy + Sync>(make: F, blend: Blend<'_>) -> Result<()> {
     let n = blend.out.len() as u64;
-    let pieces = (rayon::current_num_threads() as u64).min(n / PIECE);
+    let threads = rayon::current_num_threads() as u64;
+    // Two pieces a thread where there are enough positions: a thread runs its two side by
+    // side (`Greedy::run_pair`).
+    let pair = n / PIECE >= 2 * threads;
+    let pieces = if pair {
+        2 * threads
+    } else {
+        threads.min(n / PIECE)
+    };
     if pieces < 2 {
         return make().run(blend);
     }
-    blend_in_pieces(make, blend, pieces, Greedy::guess_counts)
+    blend_in_pieces(make, blend, pieces, Greedy::guess_counts, pair, &MEETINGS)
 }
 
-/// [`parallel_blend`] in `pieces` pieces, each after the first starting from `guess`'s counts.
-fn blend_in_pieces<F, G>(make: F, mut blend: Blend<'_>, pieces: u64, guess: G) -> Result<()>
+/// [`parallel_blend`] in `pieces` pieces, each after the first starting from `guess`'s counts
+/// and recording its counts at `meetings` positions after its start; with `pair`, a thread
+/// takes two consecutive pieces and runs them side by side.
+fn blend_in_pieces<F, G>(
+    make: F,
+    mut blend: Blend<'_>,
+    pieces: u64,
+    guess: G,
+    pair: bool,
+    meetings: &[u64],
+) -> Result<()>
 where
     F: Fn() -> Greedy + Sync,
     G: Fn(&mut Greedy, u64) + Sync,
@@ -195,44 +212,81 @@ where
         return Ok(());
     }
     let size = n.div_ceil(pieces.max(1)).max(1);
-    let results: Vec<Result<Piece>> = blend
-        .out
-        .par_chunks_mut(size as usize)
-        .zip(blend.samples.par_chunks_mut(size as usize))
-        .enumerate()
-        .map(|(k, (out, samples))| {
-            let mut chunk = Blend { out, samples };
-            let mut g = make();
-            let start = k as u64 * size;
-            let end = start + chunk.out.len() as u64;
-            let mut meetings = Vec::new();
-            if k > 0 {
-                guess(&mut g, start);
-                let mut at = start;
-                for step in MEETINGS {
-                    let to = (start + step).min(end);
-                    if to <= at {
-                        break;
-                    }
-                    g.offset = at;
-                    g.run(chunk.part((at - start) as usize, (to - start) as usize))?;
-                    meetings.push((to, g.counts.clone()));
-                    at = to;
+    let per_task = if pair { 2 } else { 1 };
+    // A piece after the first starts from the guess and runs to each meeting point, recording
+    // its counts there; it returns where the rest of it starts.
+    let prepare = |g: &mut Greedy, k: usize, chunk: &mut Blend<'_>| -> Result<_> {
+        let start = k as u64 * size;
+        let end = start + chunk.out.len() as u64;
+        let mut met = Vec::new();
+        let mut at = start;
+        if k > 0 {
+            guess(g, start);
+            for &step in meetings {
+                let to = (start + step).min(end);
+                if to <= at {
+                    break;
                 }
                 g.offset = at;
-                g.run(chunk.part((at - start) as usize, (end - start) as usize))?;
-            } else {
-                g.run(chunk)?;
+                g.run(chunk.part((at - start) as usize, (to - start) as usize))?;
+                met.push((to, g.counts.clone()));
+                at = to;
             }
-            Ok(Piece {
-                meetings,
-                end: g.counts.clone(),
-            })
+        }
+        g.offset = at;
+        Ok((met, (at - start) as usize))
+    };
+    let results: Vec<Result<Vec<Piece>>> = blend
+        .out
+        .par_chunks_mut((per_task * size) as usize)
+        .zip(blend.samples.par_chunks_mut((per_task * size) as usize))
+        .enumerate()
+        .map(|(t, (out, samples))| {
+            let first = (out.len() as u64).min(size) as usize;
+            let (out_a, out_b) = out.split_at_mut(first);
+            let (samples_a, samples_b) = samples.split_at_mut(first);
+            let mut a = Blend {
+                out: out_a,
+                samples: samples_a,
+            };
+            let mut b = Blend {
+                out: out_b,
+                samples: samples_b,
+            };
+            let k = t * per_task as usize;
+            let (mut ga, mut gb) = (make(), make());
+            let (met_a, from_a) = prepare(&mut ga, k, &mut a)?;
+            let len_a = a.out.len();
+            if b.out.is_empty() {
+                ga.run(a.part(from_a, len_a))?;
+                return Ok(vec![Piece {
+                    meetings: met_a,
+                    end: ga.counts,
+                }]);
+            }
+            let (met_b, from_b) = prepare(&mut gb, k + 1, &mut b)?;
+            let len_b = b.out.len();
+            Greedy::run_pair(
+                &mut ga,
+                a.part(from_a, len_a),
+                &mut gb,
+                b.part(from_b, len_b),
+            )?;
+            Ok(vec![
+                Piece {
+                    meetings: met_a,
+                    end: ga.counts,
+                },
+                Piece {
+                    meetings: met_b,
+                    end: gb.counts,
+                },
+            ])
         })
         .collect();
-    let mut pieces_done = Vec::with_capacity(results.len());
+    let mut pieces_done = Vec::with_capacity(pieces as usize);
     for r in results {
-        pieces_done.push(r?);
+        pieces_done.extend(r?);
     }
     let mut counts = pieces_done[0].end.clone();
     for (k, piece) in pieces_done.iter().enumerate().skip(1) {
@@ -317,6 +371,32 @@ struct Greedy {
     offset: u64,
 }
 
+/// Where a run of the greedy is: its next position and its end, and what the floor's
+/// adjustment has seen since it last moved.
+struct Course {
+    i: u64,
+    n: u64,
+    /// The position of the next look at the cancellation flag.
+    look: u64,
+    lowest: f64,
+    misses: u32,
+    seen: u64,
+}
+
+impl Course {
+    /// A look at the flag every [`CHECK_EVERY`] positions.
+    #[inline(always)]
+    fn check_cancelled(&mut self) -> Result<()> {
+        if self.i >= self.look {
+            if cancelled() {
+                return Err(Error::Cancelled);
+            }
+            self.look = self.i + CHECK_EVERY as u64;
+        }
+        Ok(())
+    }
+}
+
 /// Lanes a scan of every dataset handles at once (two 256-bit vectors of `f64`).
 const LANES: usize = 8;
 /// Positions a member list serves before it is drawn afresh.
@@ -368,60 +448,162 @@ impl Greedy {
         self.run_any(blend, true)
     }
 
+    /// Two runs on one thread (two pieces of a parallel blend), side by side: block by
+    /// block, each block's positions by the pair kernel while both runs' members fit one
+    /// kernel and reach their floors, the rest of each block on its own; the longer run ends
+    /// alone. The same positions as each run alone.
+    fn run_pair(
+        a: &mut Greedy,
+        mut ab: Blend<'_>,
+        b: &mut Greedy,
+        mut bb: Blend<'_>,
+    ) -> Result<()> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { Self::run_pair_avx2(a, &mut ab, b, &mut bb) };
+        }
+        a.run(ab)?;
+        b.run(bb)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    #[inline(never)]
+    unsafe fn run_pair_avx2(
+        a: &mut Greedy,
+        ab: &mut Blend<'_>,
+        b: &mut Greedy,
+        bb: &mut Blend<'_>,
+    ) -> Result<()> {
+        let (mut ca, mut cb) = (a.begin(ab), b.begin(bb));
+        let exhaustive = !a.limits.is_empty();
+        while ca.i < ca.n && cb.i < cb.n {
+            ca.check_cancelled()?;
+            let (a0, b0) = (ca.i, cb.i);
+            let (a_stop, b_stop) = ((a0 + BLOCK).min(ca.n), (b0 + BLOCK).min(cb.n));
+            a.draw_members((a_stop - 1) as f64, true);
+            b.draw_members((b_stop - 1) as f64, true);
+            let lanes = a.lanes.max(b.lanes);
+            if lanes <= 32 {
+                a.pad_to(lanes);
+                b.pad_to(lanes);
+                let steps = (a_stop - a0).min(b_stop - b0);
+                macro_rules! pair {
+                    ($v:literal) => {
+                        if exhaustive {
+                            avx2::members_run_pair::<$v, true>(
+                                (a, ab, a0, &mut ca.lowest),
+                                (b, bb, b0, &mut cb.lowest),
+                                steps,
+                            )
+                        } else {
+                            avx2::members_run_pair::<$v, false>(
+                                (a, ab, a0, &mut ca.lowest),
+                                (b, bb, b0, &mut cb.lowest),
+                                steps,
+                            )
+                        }
+                    };
+                }
+                let done = match lanes / 4 {
+                    1 => pair!(1),
+                    2 => pair!(2),
+                    4 => pair!(4),
+                    _ => pair!(8),
+                };
+                a.sync_counts();
+                b.sync_counts();
+                ca.i += done;
+                cb.i += done;
+            }
+            a.finish_block(&mut ca, (a0, a_stop), ab, true);
+            b.finish_block(&mut cb, (b0, b_stop), bb, true);
+        }
+        a.blocks(&mut ca, ab, true)?;
+        b.blocks(&mut cb, bb, true)
+    }
+
     /// The greedy over `out`, block by block. The same `f64` operations on every CPU: the
     /// AVX2 build only computes more lanes at once and keeps the members' counts in registers.
     #[inline(always)]
     fn run_any(&mut self, blend: &mut Blend<'_>, avx2: bool) -> Result<()> {
+        let mut course = self.begin(blend);
+        self.blocks(&mut course, blend, avx2)
+    }
+
+    /// A run over `blend` from the counts at hand: its first positions below 2 made (they
+    /// share `x = 1`: the blocks' rising errors start at position 2), the rest to go.
+    #[inline(always)]
+    fn begin(&mut self, blend: &mut Blend<'_>) -> Course {
         let n = self.offset + blend.out.len() as u64;
-        // Positions 0 and 1 share x = 1: the blocks' rising errors start at position 2.
         for i in self.offset..n.min(2) {
             let (d, _) = first_max(&self.weights, &self.counts, 1.0);
             blend.put((i - self.offset) as usize, d, self.counts[d]);
             self.count(d);
         }
-        let (mut lowest, mut misses, mut seen) = (f64::INFINITY, 0u32, 0u64);
-        let mut start = self.offset.max(2);
-        let mut look = start;
-        while start < n {
-            // A look at the flag every CHECK_EVERY positions.
-            if start >= look {
-                if cancelled() {
-                    return Err(Error::Cancelled);
-                }
-                look = start + CHECK_EVERY as u64;
-            }
-            let stop = (start + BLOCK).min(n);
+        let i = self.offset.max(2).min(n);
+        Course {
+            i,
+            n,
+            look: i,
+            lowest: f64::INFINITY,
+            misses: 0,
+            seen: 0,
+        }
+    }
+
+    /// The rest of `course`, block by block.
+    #[inline(always)]
+    fn blocks(&mut self, course: &mut Course, blend: &mut Blend<'_>, avx2: bool) -> Result<()> {
+        while course.i < course.n {
+            course.check_cancelled()?;
+            let stop = (course.i + BLOCK).min(course.n);
             self.draw_members((stop - 1) as f64, avx2);
-            let mut i = start;
-            while i < stop {
-                i = self.members_run(i, stop, blend, &mut lowest, avx2);
-                self.sync_counts();
-                if i < stop {
-                    // The floor missed: the largest error may be anyone's.
-                    misses += 1;
-                    let (d, top) = first_max(&self.weights, &self.counts, i as f64);
-                    blend.put((i - self.offset) as usize, d, self.counts[d]);
-                    lowest = lowest.min(top);
-                    self.count(d);
-                    if let Ok(k) = self.members[..self.live].binary_search(&(d as u32)) {
-                        self.member_counts[k] = self.counts[d];
-                    }
-                    i += 1;
-                }
-            }
-            seen += stop - start;
-            start = stop;
-            if seen >= WINDOW {
-                // Every member costs a look at every position; a miss costs a scan of all.
-                if misses > 4 {
-                    self.floor = lowest - 0.06;
-                } else if lowest - 0.03 > self.floor + 0.03 {
-                    self.floor = lowest - 0.03;
-                }
-                (lowest, misses, seen) = (f64::INFINITY, 0, 0);
-            }
+            self.finish_block(course, (course.i, stop), blend, avx2);
         }
         Ok(())
+    }
+
+    /// Positions `course.i..stop` of the block `block_start..stop` whose members are drawn
+    /// (the pair kernel may have made the first ones): among the members while the largest error reaches the floor, by a scan
+    /// of every dataset where it does not; then the floor follows what the blocks saw.
+    #[inline(always)]
+    fn finish_block(
+        &mut self,
+        course: &mut Course,
+        (block_start, stop): (u64, u64),
+        blend: &mut Blend<'_>,
+        avx2: bool,
+    ) {
+        let mut i = course.i;
+        while i < stop {
+            i = self.members_run(i, stop, blend, &mut course.lowest, avx2);
+            self.sync_counts();
+            if i < stop {
+                // The floor missed: the largest error may be anyone's.
+                course.misses += 1;
+                let (d, top) = first_max(&self.weights, &self.counts, i as f64);
+                blend.put((i - self.offset) as usize, d, self.counts[d]);
+                course.lowest = course.lowest.min(top);
+                self.count(d);
+                if let Ok(k) = self.members[..self.live].binary_search(&(d as u32)) {
+                    self.member_counts[k] = self.counts[d];
+                }
+                i += 1;
+            }
+        }
+        course.seen += stop - block_start;
+        course.i = stop;
+        if course.seen >= WINDOW {
+            // Every member costs a look at every position; a miss costs a scan of all.
+            if course.misses > 4 {
+                self.floor = course.lowest - 0.06;
+            } else if course.lowest - 0.03 > self.floor + 0.03 {
+                self.floor = course.lowest - 0.03;
+            }
+            (course.lowest, course.misses, course.seen) = (f64::INFINITY, 0, 0);
+        }
     }
 
     /// Counts for a run starting at position `at`: each dataset's share `w at` rounded down,
@@ -578,6 +760,19 @@ impl Greedy {
         }
     }
 
+    /// Padding on to `lanes` lanes (at least the members' own), so that a pair of runs fits
+    /// one kernel.
+    #[inline(always)]
+    fn pad_to(&mut self, lanes: usize) {
+        for k in self.lanes..lanes {
+            self.members[k] = u32::MAX;
+            self.member_weights[k] = 0.0;
+            self.member_counts[k] = f64::INFINITY;
+            self.member_limits[k] = f64::NAN;
+        }
+        self.lanes = self.lanes.max(lanes);
+    }
+
     /// The lanes after the `live` members, up to whole vectors, made padding.
     #[inline(always)]
     fn pad_members(&mut self) {
@@ -677,43 +872,51 @@ mod avx2 {
         g.live = live;
     }
 
-    /// [`Greedy::members_run`] over `V` vectors of 4 members. A position's winner gets its 1
-    /// through the mask of lanes equal to the largest error, so the next position does not wait
-    /// for the winner's index; a tie (several such lanes) takes the 1 back from all but the
-    /// first, as megatron-core's first maximum wins.
-    #[target_feature(enable = "avx2")]
+    /// One run's registers in [`members_run`] and [`members_run_pair`]: the members' counts,
+    /// and where their weights and sizes are read (from memory at every position, off the
+    /// counts' chain: registers are kept for the counts and errors).
+    struct Lanes<const V: usize> {
+        c: [__m256d; V],
+        weights: *const f64,
+        limits: *const f64,
+        floor: f64,
+        least: f64,
+        /// The next position, in `f64` (exact below 2**53), not converted from the `u64` at
+        /// every position: with the conversion in the loop, builds differing only in
+        /// unrelated code ran it at 17.5 or 10.5 ns a position (2 threads, 1e8 positions).
+        xf: f64,
+    }
+
     #[allow(clippy::needless_range_loop)] // lane j of several vectors at once
-    pub(super) unsafe fn members_run<const V: usize, const EXHAUSTIVE: bool>(
-        g: &mut Greedy,
-        start: u64,
-        stop: u64,
-        blend: &mut Blend<'_>,
-        lowest: &mut f64,
-    ) -> u64 {
-        let mut c = [_mm256_setzero_pd(); V];
-        for (j, c) in c.iter_mut().enumerate() {
-            *c = _mm256_loadu_pd(g.member_counts.as_ptr().add(4 * j));
-            _mm256_storeu_pd(g.member_next.as_mut_ptr().add(4 * j), *c);
+    impl<const V: usize> Lanes<V> {
+        /// The members' counts of `g` into registers (and into its copy for the samples).
+        #[inline(always)]
+        unsafe fn load(g: &mut Greedy, lowest: f64, start: u64) -> Self {
+            let mut c = [_mm256_setzero_pd(); V];
+            for (j, c) in c.iter_mut().enumerate() {
+                *c = _mm256_loadu_pd(g.member_counts.as_ptr().add(4 * j));
+                _mm256_storeu_pd(g.member_next.as_mut_ptr().add(4 * j), *c);
+            }
+            Lanes {
+                c,
+                weights: g.member_weights.as_ptr(),
+                limits: g.member_limits.as_ptr(),
+                floor: g.floor,
+                least: lowest,
+                xf: start as f64,
+            }
         }
-        // Weights and sizes are read from memory at every position (off the counts' chain):
-        // registers are kept for the counts and errors.
-        let weights = g.member_weights.as_ptr();
-        let limits = g.member_limits.as_ptr();
-        let one = _mm256_set1_pd(1.0);
-        let spent = _mm256_set1_pd(f64::INFINITY);
-        let floor = g.floor;
-        let mut reached = stop;
-        let mut least = *lowest;
-        // Positions counted in f64 (exact below 2**53), not converted from the u64 at every
-        // position: with the conversion in the loop, builds differing only in unrelated code
-        // ran it at 17.5 or 10.5 ns a position (2 threads, 1e8 positions).
-        let mut xf = start as f64;
-        for i in start..stop {
-            let x = _mm256_set1_pd(xf);
-            xf += 1.0;
+
+        /// The errors at the next position and the largest of them, in every lane.
+        #[inline(always)]
+        unsafe fn errors(&self) -> ([__m256d; V], __m256d) {
+            let x = _mm256_set1_pd(self.xf);
             let mut e = [_mm256_setzero_pd(); V];
             for j in 0..V {
-                e[j] = _mm256_sub_pd(_mm256_mul_pd(_mm256_loadu_pd(weights.add(4 * j)), x), c[j]);
+                e[j] = _mm256_sub_pd(
+                    _mm256_mul_pd(_mm256_loadu_pd(self.weights.add(4 * j)), x),
+                    self.c[j],
+                );
             }
             let mut m = e;
             let mut width = V;
@@ -724,24 +927,32 @@ mod avx2 {
                 }
             }
             let t = _mm256_max_pd(m[0], _mm256_permute2f128_pd::<1>(m[0], m[0]));
-            let t = _mm256_max_pd(t, _mm256_permute_pd::<0b0101>(t));
-            let top = _mm256_cvtsd_f64(t);
-            if top < floor {
-                reached = i;
-                break;
-            }
-            least = least.min(top);
+            (e, _mm256_max_pd(t, _mm256_permute_pd::<0b0101>(t)))
+        }
+
+        /// The position goes to the first member whose error is the largest, `t`: the members'
+        /// counts and its outputs (position `at` of `blend`) move on.
+        #[inline(always)]
+        unsafe fn commit<const EXHAUSTIVE: bool>(
+            &mut self,
+            g: &mut Greedy,
+            e: &[__m256d; V],
+            t: __m256d,
+            blend: &mut Blend<'_>,
+            at: usize,
+        ) {
+            let one = _mm256_set1_pd(1.0);
             let mut hits = 0u64;
             for j in 0..V {
                 let hit = _mm256_cmp_pd::<_CMP_EQ_OQ>(e[j], t);
                 hits |= (_mm256_movemask_pd(hit) as u64) << (4 * j);
-                c[j] = _mm256_add_pd(c[j], _mm256_and_pd(hit, one));
+                self.c[j] = _mm256_add_pd(self.c[j], _mm256_and_pd(hit, one));
             }
             let k = hits.trailing_zeros() as usize;
             if hits & (hits - 1) != 0 {
                 let mut lanes = [0.0; 32];
                 for j in 0..V {
-                    _mm256_storeu_pd(lanes.as_mut_ptr().add(4 * j), c[j]);
+                    _mm256_storeu_pd(lanes.as_mut_ptr().add(4 * j), self.c[j]);
                 }
                 let mut others = hits & (hits - 1);
                 while others != 0 {
@@ -749,31 +960,100 @@ mod avx2 {
                     others &= others - 1;
                 }
                 for j in 0..V {
-                    c[j] = _mm256_loadu_pd(lanes.as_ptr().add(4 * j));
+                    self.c[j] = _mm256_loadu_pd(lanes.as_ptr().add(4 * j));
                 }
             }
             if EXHAUSTIVE {
+                let spent = _mm256_set1_pd(f64::INFINITY);
                 for j in 0..V {
-                    let full =
-                        _mm256_cmp_pd::<_CMP_EQ_OQ>(c[j], _mm256_loadu_pd(limits.add(4 * j)));
+                    let full = _mm256_cmp_pd::<_CMP_EQ_OQ>(
+                        self.c[j],
+                        _mm256_loadu_pd(self.limits.add(4 * j)),
+                    );
                     if _mm256_movemask_pd(full) != 0 {
-                        c[j] = _mm256_blendv_pd(c[j], spent, full);
+                        self.c[j] = _mm256_blendv_pd(self.c[j], spent, full);
                     }
                 }
             }
             // The winner's sample: its count before this position, kept beside the registers.
-            let at = (i - g.offset) as usize;
             let next = g.member_next.get_unchecked_mut(k);
             *blend.out.get_unchecked_mut(at) = *g.members.get_unchecked(k) as u16;
             // A finite whole count below 2**53 (a winner's error is not `-inf`).
             *blend.samples.get_unchecked_mut(at) = next.to_int_unchecked::<i64>();
             *next += 1.0;
+            self.xf += 1.0;
         }
-        *lowest = least;
-        for j in 0..V {
-            _mm256_storeu_pd(g.member_counts.as_mut_ptr().add(4 * j), c[j]);
+
+        /// The counts back to `g`'s members, and the least largest error seen.
+        #[inline(always)]
+        unsafe fn store(&self, g: &mut Greedy, lowest: &mut f64) {
+            for j in 0..V {
+                _mm256_storeu_pd(g.member_counts.as_mut_ptr().add(4 * j), self.c[j]);
+            }
+            *lowest = self.least;
         }
+    }
+
+    /// [`Greedy::members_run`] over `V` vectors of 4 members. A position's winner gets its 1
+    /// through the mask of lanes equal to the largest error, so the next position does not wait
+    /// for the winner's index; a tie (several such lanes) takes the 1 back from all but the
+    /// first, as megatron-core's first maximum wins.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn members_run<const V: usize, const EXHAUSTIVE: bool>(
+        g: &mut Greedy,
+        start: u64,
+        stop: u64,
+        blend: &mut Blend<'_>,
+        lowest: &mut f64,
+    ) -> u64 {
+        let mut r = Lanes::<V>::load(g, *lowest, start);
+        let mut reached = stop;
+        for i in start..stop {
+            let (e, t) = r.errors();
+            let top = _mm256_cvtsd_f64(t);
+            if top < r.floor {
+                reached = i;
+                break;
+            }
+            r.least = r.least.min(top);
+            r.commit::<EXHAUSTIVE>(g, &e, t, blend, (i - g.offset) as usize);
+        }
+        r.store(g, lowest);
         reached
+    }
+
+    /// [`members_run`] of two runs at once, `steps` positions each from `a_start` and
+    /// `b_start` (one thread's two pieces of a parallel blend): each position's counts wait
+    /// for the position before, so the core computes one run's position while the other's
+    /// waits. Both stop at the first step where either misses its floor; returns the steps
+    /// both made.
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn members_run_pair<const V: usize, const EXHAUSTIVE: bool>(
+        (a, a_blend, a_start, a_lowest): (&mut Greedy, &mut Blend<'_>, u64, &mut f64),
+        (b, b_blend, b_start, b_lowest): (&mut Greedy, &mut Blend<'_>, u64, &mut f64),
+        steps: u64,
+    ) -> u64 {
+        let mut ra = Lanes::<V>::load(a, *a_lowest, a_start);
+        let mut rb = Lanes::<V>::load(b, *b_lowest, b_start);
+        let (a_at, b_at) = ((a_start - a.offset) as usize, (b_start - b.offset) as usize);
+        let mut done = steps;
+        for s in 0..steps {
+            let (ea, ta) = ra.errors();
+            let (eb, tb) = rb.errors();
+            let (top_a, top_b) = (_mm256_cvtsd_f64(ta), _mm256_cvtsd_f64(tb));
+            if top_a < ra.floor || top_b < rb.floor {
+                done = s;
+                break;
+            }
+            ra.least = ra.least.min(top_a);
+            rb.least = rb.least.min(top_b);
+            ra.commit::<EXHAUSTIVE>(a, &ea, ta, a_blend, a_at + s as usize);
+            rb.commit::<EXHAUSTIVE>(b, &eb, tb, b_blend, b_at + s as usize);
+        }
+        ra.store(a, a_lowest);
+        rb.store(b, b_lowest);
+        done
     }
 }
 
@@ -952,21 +1232,40 @@ mod tests {
         for w in &weights {
             for n in [0usize, 1, 2, 3, 17, 5000, 70_000] {
                 let want = reference(w, n);
-                for pieces in [1u64, 2, 3, 7] {
-                    for guessed in [true, false] {
-                        let (mut out, mut samples) = (vec![u16::MAX; n], vec![-1i64; n]);
-                        let make = || Greedy::new(w.clone(), None, n as u64, w.iter().sum());
-                        let blend = Blend {
-                            out: &mut out,
-                            samples: &mut samples,
-                        };
-                        if guessed {
-                            blend_in_pieces(make, blend, pieces, Greedy::guess_counts).unwrap();
-                        } else {
-                            blend_in_pieces(make, blend, pieces, far).unwrap();
+                // Pieces alone or two a thread side by side (their meetings early, so that
+                // the pair kernel runs long parts of small blends too).
+                for (pair, meetings) in [
+                    (false, &MEETINGS[..]),
+                    (true, &MEETINGS[..]),
+                    (true, &[16, 256][..]),
+                ] {
+                    for pieces in [1u64, 2, 3, 7] {
+                        for guessed in [true, false] {
+                            let (mut out, mut samples) = (vec![u16::MAX; n], vec![-1i64; n]);
+                            let make = || Greedy::new(w.clone(), None, n as u64, w.iter().sum());
+                            let blend = Blend {
+                                out: &mut out,
+                                samples: &mut samples,
+                            };
+                            if guessed {
+                                blend_in_pieces(
+                                    make,
+                                    blend,
+                                    pieces,
+                                    Greedy::guess_counts,
+                                    pair,
+                                    meetings,
+                                )
+                                .unwrap();
+                            } else {
+                                blend_in_pieces(make, blend, pieces, far, pair, meetings).unwrap();
+                            }
+                            let case = format!(
+                                "{w:?} n={n} pieces={pieces} {guessed} {pair} {meetings:?}"
+                            );
+                            assert_eq!(out, want, "{case}");
+                            assert_eq!(samples, samples_of(&want), "{case}");
                         }
-                        assert_eq!(out, want, "{w:?} n={n} pieces={pieces} {guessed}");
-                        assert_eq!(samples, samples_of(&want), "{w:?} n={n} pieces={pieces}");
                     }
                 }
             }
@@ -976,7 +1275,7 @@ mod tests {
             let want = exhaustive_reference(&sizes);
             let w: Vec<f64> = sizes.iter().map(|&s| s as f64 / total as f64).collect();
             let limits: Vec<f64> = sizes.iter().map(|&s| s as f64).collect();
-            for pieces in [2u64, 5] {
+            for (pieces, pair) in [(2u64, false), (5, false), (2, true), (5, true)] {
                 let (mut out, mut samples) =
                     (vec![u16::MAX; total as usize], vec![-1; total as usize]);
                 let make = || Greedy::new(w.clone(), Some(limits.clone()), total, w.iter().sum());
@@ -984,9 +1283,14 @@ mod tests {
                     out: &mut out,
                     samples: &mut samples,
                 };
-                blend_in_pieces(make, blend, pieces, Greedy::guess_counts).unwrap();
-                assert_eq!(out, want, "{sizes:?} pieces={pieces}");
-                assert_eq!(samples, samples_of(&want), "{sizes:?} pieces={pieces}");
+                blend_in_pieces(make, blend, pieces, Greedy::guess_counts, pair, &[16, 256])
+                    .unwrap();
+                assert_eq!(out, want, "{sizes:?} pieces={pieces} {pair}");
+                assert_eq!(
+                    samples,
+                    samples_of(&want),
+                    "{sizes:?} pieces={pieces} {pair}"
+                );
             }
         }
     }
@@ -1000,6 +1304,9 @@ mod tests {
                 .collect::<Vec<_>>(),
         );
         let n = 2 * PIECE as usize + 12_345;
+        assert_eq!(blend(&w, n), reference(&w, n));
+        // Two pieces a thread from 2 * threads * PIECE positions: pairs side by side.
+        let n = 2 * rayon::current_num_threads() * PIECE as usize + 777;
         assert_eq!(blend(&w, n), reference(&w, n));
     }
 
