@@ -89,7 +89,7 @@ def test_a_structured_dtype_and_a_view_shuffle_in_place():
 
 def test_a_large_array_and_several_shuffles_with_one_state():
     # Megatron shuffles several arrays with one state: each call continues numpy's stream.
-    # 4.5e6 elements take the path that draws on a second thread (from 2**22).
+    # 4.5e6 elements take the path that draws on a second thread (from 2**21).
     ours, numpys = _pair(1234, 0, False)
     for n in (4_500_000, 3, 77_777):
         x = np.arange(n, dtype=np.uint32)
