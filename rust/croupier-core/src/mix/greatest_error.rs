@@ -440,7 +440,8 @@ impl Greedy {
         self.run_any(&mut blend, false)
     }
 
-    /// One copy of the AVX2 greedy for every caller (the pieces call it from three places).
+    /// One copy of the AVX2 greedy for every caller (a whole blend, a piece's meeting runs and
+    /// its rest, the pieces' checks).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     #[inline(never)]
@@ -489,6 +490,8 @@ impl Greedy {
                 a.pad_to(lanes);
                 b.pad_to(lanes);
                 let steps = (a_stop - a0).min(b_stop - b0);
+                // SAFETY (the kernel's): AVX2 is on (this function's feature); both runs'
+                // member arrays hold `lanes` lanes, padded above.
                 macro_rules! pair {
                     ($v:literal) => {
                         if exhaustive {
@@ -566,8 +569,9 @@ impl Greedy {
     }
 
     /// Positions `course.i..stop` of the block `block_start..stop` whose members are drawn
-    /// (the pair kernel may have made the first ones): among the members while the largest error reaches the floor, by a scan
-    /// of every dataset where it does not; then the floor follows what the blocks saw.
+    /// (the pair kernel may have made the first ones): among the members while the largest
+    /// error reaches the floor, by a scan of every dataset where it does not; then the floor
+    /// follows what the blocks saw.
     #[inline(always)]
     fn finish_block(
         &mut self,
@@ -1028,7 +1032,6 @@ mod avx2 {
     /// waits. Both stop at the first step where either misses its floor; returns the steps
     /// both made.
     #[target_feature(enable = "avx2")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn members_run_pair<const V: usize, const EXHAUSTIVE: bool>(
         (a, a_blend, a_start, a_lowest): (&mut Greedy, &mut Blend<'_>, u64, &mut f64),
         (b, b_blend, b_start, b_lowest): (&mut Greedy, &mut Blend<'_>, u64, &mut f64),
@@ -1275,7 +1278,9 @@ mod tests {
             let want = exhaustive_reference(&sizes);
             let w: Vec<f64> = sizes.iter().map(|&s| s as f64 / total as f64).collect();
             let limits: Vec<f64> = sizes.iter().map(|&s| s as f64).collect();
-            for (pieces, pair) in [(2u64, false), (5, false), (2, true), (5, true)] {
+            let cases = [(2u64, false), (5, false), (2, true), (5, true)];
+            for ((pieces, pair), guessed) in cases.into_iter().flat_map(|c| [(c, true), (c, false)])
+            {
                 let (mut out, mut samples) =
                     (vec![u16::MAX; total as usize], vec![-1; total as usize]);
                 let make = || Greedy::new(w.clone(), Some(limits.clone()), total, w.iter().sum());
@@ -1283,9 +1288,13 @@ mod tests {
                     out: &mut out,
                     samples: &mut samples,
                 };
-                blend_in_pieces(make, blend, pieces, Greedy::guess_counts, pair, &[16, 256])
-                    .unwrap();
-                assert_eq!(out, want, "{sizes:?} pieces={pieces} {pair}");
+                if guessed {
+                    blend_in_pieces(make, blend, pieces, Greedy::guess_counts, pair, &[16, 256])
+                } else {
+                    blend_in_pieces(make, blend, pieces, far, pair, &[16, 256])
+                }
+                .unwrap();
+                assert_eq!(out, want, "{sizes:?} pieces={pieces} {pair} {guessed}");
                 assert_eq!(
                     samples,
                     samples_of(&want),

@@ -337,6 +337,7 @@ mod tests {
             tops.extend([(1u64 << b) - 1, 1 << b, (1 << b) + 1, (1 << b) + 700]);
         }
         tops.extend((0..40).map(|_| 1 + next(1 << 40)));
+        tops.extend([1 << 63, u64::MAX - 1, u64::MAX]);
         for (case, &top) in tops.iter().enumerate() {
             let seed = case as u32;
             let mut bulk = Mt19937::from_genrand_seed(seed);
@@ -344,7 +345,7 @@ mod tests {
                 bulk.next_u32(); // any position in the words
             }
             let mut one = bulk.clone();
-            let len = (1 + next(1500)).min(top + 1) as usize;
+            let len = (1 + next(1500)).min(top.saturating_add(1)) as usize;
             let mut got = vec![u64::MAX; len];
             bulk.intervals_down(top, &mut got);
             let want: Vec<u64> = (0..len as u64)
@@ -354,6 +355,14 @@ mod tests {
             assert_eq!(bulk, one, "state after top {top}, len {len}");
             assert_eq!(bulk.next_u32(), one.next_u32());
         }
+        // Nothing drawn, at the end of the words too: nothing moves.
+        let mut spent = Mt19937::from_genrand_seed(3);
+        for _ in 0..MT_WORDS {
+            spent.next_u32();
+        }
+        let before = spent.clone();
+        spent.intervals_down(1 << 20, &mut []);
+        assert_eq!(spent, before);
     }
 
     #[test]
