@@ -283,7 +283,8 @@ sys.exit(0)
         "legacy shuffle",
         "megatron blend",
         "megatron shuffle index",
-        "megatron sample index",
+        # Its inputs (2 x 800 MB, read at random) take seconds to build: with the slow tests.
+        pytest.param("megatron sample index", marks=pytest.mark.slow),
         "megatron random sampler",
     ],
 )
