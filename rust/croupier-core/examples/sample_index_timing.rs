@@ -2,31 +2,13 @@
 //! `cargo run --release --example sample_index_timing -- [N]` (default 1e9 documents of 1 to
 //! 2,000 tokens in a shuffled order, samples of 4,096 tokens; 8 GB of input). Buffers are
 //! advised onto huge pages, as numpy's are.
-use croupier_core::{sample_index, SampleIndexSpec};
+use croupier_core::{sample_index, try_with_capacity_huge, SampleIndexSpec};
 use rayon::prelude::*;
 use std::time::Instant;
 
 /// A buffer of `n` values from `f`, on huge pages where the kernel gives them (as numpy's).
 fn huge<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
-    let mut v: Vec<T> = Vec::with_capacity(n);
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let start = v.as_ptr() as usize;
-        let bytes = n * std::mem::size_of::<T>();
-        let aligned = start.next_multiple_of(HUGE);
-        let end = (start + bytes) / HUGE * HUGE;
-        if end > aligned {
-            // SAFETY: [aligned, end) lies inside the allocation; madvise only sets a hint.
-            unsafe {
-                libc::madvise(
-                    aligned as *mut libc::c_void,
-                    end - aligned,
-                    libc::MADV_HUGEPAGE,
-                );
-            }
-        }
-    }
+    let mut v = try_with_capacity_huge::<T>("a buffer", n as u64).expect("memory");
     v.spare_capacity_mut()
         .par_iter_mut()
         .enumerate()

@@ -174,11 +174,23 @@ pub(crate) fn keep_range<T: Copy>(v: &mut Vec<T>, from: usize, len: usize) {
 /// Buffers from this size on ask the kernel for transparent huge pages.
 pub(crate) const HUGE_PAGE_BYTES: usize = 2 << 20;
 
-/// Like [`try_with_capacity`], and on Linux advises the kernel to back a large buffer with
+/// An empty vector with room for exactly `n` elements (an [`Error::Alloc`] naming `what`
+/// instead of an abort), and on Linux the kernel advised to back a large buffer with
 /// transparent huge pages before it is first touched (`madvise(MADV_HUGEPAGE)`): a 4 GB
 /// buffer then needs about 2,000 page faults instead of a million, and far fewer TLB misses.
 /// The advice changes speed only, never contents; where it is refused nothing changes.
-pub(crate) fn try_with_capacity_huge<T>(what: &'static str, n: u64) -> Result<Vec<T>> {
+///
+/// # Errors
+///
+/// [`Error::Alloc`] when `n` elements do not fit in memory.
+///
+/// # Examples
+///
+/// ```
+/// let v = croupier_core::try_with_capacity_huge::<u64>("a buffer", 1 << 20).unwrap();
+/// assert!(v.is_empty() && v.capacity() == 1 << 20);
+/// ```
+pub fn try_with_capacity_huge<T>(what: &'static str, n: u64) -> Result<Vec<T>> {
     let v = try_with_capacity::<T>(what, n)?;
     #[cfg(target_os = "linux")]
     {

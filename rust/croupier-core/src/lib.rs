@@ -68,7 +68,9 @@ pub use cancel::Cancel;
 pub use deal::{first_stop, rank_range, rank_range_bytes, Deal, Draw, Elastic, Layout, Order};
 pub use draw::random_access::RandomAccessPermutation;
 pub use error::{Error, Result};
-pub use index::{index_bytes, range_par, Index, Indices, MAX_LEN, U32_MAX_LEN};
+pub use index::{
+    index_bytes, range_par, try_with_capacity_huge, Index, Indices, MAX_LEN, U32_MAX_LEN,
+};
 pub use mix::{
     exhaustive_greatest_error_blend, greatest_error_blend, Interleaving, Mixture, MixtureConfig,
     PhaseSpec, BLEND_MAX_DATASETS, BLEND_WEIGHT_SUM_TOLERANCE,
