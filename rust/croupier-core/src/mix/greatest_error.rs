@@ -361,7 +361,8 @@ struct Greedy {
     member_next: Vec<f64>,
     /// Real members (the rest is padding).
     live: usize,
-    /// Lanes in use: `live` rounded up to 1, 2, 4 or 8 vectors of 4 (or to [`LANES`]).
+    /// Lanes in use: `live` rounded up to whole vectors of 4 (at most [`MOST_LANES`], the
+    /// kernels' reach; more members round up to [`LANES`] and take the portable loop).
     lanes: usize,
     /// The level the largest error has stayed above recently.
     floor: f64,
@@ -399,6 +400,8 @@ impl Course {
 
 /// Lanes a scan of every dataset handles at once (two 256-bit vectors of `f64`).
 const LANES: usize = 8;
+/// The most members a kernel holds (12 vectors of 4).
+const MOST_LANES: usize = 48;
 /// Positions a member list serves before it is drawn afresh.
 const BLOCK: u64 = 16;
 
@@ -412,7 +415,7 @@ impl Greedy {
         counts.resize(padded, f64::INFINITY);
         // An error rounds by at most 2**-53 (w x + |e| + 1), |e| below 2 + |sum - 1| x.
         let slack = (end as f64 * (1.0 + (sum - 1.0).abs()) + 64.0) * 2f64.powi(-48);
-        let room = padded + 32;
+        let room = padded + MOST_LANES;
         Greedy {
             weights: w,
             counts,
@@ -486,7 +489,7 @@ impl Greedy {
             a.draw_members((a_stop - 1) as f64, true);
             b.draw_members((b_stop - 1) as f64, true);
             let lanes = a.lanes.max(b.lanes);
-            if lanes <= 32 {
+            if lanes <= MOST_LANES {
                 a.pad_to(lanes);
                 b.pad_to(lanes);
                 let steps = (a_stop - a0).min(b_stop - b0);
@@ -512,8 +515,16 @@ impl Greedy {
                 let done = match lanes / 4 {
                     1 => pair!(1),
                     2 => pair!(2),
+                    3 => pair!(3),
                     4 => pair!(4),
-                    _ => pair!(8),
+                    5 => pair!(5),
+                    6 => pair!(6),
+                    7 => pair!(7),
+                    8 => pair!(8),
+                    9 => pair!(9),
+                    10 => pair!(10),
+                    11 => pair!(11),
+                    _ => pair!(12),
                 };
                 a.sync_counts();
                 b.sync_counts();
@@ -687,8 +698,16 @@ impl Greedy {
             match vectors {
                 1 => return kernel!(1),
                 2 => return kernel!(2),
+                3 => return kernel!(3),
                 4 => return kernel!(4),
+                5 => return kernel!(5),
+                6 => return kernel!(6),
+                7 => return kernel!(7),
                 8 => return kernel!(8),
+                9 => return kernel!(9),
+                10 => return kernel!(10),
+                11 => return kernel!(11),
+                12 => return kernel!(12),
                 _ => {}
             }
         }
@@ -724,7 +743,7 @@ impl Greedy {
     /// The members for a block whose last position is `x_last`: every dataset whose error
     /// there (the largest it can reach in the block, as errors only rise until picked) may
     /// reach the floor less twice the slack. Every other dataset's rounded error stays below
-    /// the floor all block long. Padded to 1, 2, 4 or 8 vectors of 4 lanes (or to [`LANES`]).
+    /// the floor all block long. Padded as [`Greedy::pad_members`] pads.
     #[inline(always)]
     fn draw_members(&mut self, x_last: f64, avx2: bool) {
         let level = self.floor - 3.0 * self.slack;
@@ -781,10 +800,7 @@ impl Greedy {
     #[inline(always)]
     fn pad_members(&mut self) {
         self.lanes = match self.live {
-            0..=4 => 4,
-            5..=8 => 8,
-            9..=16 => 16,
-            17..=32 => 32,
+            0..=MOST_LANES => self.live.div_ceil(4).max(1) * 4,
             live => live.div_ceil(LANES) * LANES,
         };
         for k in self.live..self.lanes {
@@ -801,7 +817,7 @@ impl Greedy {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Blend, Greedy};
+    use super::{Blend, Greedy, MOST_LANES};
 
     /// For each mask of 4 lanes, the lanes set, first to last, then the rest (as indices of
     /// 32-bit halves: lane `l` is halves `2l` and `2l + 1`): a permutation that packs the
@@ -923,12 +939,13 @@ mod avx2 {
                 );
             }
             let mut m = e;
-            let mut width = V;
-            while width > 1 {
-                width /= 2;
-                for j in 0..width {
-                    m[j] = _mm256_max_pd(m[j], m[j + width]);
+            let mut len = V;
+            while len > 1 {
+                let half = len.div_ceil(2);
+                for j in 0..len - half {
+                    m[j] = _mm256_max_pd(m[j], m[j + half]);
                 }
+                len = half;
             }
             let t = _mm256_max_pd(m[0], _mm256_permute2f128_pd::<1>(m[0], m[0]));
             (e, _mm256_max_pd(t, _mm256_permute_pd::<0b0101>(t)))
@@ -954,7 +971,7 @@ mod avx2 {
             }
             let k = hits.trailing_zeros() as usize;
             if hits & (hits - 1) != 0 {
-                let mut lanes = [0.0; 32];
+                let mut lanes = [0.0; MOST_LANES];
                 for j in 0..V {
                     _mm256_storeu_pd(lanes.as_mut_ptr().add(4 * j), self.c[j]);
                 }
@@ -1184,6 +1201,9 @@ mod tests {
             normalized(&(0..7).map(|_| next().powi(6)).collect::<Vec<_>>()),
             normalized(&[1e-9, 1.0, 1e-6, 3.0]),
             normalized(&[1.0; 64]),
+            // Members from a few vectors to past the kernels' 48 lanes (the portable loop).
+            normalized(&(0..200).map(|_| next() + 0.1).collect::<Vec<_>>()),
+            normalized(&[1.0; 300]),
         ];
         for weights in &cases {
             for n in [0, 1, 2, 3, 17, 5000, 40_000] {
