@@ -323,3 +323,63 @@ def test_ctrl_c_interrupts_a_long_call_promptly(call, delay):
     # The stopped work says nothing: no panic message from a thread of the call.
     assert "panicked" not in err, err
     assert waited < 1.0, f"KeyboardInterrupt came {waited:.2f} s after Ctrl-C"
+
+
+_FIRST_INDEX_THREADS = """
+import os, sys
+import croupier
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+before = threads()
+n = 10**9
+firsts = []
+for shuffle in (True, False):
+    s = croupier.DistributedSampler(n, num_replicas=8, rank=3, shuffle=shuffle, seed=4)
+    s.set_epoch(2)
+    firsts.append(next(iter(s)))
+    # A resume's first index: a fresh sampler, a checkpoint at mid-epoch loaded.
+    s.set_skip(len(s) // 2)
+    state = s.state_dict()
+    r = croupier.DistributedSampler(n, num_replicas=8, rank=3, shuffle=shuffle, seed=4)
+    r.load_state_dict(state)
+    firsts.append(next(iter(r)))
+during = threads()
+croupier.permutation(1 << 22)  # a call that needs the pool starts it
+print(before, during, threads(), *firsts)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="counts threads in /proc/self/task")
+def test_a_fresh_processs_first_index_starts_no_thread():
+    # The first window of the global order (and of an unshuffled share) runs on the calling
+    # thread: a process that only takes first indices and resumes never starts croupier's
+    # thread pool (which costs a few tenths of a millisecond). The count can fail: the
+    # permutation after them does start the pool.
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_INDEX_THREADS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.split()
+    before, during, after = (int(x) for x in out[:3])
+    assert during == before, f"threads {before} -> {during} for first indices"
+    assert after > during, "the pool's threads were not seen: the count measures nothing"
+    # The same indices as the pooled path gives (ranges past the inline length).
+    expected = []
+    for shuffle in (True, False):
+        share = croupier._core.RankShare(
+            n=10**9,
+            num_replicas=8,
+            rank=3,
+            shuffle=shuffle,
+            seed=4,
+            drop_last=False,
+            order=croupier._core.Order.GLOBAL,
+        )
+        mid = share.num_samples // 2
+        for start in (0, mid):
+            expected.append(int(share.indices(2, start, start + (1 << 15))[0]))
+    assert [int(x) for x in out[3:]] == expected

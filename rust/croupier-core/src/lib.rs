@@ -65,7 +65,10 @@ mod stream;
 mod testkit;
 
 pub use cancel::Cancel;
-pub use deal::{first_stop, rank_range, rank_range_bytes, Deal, Draw, Elastic, Layout, Order};
+pub use deal::{
+    first_stop, rank_range, rank_range_bytes, rank_range_is_inline, Deal, Draw, Elastic, Layout,
+    Order,
+};
 pub use draw::random_access::RandomAccessPermutation;
 pub use error::{Error, Result};
 pub use index::{

@@ -31,6 +31,7 @@ mod sequential;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use croupier_core::Layout;
+use numpy::IntoPyArray;
 use pyo3::exceptions::{PyImportError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -129,6 +130,9 @@ fn load_numpy_api(py: Python<'_>) -> PyResult<()> {
     py.import("numpy")?;
     catch_unwind(AssertUnwindSafe(|| {
         numpy::PyArray1::<u32>::zeros(py, 0, false);
+        // rust-numpy's owner of a Rust buffer handed over whole (`into_pyarray`) is a Python
+        // type it creates on first use: created here too, not at a first sampler's first call.
+        drop(vec![0u32].into_pyarray(py));
     }))
     .map_err(|_| PyImportError::new_err("croupier: numpy's C API could not be loaded"))
 }
@@ -144,6 +148,11 @@ fn load_numpy_api(py: Python<'_>) -> PyResult<()> {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     load_numpy_api(m.py())?;
     quiet_panics_of_abandoned_work();
+    // The core picks its AVX2 kernels by run-time detection, which runs `cpuid` several times
+    // on its first use: about 30 us in a VM, where every `cpuid` exits to the hypervisor. Paid
+    // here, once, rather than by a first sampler's first index.
+    #[cfg(target_arch = "x86_64")]
+    let _ = std::arch::is_x86_feature_detected!("avx2");
     m.add_class::<Order>()?;
     m.add_class::<RankShare>()?;
     // Its name before 0.2.0: samplers pickled then name `croupier._core.Deal`.

@@ -8,7 +8,7 @@ use pyo3::types::PyDict;
 
 use crate::config::{config, Config};
 use crate::order::Order;
-use crate::runtime::{core, sized, to_numpy};
+use crate::runtime::{core, inline, sized, to_numpy};
 
 /// Positions per piece of a streamed share (see `RankShare.window`).
 const STREAM_WINDOW: u64 = 1 << 16;
@@ -85,9 +85,14 @@ impl RankShare {
             _ => "torch's order (the whole permutation, as torch builds it)",
         };
         let (layout, rank) = (self.layout, self.rank);
-        let out = sized(py, bytes, what, move || {
-            croupier_core::rank_range(&layout, rank, draw, start..stop)
-        })?;
+        let work = move || croupier_core::rank_range(&layout, rank, draw, start..stop);
+        // A first window or a resume's first index: on this thread, so that a fresh process's
+        // first index starts no thread pool.
+        let out = if croupier_core::rank_range_is_inline(draw, start..stop) {
+            inline(py, work)?
+        } else {
+            sized(py, bytes, what, work)?
+        };
         Ok(to_numpy(py, out))
     }
 

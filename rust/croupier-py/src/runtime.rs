@@ -88,6 +88,20 @@ pub(crate) fn detached<T: Send>(
     }
 }
 
+/// [`detached`] for a call the core runs on the calling thread alone (it says so, as
+/// `croupier_core::rank_range_is_inline` does): the work runs here, with the GIL released,
+/// and no thread pool is woken or, in a fresh process, started. Such calls are short (tens of
+/// microseconds), so they need no Ctrl-C handling; errors and panics map as in [`detached`].
+pub(crate) fn inline<T: Send>(
+    py: Python<'_>,
+    work: impl FnOnce() -> Result<T, Error> + Send,
+) -> PyResult<T> {
+    match py.detach(|| catch_unwind(AssertUnwindSafe(work))) {
+        Ok(result) => core(result),
+        Err(panic) => Err(panic_error(panic)),
+    }
+}
+
 /// Calls whose buffers take at least this many bytes run interruptibly.
 const INTERRUPTIBLE_FROM: u64 = 1 << 26;
 

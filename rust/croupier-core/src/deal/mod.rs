@@ -38,4 +38,4 @@ pub(crate) mod seekable;
 pub use elastic::{Elastic, ELASTIC_FIRST_STOP};
 pub use layout::{check_num_replicas, check_world, Deal, Layout};
 pub use micro_batches::micro_batches;
-pub use rank::{first_stop, rank_range, rank_range_bytes, Draw, Order};
+pub use rank::{first_stop, rank_range, rank_range_bytes, rank_range_is_inline, Draw, Order};

@@ -171,6 +171,32 @@ pub fn rank_range(layout: &Layout, rank: u64, draw: Draw, range: Range<u64>) -> 
     })
 }
 
+/// Whether a [`rank_range`] call with these arguments runs on the calling thread alone,
+/// touching no thread pool (rayon's global one included): ranges of at most 16,384
+/// positions unshuffled or in the global order (a first window, a resume's first index).
+/// A caller may then run it inline, without waking (or, in a fresh process, starting) a pool;
+/// `tests/no_pool_when_inline.rs` checks that such calls leave rayon's global pool unbuilt.
+///
+/// # Examples
+///
+/// ```
+/// use croupier_core::{rank_range_is_inline, Draw, Order};
+///
+/// let global = Draw { order: Order::Global, ..Draw::default() };
+/// assert!(rank_range_is_inline(global, 0..1024));
+/// assert!(!rank_range_is_inline(global, 0..1 << 16));
+/// let per_rank = Draw { order: Order::PerRank, ..Draw::default() };
+/// assert!(!rank_range_is_inline(per_rank, 0..64));
+/// ```
+pub fn rank_range_is_inline(draw: Draw, range: Range<u64>) -> bool {
+    let short = range.end.saturating_sub(range.start) <= INLINE_POSITIONS;
+    short && (!draw.shuffle || draw.order == Order::Global)
+}
+
+/// The longest [`rank_range_is_inline`] range: one task of the random-access fill, which
+/// runs on the calling thread up to this length (and a sequential deal, which always does).
+const INLINE_POSITIONS: u64 = crate::draw::random_access::TASK as u64;
+
 /// Bytes a [`rank_range`] call with these arguments holds at its peak: the positions asked
 /// for, and whatever is computed whole to reach them (the blocks holding them in
 /// `order="per_rank"`, the whole permutation of `n` in torch's order). An estimate, so that a call

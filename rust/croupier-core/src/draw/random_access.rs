@@ -42,7 +42,7 @@ pub const ROUNDS: usize = 8;
 /// Domains up to this size are a shuffled table.
 pub const TABLE_MAX: u64 = 1 << 10;
 /// Positions evaluated per parallel task.
-const TASK: usize = 1 << 14;
+pub(crate) const TASK: usize = 1 << 14;
 /// Positions encrypted together, their multiply chains overlapping (two AVX2 registers of
 /// 32-bit halves).
 const LANES: usize = 16;
