@@ -23,6 +23,7 @@ rest, the same for every sampler:
 
 from __future__ import annotations
 
+import itertools
 import operator
 import sys
 import threading
@@ -112,10 +113,12 @@ class Batches:
         """The batches as Python lists of ints."""
         if len(self) == 0:
             return []
-        lo, hi = int(self.offsets[0]), int(self.offsets[-1])
-        values = self.flat[lo:hi]
-        cuts = (self.offsets[1:-1] - lo).astype(np.intp)
-        return [part.tolist() for part in np.split(values, cuts)]
+        # One conversion of the values, then list slices (a numpy view a batch, as np.split
+        # makes, costs more than the batch's ints).
+        offsets = self.offsets.tolist()
+        lo = offsets[0]
+        values = self.flat[lo : offsets[-1]].tolist()
+        return [values[a - lo : b - lo] for a, b in itertools.pairwise(offsets)]
 
 
 class Loaded(NamedTuple):
@@ -886,11 +889,20 @@ def _called_by_a_loader() -> bool:
 
 
 def _emit(segments: Iterator[_Segment], cursor: _Cursor, chunk: int) -> Iterator[Any]:
-    """Yields the items of ``segments`` as Python objects, a chunk at a time."""
+    """The items of ``segments`` as Python objects, converted a chunk at a time: a C iterator
+    over the chunks' list iterators, so an item costs what iterating a list costs (a
+    generator delegating with ``yield from`` cost twice that). The cursor holds the list
+    iterator being read, so the position stays exact at every item."""
+    return itertools.chain.from_iterable(_chunks(segments, cursor, chunk))
+
+
+def _chunks(segments: Iterator[_Segment], cursor: _Cursor, chunk: int) -> Iterator[Iterator[Any]]:
+    """The iterators of ``segments``' chunks, each made current in ``cursor`` as it is handed
+    over (the iteration counts as started at the first)."""
     cursor.started = True
     for seg in segments:
         for lo in range(0, len(seg), chunk):
-            yield from cursor.advance(seg[lo : lo + chunk].tolist())
+            yield cursor.advance(seg[lo : lo + chunk].tolist())
 
 
 class IndexSampler(StatefulSampler[int, "npt.NDArray[Any]"]):

@@ -69,13 +69,21 @@ pub(crate) fn fisher_yates<T: Index>(buf: &mut [T], stream: &mut Stream) {
     );
 }
 
-/// `[0, n)` in order, in a freshly allocated buffer.
+/// `[0, n)` in order, in a freshly allocated buffer (huge pages: a shuffle reads it at
+/// random, see `try_with_capacity_huge`); from [`IDENTITY_PAR_FROM`] values written by every
+/// core, so that its first touch (page faults, up to 2 s a GB on a fresh VM) is spread.
 pub(crate) fn identity<T: Index>(n: u64) -> Result<Vec<T>> {
-    // Huge pages (a shuffle reads it at random: see `try_with_capacity_huge`).
+    if n >= IDENTITY_PAR_FROM {
+        return crate::index::range_par(n);
+    }
     let mut v = try_with_capacity_huge::<T>("an index buffer", n)?;
     v.extend((0..n).map(T::from_u64));
     Ok(v)
 }
+
+/// Values from which [`identity`] writes on every core (below, a pool's wake-up costs more
+/// than the writes).
+const IDENTITY_PAR_FROM: u64 = 1 << 20;
 
 #[cfg(test)]
 mod tests {

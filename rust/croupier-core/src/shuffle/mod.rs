@@ -9,9 +9,12 @@
 //!   in cache lines, whole lines written with non-temporal stores).
 //! - `torch_randperm`: torch's CPU `randperm` reproduced exactly ([`torch_randperm()`],
 //!   [`TorchRandperm`]), for `order="torch"`.
+//! - `drawn_steps`: the loop of a shuffle whose stream is sequential (numpy's, torch's): the
+//!   draws a block ahead, their targets prefetched, on a second thread for long buffers.
 //! - `numpy_legacy`: numpy's legacy `RandomState.shuffle` reproduced exactly
 //!   ([`legacy_shuffle`], [`Mt19937`] with numpy's state layout), for Megatron-Core's indices.
 
+pub(crate) mod drawn_steps;
 pub(crate) mod fisher_yates;
 pub(crate) mod numpy_legacy;
 pub(crate) mod parallel;

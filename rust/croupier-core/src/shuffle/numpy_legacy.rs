@@ -17,14 +17,12 @@
 //! position, so this module carries its own 60-line twister.
 //!
 //! The swaps are the cost at scale (one random access each, into a buffer of gigabytes): the
-//! draws for the next [`LOOKAHEAD`] swaps are made ahead and their targets prefetched, in
-//! numpy's draw order. From [`DRAWS_APART_FROM`] elements on, a second thread makes the draws
-//! (a third of the time on one thread) in blocks, in numpy's order, while this one swaps.
-
-use std::sync::mpsc::{channel, sync_channel};
+//! draws are made a block at a time ahead of the swaps and their targets prefetched, in
+//! numpy's draw order, on a second thread from [`DRAWS_APART_FROM`] elements on
+//! (`shuffle::drawn_steps`).
 
 use crate::cancel::{cancelled, CHECK_EVERY};
-use crate::shuffle::fisher_yates::{prefetch, swaps_with_lookahead, LOOKAHEAD};
+use crate::shuffle::drawn_steps::drawn_steps;
 
 /// Words of the Mersenne Twister's state.
 pub const MT_WORDS: usize = 624;
@@ -213,89 +211,15 @@ impl Mt19937 {
 /// assert_eq!(sorted, (0..10).collect::<Vec<u32>>()); // the same elements, reordered
 /// ```
 pub fn legacy_shuffle<T: Send>(buf: &mut [T], mt: &mut Mt19937) {
+    // Swap number s exchanges element n-1-s with random_interval(n-1-s), s = 0 .. n-2,
+    // drawn a block at a time (on a second thread from DRAWS_APART_FROM elements).
     let n = buf.len();
-    if n >= DRAWS_APART_FROM {
-        return shuffle_with_drawing_thread(buf, mt);
-    }
-    // Swap number s exchanges element n-1-s with random_interval(n-1-s), s = 0 .. n-2: the
-    // lookahead loop asks for them in that order, and they are drawn a block at a time.
-    let swaps = n.saturating_sub(1);
-    let mut drawn = [0u64; LOCAL_BLOCK];
-    swaps_with_lookahead::<_, LOOKAHEAD>(
+    drawn_steps(
         buf,
-        swaps,
-        |s| n - 1 - s,
-        |s| {
-            let k = s % LOCAL_BLOCK;
-            if k == 0 {
-                let len = LOCAL_BLOCK.min(swaps - s);
-                mt.intervals_down((n - 1 - s) as u64, &mut drawn[..len]);
-            }
-            drawn[k] as usize
-        },
+        n.saturating_sub(1),
+        |s, block| mt.intervals_down((n - 1 - s) as u64, block),
+        |buf, s, j| buf.swap(n - 1 - s, j),
     );
-}
-
-/// Draws made at once on the swapping thread.
-const LOCAL_BLOCK: usize = 512;
-/// Elements from which [`legacy_shuffle`] draws on a second thread (with the draws made a block
-/// at a time, the threaded shuffle measured 3.0-4.0 ns a swap at 2e6 against 4.3-6.0 on one
-/// thread, and slower below 1e6: `examples/legacy_timing`).
-pub const DRAWS_APART_FROM: usize = 1 << 21;
-/// Draws a block carries from the drawing thread to the swapping one.
-const DRAW_BLOCK: usize = 1 << 13;
-/// Blocks drawn ahead of the swaps at most.
-const BLOCKS_AHEAD: usize = 4;
-
-/// [`legacy_shuffle`] with the draws made on a second thread: the same swaps in the same
-/// order, and `mt` left as numpy leaves it (unless cancelled). The drawing thread sends full
-/// blocks of targets and gets the swapped blocks back to refill, so no block is allocated
-/// after the first few.
-fn shuffle_with_drawing_thread<T: Send>(buf: &mut [T], mt: &mut Mt19937) {
-    let n = buf.len();
-    let swaps = n.saturating_sub(1);
-    let (full_tx, full_rx) = sync_channel::<Vec<u64>>(BLOCKS_AHEAD);
-    let (empty_tx, empty_rx) = channel::<Vec<u64>>();
-    let cancel = crate::cancel::current();
-    std::thread::scope(|scope| {
-        scope.spawn(move || {
-            if let Some(c) = &cancel {
-                c.attach();
-            }
-            let mut s = 0;
-            while s < swaps {
-                if cancelled() {
-                    return; // the swapping thread sees the closed channel
-                }
-                let mut block = empty_rx
-                    .try_recv()
-                    .unwrap_or_else(|_| Vec::with_capacity(DRAW_BLOCK));
-                let end = (s + DRAW_BLOCK).min(swaps);
-                block.resize(end - s, 0);
-                mt.intervals_down((n - 1 - s) as u64, &mut block);
-                s = end;
-                if full_tx.send(block).is_err() {
-                    return; // the swapping thread stopped (cancelled)
-                }
-            }
-        });
-        // Owned here, so a return drops it: a drawing thread waiting to send then stops.
-        let full_rx = full_rx;
-        let mut s = 0;
-        for block in full_rx.iter() {
-            if cancelled() {
-                return; // dropping the receiver stops the drawing thread
-            }
-            for (k, &j) in block.iter().enumerate() {
-                if let Some(&ahead) = block.get(k + LOOKAHEAD) {
-                    prefetch(buf.as_ptr().wrapping_add(ahead as usize));
-                }
-                buf.swap(n - 1 - s, j as usize);
-                s += 1;
-            }
-            let _ = empty_tx.send(block);
-        }
-    });
 }
 
 /// [`legacy_shuffle`] over the rows of `bytes`, `row` bytes each (numpy's shuffle of a
@@ -319,6 +243,7 @@ pub fn legacy_shuffle_rows(bytes: &mut [u8], row: usize, mt: &mut Mt19937) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shuffle::drawn_steps::DRAWS_APART_FROM;
 
     #[test]
     fn bulk_draws_are_the_one_at_a_time_ones_and_leave_the_same_state() {
@@ -391,23 +316,12 @@ mod tests {
 
     #[test]
     fn the_drawing_thread_makes_numpys_swaps_and_leaves_its_state() {
-        // Around the block size and the lookahead inside a block; the public entry point takes
-        // this path from DRAWS_APART_FROM elements on.
-        for n in [
-            0usize,
-            1,
-            2,
-            LOOKAHEAD + 1,
-            DRAW_BLOCK,
-            DRAW_BLOCK + 1,
-            DRAW_BLOCK + 2,
-            3 * DRAW_BLOCK + 77,
-            20 * DRAW_BLOCK,
-        ] {
+        // From DRAWS_APART_FROM swaps on a second thread draws; its last block is partial.
+        for n in [DRAWS_APART_FROM + 1, DRAWS_APART_FROM + 3 * 8192 + 78] {
             let start = Mt19937::from_genrand_seed(n as u32 ^ 0x5eed);
             let (mut a, mut b) = (start.clone(), start.clone());
             let mut threaded: Vec<u64> = (0..n as u64).collect();
-            shuffle_with_drawing_thread(&mut threaded, &mut a);
+            legacy_shuffle(&mut threaded, &mut a);
             let want: Vec<u64> = plain(n, &mut b).into_iter().map(u64::from).collect();
             assert_eq!(threaded, want, "n = {n}");
             assert_eq!(a, b, "n = {n}: the state after");
@@ -415,29 +329,25 @@ mod tests {
     }
 
     #[test]
-    fn the_drawing_thread_stops_when_cancelled() {
+    fn a_cancelled_shuffle_stops_on_one_thread_and_on_two() {
         let cancel = crate::Cancel::new();
         cancel.attach();
         cancel.raise();
-        let mut mt = Mt19937::from_genrand_seed(3);
-        let mut v: Vec<u32> = (0..(DRAWS_APART_FROM as u32)).collect();
-        legacy_shuffle(&mut v, &mut mt); // returns at once: no block is drawn, none swapped
+        for n in [5000, DRAWS_APART_FROM + 1] {
+            let mut mt = Mt19937::from_genrand_seed(3);
+            let mut v: Vec<u32> = (0..n as u32).collect();
+            legacy_shuffle(&mut v, &mut mt); // returns at once: no block drawn, none swapped
+            assert!(
+                v.iter().enumerate().all(|(i, &x)| x as usize == i),
+                "n = {n}"
+            );
+        }
         crate::Cancel::detach();
-        assert!(v.iter().enumerate().all(|(i, &x)| x as usize == i));
     }
 
     #[test]
     fn the_lookahead_makes_numpys_swaps_and_leaves_its_state() {
-        for n in [
-            0usize,
-            1,
-            2,
-            3,
-            LOOKAHEAD - 1,
-            LOOKAHEAD,
-            LOOKAHEAD + 1,
-            5000,
-        ] {
+        for n in [0usize, 1, 2, 3, 31, 32, 33, 511, 513, 5000] {
             let start = Mt19937::from_genrand_seed(n as u32);
             let (mut a, mut b) = (start.clone(), start.clone());
             let mut fast: Vec<u32> = (0..n as u32).collect();

@@ -24,8 +24,9 @@ use rand_mt::Mt;
 
 use crate::cancel::{cancelled, CHECK_EVERY};
 use crate::error::{Error, Result};
-use crate::index::{check_len, try_with_capacity_huge, Index, Indices, U32_MAX_LEN};
-use crate::shuffle::fisher_yates::{identity, swaps_with_lookahead, LOOKAHEAD};
+use crate::index::{check_len, zeros_par, Index, Indices, U32_MAX_LEN};
+use crate::shuffle::drawn_steps::drawn_steps;
+use crate::shuffle::fisher_yates::identity;
 
 /// From this length on, torch 2.6 and later use the inside-out variant with 64-bit draws.
 pub const LARGE_N_THRESHOLD: u64 = u32::MAX as u64 / 20;
@@ -61,28 +62,49 @@ fn forward_swaps<T: Index>(buf: &mut [T], mt: &mut Mt) {
     }
 }
 
-/// Swap number i exchanges i with i + (random() mod (n - i)), in torch's draw order.
-fn forward_swaps_with<T: Index>(buf: &mut [T], mt: &mut Mt, rem: impl Fn(u32, usize) -> usize) {
+/// Swap number i exchanges i with i + (random() mod (n - i)), in torch's draw order (drawn a
+/// block ahead: `shuffle::drawn_steps`).
+fn forward_swaps_with<T: Index>(
+    buf: &mut [T],
+    mt: &mut Mt,
+    rem: impl Fn(u32, usize) -> usize + Send + Sync,
+) {
     let n = buf.len();
-    let swaps = n.saturating_sub(1);
-    swaps_with_lookahead::<_, LOOKAHEAD>(buf, swaps, |i| i, |i| i + rem(mt.next_u32(), n - i));
+    drawn_steps(
+        buf,
+        n.saturating_sub(1),
+        |s, block| {
+            for (k, t) in block.iter_mut().enumerate() {
+                *t = (s + k + rem(mt.next_u32(), n - s - k)) as u64;
+            }
+        },
+        |buf, i, j| buf.swap(i, j),
+    );
 }
 
-/// torch's inside-out variant for large `n`, written straight into a fresh buffer.
+/// torch's inside-out variant for large `n`: step `i` sets `r[i] = r[z]` and `r[z] = i` for
+/// `z = random64() mod (i + 1)`, into a fresh buffer (its zeros written by every core first,
+/// so the page faults are spread; a step writes `r[i]` before anything reads it).
 fn inside_out<T: Index>(n: u64, mt: &mut Mt) -> Result<Vec<T>> {
     // Huge pages: every step reads a random earlier position, and at 1e9 a buffer of 4 KiB
     // pages misses the TLB at nearly every one (and frees a million pages when dropped).
-    let mut buf = try_with_capacity_huge::<T>("an index buffer", n)?;
-    for i in 0..n {
-        if i % CHECK_EVERY as u64 == 0 && cancelled() {
-            return Ok(buf); // the caller discards it
-        }
-        let z = (random64(mt) % (i + 1)) as usize;
-        // r[i] = r[z]; r[z] = i, with r[i] not yet written: push i, then swap.
-        buf.push(T::from_u64(i));
-        let last = buf.len() - 1;
-        buf.swap(last, z);
+    let mut buf = zeros_par::<T>("an index buffer", n)?;
+    if cancelled() {
+        return Ok(buf); // the caller discards it
     }
+    drawn_steps(
+        &mut buf,
+        n as usize,
+        |s, block| {
+            for (k, t) in block.iter_mut().enumerate() {
+                *t = random64(mt) % (s + k + 1) as u64;
+            }
+        },
+        |buf, i, z| {
+            buf[i] = buf[z];
+            buf[z] = T::from_u64(i as u64);
+        },
+    );
     Ok(buf)
 }
 
@@ -272,7 +294,8 @@ mod tests {
 
     #[test]
     fn lookahead_keeps_torchs_draw_order() {
-        for n in [0usize, 1, 2, 31, 32, 33, 5000] {
+        // Past DRAWS_APART_FROM the draws come from a second thread.
+        for n in [0usize, 1, 2, 31, 32, 33, 511, 513, 5000, (1 << 21) + 2] {
             let mut buf: Vec<u32> = (0..n as u32).collect();
             forward_swaps(&mut buf, &mut generator(11));
             assert_eq!(buf, textbook_forward(n, 11), "n = {n}");
@@ -308,7 +331,8 @@ mod tests {
     fn inside_out_is_torchs_large_variant_written_plainly() {
         // The large-n variant cannot be compared with torch at small n (torch would take the
         // other branch), so compare with the loop as torch writes it.
-        for n in [0u64, 1, 2, 3, 100, 4097] {
+        // Past DRAWS_APART_FROM the draws come from a second thread.
+        for n in [0u64, 1, 2, 3, 100, 4097, (1 << 21) + 3] {
             let mut mt = generator(99);
             let mut r = vec![0u64; n as usize];
             for i in 0..n as usize {
@@ -316,8 +340,14 @@ mod tests {
                 r[i] = r[z];
                 r[z] = i as u64;
             }
-            let got: Vec<u64> = inside_out(n, &mut generator(99)).unwrap();
+            let mut ours = generator(99);
+            let got: Vec<u64> = inside_out(n, &mut ours).unwrap();
             assert_eq!(got, r, "n = {n}");
+            assert_eq!(
+                ours.next_u32(),
+                mt.next_u32(),
+                "n = {n}: the generator after"
+            );
             let mut sorted = got.clone();
             sorted.sort_unstable();
             assert!(sorted.into_iter().eq(0..n));
