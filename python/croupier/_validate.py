@@ -130,8 +130,8 @@ def core_order_of(
         if torch_version is not None:
             raise ValueError("torch_version applies to order='torch' only")
         return core, None
-    # Imported for torch's order only: it imports importlib.metadata, a third of a
-    # millisecond that croupier's own orders would pay at their first sampler.
+    # Imported for torch's order only: importing it took 0.45 ms of a fresh process's first
+    # sampler in croupier's own orders.
     from croupier._torch_order import TORCH_ORDERS, torch_randperm_order
 
     randperm = torch_randperm_order(torch_version)

@@ -889,20 +889,16 @@ def _called_by_a_loader() -> bool:
 
 
 def _emit(segments: Iterator[_Segment], cursor: _Cursor, chunk: int) -> Iterator[Any]:
-    """The items of ``segments`` as Python objects, converted a chunk at a time: a C iterator
-    over the chunks' list iterators, so an item costs what iterating a list costs (a
-    generator delegating with ``yield from`` cost twice that). The cursor holds the list
-    iterator being read, so the position stays exact at every item."""
-    return itertools.chain.from_iterable(_chunks(segments, cursor, chunk))
+    """Yields the items of ``segments`` as Python objects, a chunk at a time.
 
-
-def _chunks(segments: Iterator[_Segment], cursor: _Cursor, chunk: int) -> Iterator[Iterator[Any]]:
-    """The iterators of ``segments``' chunks, each made current in ``cursor`` as it is handed
-    over (the iteration counts as started at the first)."""
+    A generator, not ``itertools.chain`` over the chunks (which costs an item 17 ns less): the
+    chunks are computed with the GIL released, and a second thread's ``next`` on a chain
+    whose source is running clears that source under the first (its epoch silently cut
+    short); a generator refuses the second thread with ``ValueError`` instead."""
     cursor.started = True
     for seg in segments:
         for lo in range(0, len(seg), chunk):
-            yield cursor.advance(seg[lo : lo + chunk].tolist())
+            yield from cursor.advance(seg[lo : lo + chunk].tolist())
 
 
 class IndexSampler(StatefulSampler[int, "npt.NDArray[Any]"]):

@@ -8,7 +8,7 @@ use pyo3::types::PyDict;
 
 use crate::config::{config, Config};
 use crate::order::Order;
-use crate::runtime::{core, inline, sized, to_numpy};
+use crate::runtime::{check_memory, core, inline, sized, to_numpy};
 
 /// Positions per piece of a streamed share (see `RankShare.window`).
 const STREAM_WINDOW: u64 = 1 << 16;
@@ -89,6 +89,7 @@ impl RankShare {
         // A first window or a resume's first index: on this thread, so that a fresh process's
         // first index starts no thread pool.
         let out = if croupier_core::rank_range_is_inline(draw, start..stop) {
+            check_memory(bytes, what)?; // traced as every estimate is; small, never refused
             inline(py, work)?
         } else {
             sized(py, bytes, what, work)?

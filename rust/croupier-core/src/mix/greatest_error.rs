@@ -419,7 +419,13 @@ impl Greedy {
         Greedy {
             weights: w,
             counts,
-            limits: limits.unwrap_or_default(),
+            // Padded as the weights are: the AVX2 member draw reads whole groups of lanes.
+            limits: limits
+                .map(|mut l| {
+                    l.resize(padded, f64::NAN);
+                    l
+                })
+                .unwrap_or_default(),
             members: vec![u32::MAX; room],
             member_weights: vec![0.0; room],
             member_counts: vec![f64::INFINITY; room],
@@ -848,8 +854,10 @@ mod avx2 {
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn draw_members(g: &mut Greedy, x_last: f64, level: f64) {
         let datasets = g.weights.len();
-        // The stores write 4 lanes from lane `live` <= datasets - 4 on: room enough.
+        // The stores write 4 lanes from lane `live` <= datasets - 4 on: room enough. The loads
+        // read whole groups of 4 of every per-dataset array (padded to whole groups).
         assert!(g.members.len() >= datasets + 4 && g.member_limits.len() >= datasets + 4);
+        assert!(g.counts.len() >= datasets && (g.limits.is_empty() || g.limits.len() >= datasets));
         let (w, c, l) = (g.weights.as_ptr(), g.counts.as_ptr(), g.limits.as_ptr());
         let (mw, mc, ml) = (
             g.member_weights.as_mut_ptr(),
@@ -912,6 +920,8 @@ mod avx2 {
         /// The members' counts of `g` into registers (and into its copy for the samples).
         #[inline(always)]
         unsafe fn load(g: &mut Greedy, lowest: f64, start: u64) -> Self {
+            // `commit`'s tie buffer and its 64-bit mask of lanes hold at most MOST_LANES.
+            const { assert!(4 * V <= MOST_LANES && MOST_LANES <= 64) };
             let mut c = [_mm256_setzero_pd(); V];
             for (j, c) in c.iter_mut().enumerate() {
                 *c = _mm256_loadu_pd(g.member_counts.as_ptr().add(4 * j));

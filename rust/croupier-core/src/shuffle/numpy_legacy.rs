@@ -18,7 +18,8 @@
 //!
 //! The swaps are the cost at scale (one random access each, into a buffer of gigabytes): the
 //! draws are made a block at a time ahead of the swaps and their targets prefetched, in
-//! numpy's draw order, on a second thread from [`DRAWS_APART_FROM`] elements on
+//! numpy's draw order, on a second thread from
+//! [`DRAWS_APART_FROM`](crate::shuffle::drawn_steps::DRAWS_APART_FROM) elements on
 //! (`shuffle::drawn_steps`).
 
 use crate::cancel::{cancelled, CHECK_EVERY};
