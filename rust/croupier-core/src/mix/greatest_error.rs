@@ -402,6 +402,26 @@ impl Course {
 const LANES: usize = 8;
 /// The most members a kernel holds (12 vectors of 4).
 const MOST_LANES: usize = 48;
+/// The vectors of 4 lanes the blend's kernels hold for `vectors` vectors of members (up to
+/// 12): every count to 8, then 10 or 12 (fewer kernels, for the wheel's size).
+fn blend_width(vectors: usize) -> usize {
+    match vectors {
+        0..=8 => vectors.max(1),
+        _ => vectors.next_multiple_of(2),
+    }
+}
+
+/// The vectors of 4 lanes an exhaustive blend's kernels hold for `vectors` vectors of members
+/// (1 to 12): 1, 2, 4, 8 or 12 (its kernels come in fewer widths, for the wheel's size).
+fn exhaustive_width(vectors: usize) -> usize {
+    match vectors {
+        0..=2 => vectors.max(1),
+        3..=4 => 4,
+        5..=8 => 8,
+        _ => 12,
+    }
+}
+
 /// Positions a member list serves before it is drawn afresh.
 const BLOCK: u64 = 16;
 
@@ -494,7 +514,14 @@ impl Greedy {
             let (a_stop, b_stop) = ((a0 + BLOCK).min(ca.n), (b0 + BLOCK).min(cb.n));
             a.draw_members((a_stop - 1) as f64, true);
             b.draw_members((b_stop - 1) as f64, true);
-            let lanes = a.lanes.max(b.lanes);
+            // The pair kernel comes in fewer widths than the single one (the wheel's size):
+            // even numbers of vectors (and 1), the exhaustive blend's `exhaustive_width`s.
+            let vectors = a.lanes.max(b.lanes) / 4;
+            let lanes = 4 * match vectors {
+                0 | 1 => 1,
+                v if exhaustive => exhaustive_width(v),
+                v => v.next_multiple_of(2),
+            };
             if lanes <= MOST_LANES {
                 a.pad_to(lanes);
                 b.pad_to(lanes);
@@ -502,35 +529,27 @@ impl Greedy {
                 // SAFETY (the kernel's): AVX2 is on (this function's feature); both runs'
                 // member arrays hold `lanes` lanes, padded above.
                 macro_rules! pair {
-                    ($v:literal) => {
-                        if exhaustive {
-                            avx2::members_run_pair::<$v, true>(
-                                (a, ab, a0, &mut ca.lowest),
-                                (b, bb, b0, &mut cb.lowest),
-                                steps,
-                            )
-                        } else {
-                            avx2::members_run_pair::<$v, false>(
-                                (a, ab, a0, &mut ca.lowest),
-                                (b, bb, b0, &mut cb.lowest),
-                                steps,
-                            )
-                        }
+                    ($v:literal, $ex:literal) => {
+                        avx2::members_run_pair::<$v, $ex>(
+                            (a, ab, a0, &mut ca.lowest),
+                            (b, bb, b0, &mut cb.lowest),
+                            steps,
+                        )
                     };
                 }
-                let done = match lanes / 4 {
-                    1 => pair!(1),
-                    2 => pair!(2),
-                    3 => pair!(3),
-                    4 => pair!(4),
-                    5 => pair!(5),
-                    6 => pair!(6),
-                    7 => pair!(7),
-                    8 => pair!(8),
-                    9 => pair!(9),
-                    10 => pair!(10),
-                    11 => pair!(11),
-                    _ => pair!(12),
+                let done = match (exhaustive, lanes / 4) {
+                    (false, 1) => pair!(1, false),
+                    (false, 2) => pair!(2, false),
+                    (false, 4) => pair!(4, false),
+                    (false, 6) => pair!(6, false),
+                    (false, 8) => pair!(8, false),
+                    (false, 10) => pair!(10, false),
+                    (false, _) => pair!(12, false),
+                    (true, 1) => pair!(1, true),
+                    (true, 2) => pair!(2, true),
+                    (true, 4) => pair!(4, true),
+                    (true, 8) => pair!(8, true),
+                    (true, _) => pair!(12, true),
                 };
                 a.sync_counts();
                 b.sync_counts();
@@ -690,30 +709,28 @@ impl Greedy {
             let exhaustive = !self.limits.is_empty();
             let vectors = self.lanes / 4;
             macro_rules! kernel {
-                ($v:literal) => {
+                ($v:literal, $ex:literal) => {
                     // SAFETY: the caller checked AVX2; the member arrays hold 4 * $v lanes.
-                    unsafe {
-                        if exhaustive {
-                            avx2::members_run::<$v, true>(self, start, stop, blend, lowest)
-                        } else {
-                            avx2::members_run::<$v, false>(self, start, stop, blend, lowest)
-                        }
-                    }
+                    unsafe { avx2::members_run::<$v, $ex>(self, start, stop, blend, lowest) }
                 };
             }
-            match vectors {
-                1 => return kernel!(1),
-                2 => return kernel!(2),
-                3 => return kernel!(3),
-                4 => return kernel!(4),
-                5 => return kernel!(5),
-                6 => return kernel!(6),
-                7 => return kernel!(7),
-                8 => return kernel!(8),
-                9 => return kernel!(9),
-                10 => return kernel!(10),
-                11 => return kernel!(11),
-                12 => return kernel!(12),
+            // The exhaustive blend's members are padded to fewer widths (`pad_members`).
+            match (exhaustive, vectors) {
+                (false, 1) => return kernel!(1, false),
+                (false, 2) => return kernel!(2, false),
+                (false, 3) => return kernel!(3, false),
+                (false, 4) => return kernel!(4, false),
+                (false, 5) => return kernel!(5, false),
+                (false, 6) => return kernel!(6, false),
+                (false, 7) => return kernel!(7, false),
+                (false, 8) => return kernel!(8, false),
+                (false, 10) => return kernel!(10, false),
+                (false, 12) => return kernel!(12, false),
+                (true, 1) => return kernel!(1, true),
+                (true, 2) => return kernel!(2, true),
+                (true, 4) => return kernel!(4, true),
+                (true, 8) => return kernel!(8, true),
+                (true, 12) => return kernel!(12, true),
                 _ => {}
             }
         }
@@ -806,7 +823,8 @@ impl Greedy {
     #[inline(always)]
     fn pad_members(&mut self) {
         self.lanes = match self.live {
-            0..=MOST_LANES => self.live.div_ceil(4).max(1) * 4,
+            0..=MOST_LANES if self.limits.is_empty() => 4 * blend_width(self.live.div_ceil(4)),
+            0..=MOST_LANES => 4 * exhaustive_width(self.live.div_ceil(4).max(1)),
             live => live.div_ceil(LANES) * LANES,
         };
         for k in self.live..self.lanes {

@@ -7,7 +7,7 @@
 //! this one makes the steps (for numpy's stream, a third of a step's time on one thread).
 //! The steps and their order are the plain loop's, so the result is too.
 
-use std::sync::mpsc::{channel, sync_channel};
+use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 
 use crate::cancel::{cancelled, CHECK_EVERY};
 use crate::shuffle::fisher_yates::{prefetch, LOOKAHEAD};
@@ -69,28 +69,15 @@ fn with_drawing_thread<T: Send>(
 ) {
     let (full_tx, full_rx) = sync_channel::<Vec<u64>>(BLOCKS_AHEAD);
     let (empty_tx, empty_rx) = channel::<Vec<u64>>();
-    let cancel = crate::cancel::current();
     std::thread::scope(|scope| {
+        // The drawing side is compiled once, whatever the element type and the steps.
+        let draw: &mut (dyn FnMut(usize, &mut [u64]) + Send) = &mut draw;
+        let cancel = crate::cancel::current();
         scope.spawn(move || {
             if let Some(c) = &cancel {
                 c.attach();
             }
-            let mut s = 0;
-            while s < steps {
-                if cancelled() {
-                    return; // the stepping thread sees the closed channel
-                }
-                let mut block = empty_rx
-                    .try_recv()
-                    .unwrap_or_else(|_| Vec::with_capacity(DRAW_BLOCK));
-                let end = (s + DRAW_BLOCK).min(steps);
-                block.resize(end - s, 0);
-                draw(s, &mut block);
-                s = end;
-                if full_tx.send(block).is_err() {
-                    return; // the stepping thread stopped (cancelled)
-                }
-            }
+            draw_blocks(steps, draw, &full_tx, &empty_rx);
         });
         // Owned here, so a return drops it: a drawing thread waiting to send then stops.
         let full_rx = full_rx;
@@ -109,6 +96,33 @@ fn with_drawing_thread<T: Send>(
             let _ = empty_tx.send(block);
         }
     });
+}
+
+/// The drawing thread of [`with_drawing_thread`]: blocks of the targets of `steps` steps, in
+/// order, sent on `full` (refilling the blocks that come back on `empty`); stops when the
+/// call is cancelled or the stepping thread has stopped.
+fn draw_blocks(
+    steps: usize,
+    draw: &mut (dyn FnMut(usize, &mut [u64]) + Send),
+    full: &SyncSender<Vec<u64>>,
+    empty: &Receiver<Vec<u64>>,
+) {
+    let mut s = 0;
+    while s < steps {
+        if cancelled() {
+            return; // the stepping thread sees the closed channel
+        }
+        let mut block = empty
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(DRAW_BLOCK));
+        let end = (s + DRAW_BLOCK).min(steps);
+        block.resize(end - s, 0);
+        draw(s, &mut block);
+        s = end;
+        if full.send(block).is_err() {
+            return; // the stepping thread stopped (cancelled)
+        }
+    }
 }
 
 #[cfg(test)]
