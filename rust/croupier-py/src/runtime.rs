@@ -82,8 +82,10 @@ pub(crate) fn detached<T: Send>(
     work: impl FnOnce() -> Result<T, Error> + Send,
 ) -> PyResult<T> {
     let pool = pool()?;
-    // A panic in `work` reaches `install`'s caller, where `inline` catches it.
-    inline(py, move || pool.install(work))
+    match py.detach(|| pool.install(|| catch_unwind(AssertUnwindSafe(work)))) {
+        Ok(result) => core(result),
+        Err(panic) => Err(panic_error(panic)),
+    }
 }
 
 /// [`detached`] for a call the core runs on the calling thread alone (it says so, as
