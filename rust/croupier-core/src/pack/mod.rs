@@ -200,6 +200,9 @@ fn sample_index_in_windows<T: SampleIndexValue>(
         if cancelled() {
             return Err(Error::Cancelled);
         }
+        if rows.is_empty() {
+            break; // every sample placed: megatron-core's walk stops here too
+        }
         let lengths = &mut lengths[..docs.len()];
         let totals: Vec<i64> = lengths
             .par_chunks_mut(piece)
@@ -377,21 +380,25 @@ mod tests {
             .map(|j| ((j as u64 * 2654435761) % 5000) as i32)
             .collect();
         let tokens: i64 = docs.iter().map(|&d| sizes[d as usize] as i64).sum();
-        let spec = SampleIndexSpec {
-            seq_length: 1024,
-            num_epochs: 1,
-            tokens_per_epoch: tokens,
-            drop_last_partial_sequence: true,
-            add_extra_token: 1,
-        };
-        let expected = reference(&sizes, &docs, &spec);
-        for window in [WINDOW, 1 << 16, 99_991] {
-            let mut out = vec![-1i32; expected.len()];
-            sample_index_in_windows(&sizes, &docs, &spec, &mut out, window).unwrap();
-            assert!(
-                out.iter().zip(&expected).all(|(&a, &b)| a as i64 == b),
-                "{window}"
-            );
+        // All the documents, and a third of them (the walk stops once every sample is placed,
+        // windows before the index's end).
+        for tokens_per_epoch in [tokens, tokens / 3] {
+            let spec = SampleIndexSpec {
+                seq_length: 1024,
+                num_epochs: 1,
+                tokens_per_epoch,
+                drop_last_partial_sequence: true,
+                add_extra_token: 1,
+            };
+            let expected = reference(&sizes, &docs, &spec);
+            for window in [WINDOW, 1 << 16, 99_991] {
+                let mut out = vec![-1i32; expected.len()];
+                sample_index_in_windows(&sizes, &docs, &spec, &mut out, window).unwrap();
+                assert!(
+                    out.iter().zip(&expected).all(|(&a, &b)| a as i64 == b),
+                    "{window}, {tokens_per_epoch} tokens"
+                );
+            }
         }
     }
 }

@@ -152,20 +152,8 @@ impl Mt19937 {
                 k += 1;
                 continue;
             }
-            let mask = mask as u32;
-            let room = out.len() - k;
-            let out = &mut out[k..];
-            let mut accepted = 0usize;
-            let mut read = avail;
-            for (u, &w) in self.key[self.pos..].iter().enumerate() {
-                let v = temper(w) & mask;
-                out[accepted] = u64::from(v);
-                accepted += usize::from(u64::from(v) <= max - accepted as u64);
-                if accepted == room {
-                    read = u + 1;
-                    break;
-                }
-            }
+            let (read, accepted) =
+                accept_run(&self.key[self.pos..], mask as u32, max, &mut out[k..]);
             self.pos += read;
             k += accepted;
         }
@@ -194,6 +182,57 @@ impl Mt19937 {
             }
         }
     }
+}
+
+/// Words tempered and tested at once by [`accept_run`].
+const GROUP: usize = 8;
+
+/// The masked rejection over a run of state `words` (one mask, bounds `max`, `max - 1`, ...
+/// all at least 1): the word read for draw `a` is accepted when, tempered and masked, it is at
+/// most `max - a`. Fills `out` from its start and returns how many words it read and how many
+/// draws it made (it stops at the words' end or when `out` is full).
+///
+/// Words go a group at a time: a word at most the group's lowest bound is accepted and one
+/// above its highest rejected whatever the group's earlier words did, so the group needs no
+/// word-to-word test unless a word falls in the few values between (about `2 * GROUP` in
+/// `mask + 1`), which the group then takes one word at a time.
+#[inline]
+fn accept_run(words: &[u32], mask: u32, max: u64, out: &mut [u64]) -> (usize, usize) {
+    let room = out.len();
+    let mut accepted = 0usize;
+    let mut read = 0usize;
+    while read + GROUP <= words.len() && accepted + GROUP <= room {
+        let high = max - accepted as u64; // the bound of the group's first draw
+        let low = high - (GROUP as u64 - 1); // its last one's, at the lowest
+        let mut v = [0u64; GROUP];
+        let mut between = false;
+        for (v, &w) in v.iter_mut().zip(&words[read..read + GROUP]) {
+            *v = u64::from(temper(w) & mask);
+            between |= *v > low && *v <= high;
+        }
+        if between {
+            for v in v {
+                out[accepted] = v;
+                accepted += usize::from(v <= max - accepted as u64);
+            }
+        } else {
+            for v in v {
+                out[accepted] = v;
+                accepted += usize::from(v <= low);
+            }
+        }
+        read += GROUP;
+    }
+    for &w in &words[read..] {
+        if accepted == room {
+            break;
+        }
+        let v = u64::from(temper(w) & mask);
+        out[accepted] = v;
+        accepted += usize::from(v <= max - accepted as u64);
+        read += 1;
+    }
+    (read, accepted)
 }
 
 /// `RandomState.shuffle` over `buf`'s elements, in place, advancing `mt` as numpy does. Stops
@@ -289,6 +328,42 @@ mod tests {
         let before = spent.clone();
         spent.intervals_down(1 << 20, &mut []);
         assert_eq!(spent, before);
+    }
+
+    #[test]
+    fn a_run_accepts_group_by_group_as_word_by_word() {
+        // Small masks put many words between a group's lowest and highest bound, the case
+        // decided word by word; large ones almost none. Every length of words and of room.
+        let mut lcg = 5u64;
+        let mut next = |bound: u64| {
+            lcg = lcg
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (lcg >> 33) % bound
+        };
+        for case in 0..3000u64 {
+            let len = next(60) as usize;
+            let mask = [15u32, 31, 63, 255, 1 << 20][case as usize % 5] | 15;
+            let max = (len as u64 + 7 + next(u64::from(mask))).min(u64::from(mask));
+            let max = max.max(len as u64 + 7); // bounds stay at least 7 (the run's contract)
+            let words: Vec<u32> = (0..len).map(|_| next(1 << 32) as u32).collect();
+            let room = next(len as u64 + 2) as usize;
+            let mut got = vec![u64::MAX; room];
+            let (read, accepted) = accept_run(&words, mask, max, &mut got);
+            let (mut want, mut want_read) = (vec![u64::MAX; room], 0);
+            let mut a = 0;
+            for &w in &words {
+                if a == room {
+                    break;
+                }
+                let v = u64::from(temper(w) & mask);
+                want[a] = v;
+                a += usize::from(v <= max - a as u64);
+                want_read += 1;
+            }
+            assert_eq!((read, accepted), (want_read, a), "case {case}");
+            assert_eq!(got[..accepted], want[..a], "case {case}");
+        }
     }
 
     #[test]
