@@ -73,6 +73,8 @@ def check_bool(name: str, value: object) -> bool:
 
 def dataset_length(dataset: object) -> int:
     """The number of samples of ``dataset``: an int N itself, or ``len(dataset)``."""
+    if type(dataset) is int and 0 <= dataset <= MAX_LEN:
+        return dataset  # the common case, without the ABC checks (costly in a fresh process)
     if isinstance(dataset, bool):
         raise TypeError("dataset must be a sized object (with __len__) or an int, got bool")
     if isinstance(dataset, (str, bytes, os.PathLike)):
