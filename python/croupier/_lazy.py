@@ -26,9 +26,15 @@ def lazy_names(
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         # A module already imported is read from sys.modules: import_module's own lookup
         # costs 10 us the first time in a process, inside a training job's first step.
+        # (A module still being imported, here or by another thread, goes through
+        # import_module, which waits for another thread's import to finish.)
         loaded = sys.modules.get(module)
-        value = getattr(loaded, name, _ABSENT) if loaded is not None else _ABSENT
-        if value is _ABSENT:  # not imported, or still being imported (by another thread)
+        spec = getattr(loaded, "__spec__", None)
+        if loaded is not None and not getattr(spec, "_initializing", False):
+            value = getattr(loaded, name, _ABSENT)
+        else:
+            value = _ABSENT
+        if value is _ABSENT:
             value = getattr(importlib.import_module(module), name)
         namespace[name] = value
         return value
