@@ -36,3 +36,32 @@ pub(crate) fn tenths_chi2(n: u64, trials: u64, mut draw: impl FnMut(u64) -> Vec<
     }
     chi2_flat(table.iter().flatten(), trials as f64 / 10.0)
 }
+
+/// A small linear congruential generator (Knuth's MMIX constants) for the tests' cases: not
+/// for anything whose quality matters, and the same sequence everywhere.
+pub(crate) struct Lcg(u64);
+
+impl Lcg {
+    pub(crate) fn new(seed: u64) -> Self {
+        Lcg(seed)
+    }
+
+    /// The next state.
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0
+    }
+
+    /// The next state's high 31 bits, reduced below `bound` (at least 1).
+    pub(crate) fn below(&mut self, bound: u64) -> u64 {
+        (self.next_u64() >> 33) % bound
+    }
+
+    /// The next state's high 53 bits as an `f64` in `[0, 1)`.
+    pub(crate) fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}

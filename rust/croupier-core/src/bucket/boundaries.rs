@@ -208,11 +208,9 @@ mod tests {
 
     #[test]
     fn the_program_finds_the_optimum_of_every_small_case() {
-        let mut state = 12345u64;
+        let mut lcg = crate::testkit::Lcg::new(12345);
         for case in 0..300 {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            let state = lcg.next_u64();
             let distinct = 1 + (state >> 33) as usize % 10;
             let n = 1 + (state >> 20) as usize % 60;
             let lengths: Vec<u64> = (0..n)

@@ -1209,13 +1209,8 @@ mod tests {
 
     #[test]
     fn blends_as_megatron_core_does() {
-        let mut state = 7u64;
-        let mut next = || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut lcg = crate::testkit::Lcg::new(7);
+        let mut next = || lcg.unit();
         let cases: Vec<Vec<f64>> = vec![
             vec![1.0],
             vec![0.5, 0.5],

@@ -322,13 +322,8 @@ mod tests {
 
     #[test]
     fn rows_are_megatron_cores() {
-        let mut state = 3u64;
-        let mut next = |bound: u64| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) % bound
-        };
+        let mut lcg = crate::testkit::Lcg::new(3);
+        let mut next = |bound: u64| lcg.below(bound);
         for case in 0..60 {
             let n_sizes = 1 + next(50) as usize;
             let sizes: Vec<i32> = (0..n_sizes)

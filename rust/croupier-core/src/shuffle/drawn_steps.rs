@@ -152,24 +152,20 @@ fn draw_blocks(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::Lcg;
 
     /// A stream of targets for `n` forward swaps (`i` with a position in `[i, n)`), from a
     /// small LCG, and the plain loop over it.
     fn forward(n: usize, seed: u64) -> (Vec<u32>, Vec<u32>) {
-        let target = |state: &mut u64, i: usize| {
-            *state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            i + ((*state >> 33) as usize) % (n - i)
-        };
+        let target = |lcg: &mut Lcg, i: usize| i + lcg.below((n - i) as u64) as usize;
         let mut plain: Vec<u32> = (0..n as u32).collect();
-        let mut state = seed;
+        let mut state = Lcg::new(seed);
         for i in 0..n.saturating_sub(1) {
             let j = target(&mut state, i);
             plain.swap(i, j);
         }
         let mut drawn: Vec<u32> = (0..n as u32).collect();
-        let mut state = seed;
+        let mut state = Lcg::new(seed);
         let mut next = 0;
         drawn_steps(
             &mut drawn,

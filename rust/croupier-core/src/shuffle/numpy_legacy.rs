@@ -200,6 +200,11 @@ const GROUP: usize = 8;
 #[inline]
 fn accept_run(words: &[u32], mask: u32, max: u64, out: &mut [u64]) -> (usize, usize) {
     let room = out.len();
+    // The word-by-word step: draw `a` takes `v`, accepted when at most its bound `max - a`.
+    let exact = |out: &mut [u64], a: usize, v: u64| {
+        out[a] = v;
+        a + usize::from(v <= max - a as u64)
+    };
     let mut accepted = 0usize;
     let mut read = 0usize;
     while read + GROUP <= words.len() && accepted + GROUP <= room {
@@ -213,8 +218,7 @@ fn accept_run(words: &[u32], mask: u32, max: u64, out: &mut [u64]) -> (usize, us
         }
         if between {
             for v in v {
-                out[accepted] = v;
-                accepted += usize::from(v <= max - accepted as u64);
+                accepted = exact(out, accepted, v);
             }
         } else {
             for v in v {
@@ -228,9 +232,7 @@ fn accept_run(words: &[u32], mask: u32, max: u64, out: &mut [u64]) -> (usize, us
         if accepted == room {
             break;
         }
-        let v = u64::from(temper(w) & mask);
-        out[accepted] = v;
-        accepted += usize::from(v <= max - accepted as u64);
+        accepted = exact(out, accepted, u64::from(temper(w) & mask));
         read += 1;
     }
     (read, accepted)
@@ -285,16 +287,12 @@ pub fn legacy_shuffle_rows(bytes: &mut [u8], row: usize, mt: &mut Mt19937) {
 mod tests {
     use super::*;
     use crate::shuffle::drawn_steps::DRAWS_APART_FROM;
+    use crate::testkit::Lcg;
 
     #[test]
     fn bulk_draws_are_the_one_at_a_time_ones_and_leave_the_same_state() {
-        let mut lcg = 11u64;
-        let mut next = |bound: u64| {
-            lcg = lcg
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (lcg >> 33) % bound
-        };
+        let mut lcg = Lcg::new(11);
+        let mut next = |bound: u64| lcg.below(bound);
         // Tops at and around powers of two (a mask change inside a run), near 2**32 (the
         // 64-bit draws above it), small ones that reach a bound of 1, random ones; lengths
         // from 1 to past two refills; starting at every kind of word position.
@@ -335,13 +333,8 @@ mod tests {
     fn a_run_accepts_group_by_group_as_word_by_word() {
         // Small masks put many words between a group's lowest and highest bound, the case
         // decided word by word; large ones almost none. Every length of words and of room.
-        let mut lcg = 5u64;
-        let mut next = |bound: u64| {
-            lcg = lcg
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (lcg >> 33) % bound
-        };
+        let mut lcg = Lcg::new(5);
+        let mut next = |bound: u64| lcg.below(bound);
         for case in 0..3000u64 {
             let len = next(60) as usize;
             let mask = [15u32, 31, 63, 255, (1 << 20) - 1][case as usize % 5];
