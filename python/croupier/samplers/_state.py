@@ -157,7 +157,7 @@ def check_state(
     return out
 
 
-STATE_VERSION = 3
+STATE_VERSION = 4
 """The format version of the states croupier's samplers write (their ``version`` key). It moves
 with every change of a state's shape or meaning; :data:`UPGRADES` reads every earlier one."""
 
@@ -215,6 +215,30 @@ def _v2_to_v3(state: dict[str, Any], sampler: str) -> dict[str, Any]:
     return state
 
 
+def _v3_to_v4(state: dict[str, Any], sampler: str) -> dict[str, Any]:
+    if sampler != "BucketBatchSampler" or state.get("order") != "global":
+        return state
+    el = state.get("elastic")
+    try:
+        position = as_int("state['position']", state.get("position", 0))
+    except TypeError:
+        return state  # refused by the checks that follow, with their own message
+    if position > 0 or el is not None:
+        # The global order's buckets carry their tails since version 4: its batches (and
+        # how many an epoch has) changed, so a place inside an epoch names other samples.
+        raise StateError(
+            f"state has version {state.get('version')} and BucketBatchSampler's global order at "
+            f"position {position}{' of an elastic rest' if el is not None else ''}: the global "
+            "order's batches changed in state version 4 (every bucket's tail is carried to the "
+            "next, so every batch is full), so this position would continue a different "
+            "sequence (repeating and losing samples). Resume it from its epoch's start (set "
+            "state['position'] to 0 and remove state['elastic']) or, if the epoch had finished, "
+            "from the next one (also add 1 to state['epoch']); or finish the epoch with the "
+            "croupier that saved the state"
+        )
+    return state
+
+
 UPGRADES: tuple[Upgrade, ...] = (
     Upgrade(
         1,
@@ -227,6 +251,12 @@ UPGRADES: tuple[Upgrade, ...] = (
         2,
         "order 'fast' is called 'per_rank' (the same order)",
         _v2_to_v3,
+    ),
+    Upgrade(
+        3,
+        "BucketBatchSampler's global order carries every bucket's tail to the next (other "
+        "batches): a state of it inside an epoch is refused",
+        _v3_to_v4,
     ),
 )
 """The upgrades, one per version from 1 to ``STATE_VERSION - 1``, in order."""

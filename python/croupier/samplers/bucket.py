@@ -117,33 +117,34 @@ class BucketBatchSampler(BatchSampler):
     buckets, quantiles); in the per-rank order, the ``j/64`` quantiles of ``lengths``. Repeated
     values merge buckets. Every batch comes from one bucket.
 
-    **Batches.** With ``batch_size`` only, a bucket is cut into batches of ``batch_size``:
-    its last batch may be shorter, and with ``drop_last=True`` that short batch is left out,
-    so every batch holds exactly ``batch_size`` samples (rounded down by
+    **Batches.** Bucket ``j``'s batches hold ``batch_size`` samples, or with ``max_tokens``
+    ``max_tokens // cost(L_j)`` (``L_j`` the bucket's longest sample; at most ``batch_size``),
+    rounded down to a multiple of ``batch_size_multiple`` when one fits: so
+    ``len(batch) * cost(longest in batch) <= max_tokens`` always holds (lhotse's rule lets a
+    batch exceed it by one sample). A sample of length ``L`` costs ``L`` padded tokens, or
+    ``L + L**2 / quadratic`` with ``quadratic`` (attention's quadratic cost: batches of long
+    samples get fewer of them). A sample costing more than ``max_tokens`` is served alone
+    (``oversized="alone"``, the default: a batch of one, over the budget) or refused at
+    construction (``oversized="error"``). In the global order every bucket keeps a whole
+    number of batches and carries the rest of its samples (its longest, fewer than a batch) to
+    the next bucket, so every batch is full but the last bucket's last one: the ranks of a
+    step do nearly equal work at any epoch size. In the per-rank order each bucket's last
+    batch may be short. With ``batch_size`` alone and ``drop_last=True`` the short batches are
+    left out, so every batch holds exactly ``batch_size`` samples (rounded down by
     ``batch_size_multiple``), as with torch's ``BatchSampler(drop_last=True)``: static shapes
-    for compiled models. With ``max_tokens``, in the global order, each batch is filled to the
-    budget: it takes the bucket's next sample (in the epoch's shuffled order) while
-    ``len(batch) * cost(longest in batch) <= max_tokens`` and ``len(batch) <= batch_size``
-    (lhotse's rule, without its overshoot by one sample), rounded down to a multiple of
-    ``batch_size_multiple`` when one fits. Each bucket has the same number of batches every
-    epoch (its greedy count in a reference shuffle plus a margin of two standard deviations),
-    so ``len(self)`` never changes: an epoch whose greedy cut makes fewer halves some of the
-    bucket's last batches, one that makes more first sorts the bucket's order within small
-    windows (longest first) until it fits. In the per-rank order, bucket ``j``'s
-    batches hold ``max_tokens // cost(L_j)`` samples, a fixed size. A sample of length ``L``
-    costs ``L`` padded tokens, or ``L + L**2 / quadratic`` with ``quadratic`` (attention's
-    quadratic cost: batches of long samples get fewer of them). A sample costing more than
-    ``max_tokens`` is served alone (``oversized="alone"``, the default: a batch of one, over
-    the budget) or refused at construction (``oversized="error"``).
+    for compiled models. Batch counts are fixed at construction, so ``len(self)`` never
+    changes.
 
     **Order** (``order="global"``, the default). Each epoch shuffles every bucket's samples
     (seeded by ``seed``, the epoch and the bucket), cuts them into batches, and orders all
-    batches in one global sequence, the same for every number of ranks: in runs of ``sync``
-    (default 64, a power of two) consecutive batches of one bucket, the runs in a shuffled
-    order. Global step ``k`` trains on positions ``[kW, (k+1)W)`` of the sequence, one batch
-    per rank, so with ``W`` dividing ``sync`` the ranks of a step draw from one bucket and
-    finish it together (a step only mixes buckets in the short runs at the end of the epoch:
-    fewer than ``W`` batches per bucket). ``sync=1`` shuffles batches one by one.
+    batches in one global sequence, the same for every number of ranks: in units of ``sync``
+    (default 64, a power of two) consecutive batches, the units in a shuffled order. A unit
+    is a run of one bucket's batches, or consecutive batches of the remainder stream (every
+    bucket's batches past its whole runs, bucket after bucket, shortest first; its last
+    ``R % sync`` batches end the epoch). Global step ``k`` trains on positions
+    ``[kW, (k+1)W)`` of the sequence, one batch per rank, so with ``W`` dividing ``sync`` the
+    ranks of a step draw from one bucket, or from neighbouring ones in the remainder stream,
+    and finish together. ``sync=1`` shuffles batches one by one.
     ``bucket_order="sequential"``: the buckets from shortest to longest instead of shuffled
     runs. With ``shuffle=False`` nothing is shuffled: buckets in order, samples in index
     order. ``order="per_rank"`` is croupier's earlier order (called ``"fast"`` before, still
@@ -175,19 +176,19 @@ class BucketBatchSampler(BatchSampler):
             tokens (lhotse's ``quadratic_duration``). ``None`` (default): ``L`` tokens.
         oversized: ``"alone"`` or ``"error"`` for samples costing more than ``max_tokens``.
         bucket_order: ``"shuffled"`` (batches of all buckets mixed) or ``"sequential"``.
-        order: ``"global"`` (one batch sequence for every number of ranks, batches filled to
-            the budget) or ``"per_rank"`` (the earlier order, see above).
-        sync: in the global order, consecutive batches of one bucket (a power of two in
-            ``[1, 2**20]``; default 64): steps of ``W`` ranks stay within one bucket when
-            ``W`` divides it.
+        order: ``"global"`` (one batch sequence for every number of ranks, every batch full
+            but one) or ``"per_rank"`` (the earlier order, see above).
+        sync: in the global order, the consecutive batches of a unit (a power of two in
+            ``[1, 2**20]``; default 64): steps of ``W`` ranks stay within one unit when ``W``
+            divides it.
         num_replicas, rank, dist_info: the ranks, as for :class:`~croupier.DistributedSampler`.
         shuffle: shuffle samples within buckets and the batch order.
         seed: non-negative integer below ``2**64``, the same on all ranks.
         drop_last: equalise batch counts across ranks by dropping the last ``B % W`` batches
             instead of repeating the first ones; with ``batch_size`` and no ``max_tokens``,
-            also yield only full batches (each bucket's short last batch is left out). With
-            ``max_tokens`` batch sizes differ anyway, and a bucket's last batch may be short
-            whatever ``drop_last`` says.
+            also yield only full batches (the short ones are left out). With ``max_tokens``
+            batch sizes differ anyway, and the short batches stay whatever ``drop_last``
+            says.
     """
 
     _config_names = (
@@ -301,11 +302,10 @@ class BucketBatchSampler(BatchSampler):
         return list(self._plan.boundaries)
 
     def bucket_sizes(self) -> list[tuple[int, int, int, int]]:
-        """Per bucket: ``(samples, batch size, batches, longest length)``; the last entry holds
-        the samples costing more than ``max_tokens`` (served alone). With ``max_tokens`` in the
-        global order, the batch size is the fewest samples a batch cut by the budget holds
-        (what the per-rank order would use; filled batches hold more) and the batches are every
-        epoch's."""
+        """Per bucket: ``(samples, batch size, batches, longest length)``, the same every epoch;
+        the last entry holds the samples costing more than ``max_tokens`` (served alone). In the
+        global order a bucket's samples count those carried to it and not those it carried on,
+        and the longest length is of its own samples (its batch size's basis)."""
         return list(self._plan.buckets())
 
     # -- the sampler base ----------------------------------------------------------------------

@@ -348,11 +348,10 @@ mod tests {
 
     /// Every stage of a bucket plan and of an epoch's plan looks at the flag (building a plan
     /// over 2e7 lengths once ignored it for seconds): with the flag raised before the call,
-    /// the plan and the epoch are refused as cancelled, the boundaries' program, the sorts
-    /// and the greedy cuts stop at their first look, and a sequential bucket epoch stops.
+    /// the plan and the epoch are refused as cancelled, the boundaries' program and the sorts
+    /// stop at their first look, and a sequential bucket epoch stops.
     #[test]
     fn a_raised_flag_stops_the_bucket_plans() {
-        use crate::bucket::fill::Budget;
         use crate::bucket::{
             padding_boundaries, quantile_boundaries, BucketPlan, EpochBatches, EpochDraw, Limits,
         };
@@ -362,7 +361,7 @@ mod tests {
             .collect();
         let limits = Limits {
             max_tokens: Some(20_000),
-            fill_to_budget: true,
+            carry: true,
             ..Limits::default()
         };
         // Built without the flag, for the epoch below.
@@ -382,13 +381,6 @@ mod tests {
                 EpochBatches::new(&plan, EpochDraw::default()).unwrap_err(),
                 Error::Cancelled
             );
-            // The greedy cut of 2**21 samples stops at its first look, after CHECK_EVERY
-            // samples: then one batch to the end.
-            let budget = Budget::new(&limits);
-            let lens: Vec<u64> = lengths.iter().map(|&l| u64::from(l)).collect();
-            let cuts = budget.cuts(&lens);
-            let last = cuts.len() - 1;
-            assert!(cuts[last - 1] < 2 * CHECK_EVERY as u64 && cuts[last] == n);
             let buckets: Vec<Vec<u64>> = vec![(0..n).collect(), (n..2 * n).collect()];
             let seq = crate::bucket::SequentialBuckets::new(
                 &buckets,

@@ -60,12 +60,9 @@ pub(crate) enum Purpose {
     BucketOrder = u64::from_le_bytes(*b"bkorder\0"),
     /// The seed of one bucket's shuffle in an epoch (`bucket`); only its first word is used.
     BucketShuffle = u64::from_le_bytes(*b"bkshuffl"),
-    /// The keys of the order of an epoch's runs of batches in the global bucket order
-    /// (`class`: 0 for the runs placed before the fill, then one per run size).
+    /// The keys of the order of an epoch's units of batches in the global bucket order
+    /// (`class` 0).
     BucketRuns = u64::from_le_bytes(*b"bkruns\0\0"),
-    /// The seed of the reference shuffle that sets a bucket's batch count in the global
-    /// bucket order (`bucket`, under seed 0 and epoch 0): the same for every seed and epoch.
-    BucketReference = u64::from_le_bytes(*b"bkrefer\0"),
     /// The key of the permutation of an epoch's full chunks (`chunk`); only its first word is
     /// used.
     ChunkOrder = u64::from_le_bytes(*b"chkorder"),

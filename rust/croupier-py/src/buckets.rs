@@ -90,7 +90,7 @@ impl BucketsConfig {
                 quadratic: self.quadratic,
                 oversized_alone: self.oversized_alone,
                 full_batches: self.full_batches,
-                fill_to_budget: false, // the order's (BucketSource::new sets it)
+                carry: false, // the order's (BucketSource::new sets it)
             },
             order,
             seed: self.seed,

@@ -2,21 +2,22 @@
 //!
 //! # The plan
 //!
-//! - **Batches.** Bucket `j`'s members are shuffled as in the per-rank order (that order's
-//!   permutation of one rank under `Stream(seed, epoch, BucketShuffle, j)`), and cut into
-//!   batches: filled to the budget with their running longest sample when the plan has
-//!   [`Limits::fill_to_budget`](super::Limits) and a token budget, exactly the bucket's target
-//!   of them every epoch ([`super::fill`]); else of the bucket's fixed size. Nothing here
-//!   depends on the number of ranks, and every epoch has the same number of batches.
-//! - **Runs.** The epoch's batches form one global sequence, cut into runs of `sync` (`C`, a
-//!   power of two) consecutive batches of one bucket, so that the `W` batches of a global
-//!   step (positions `[kW, (k+1)W)`, one per rank) come from one bucket whenever `W` divides
-//!   `C`: ranks finish a step together. First every bucket's `⌊b_j / C⌋` runs of `C`, in a
-//!   keyed random order (`Stream(seed, epoch, BucketRuns, 0)`); then each bucket's remainder
-//!   in runs of `C/2, C/4, …, 1` (its binary digits), each size in its own keyed order
-//!   (classes `1, 2, …`). Every run starts at a multiple of its size, so steps of `W | C`
-//!   ranks stay within one bucket up to the runs shorter than `W`: fewer than `W` batches per
-//!   bucket, at the end of the epoch. Within a bucket, batches are used in their order.
+//! - **Batches.** The plan's buckets have carried tails ([`Limits::carry`](super::Limits)):
+//!   every batch of a bucket holds the bucket's batch size but for the last non-empty
+//!   bucket's last batch. Bucket `j`'s members are shuffled as in the per-rank order (that
+//!   order's permutation of one rank under `Stream(seed, epoch, BucketShuffle, j)`) and cut
+//!   into its batches. Nothing here depends on the number of ranks, and every epoch has the
+//!   same batches per bucket.
+//! - **Runs.** The epoch's batches form one global sequence of units of `sync` (`C`, a power
+//!   of two) consecutive batches, so that the `W` batches of a global step (positions
+//!   `[kW, (k+1)W)`, one per rank) come from one unit whenever `W` divides `C`. A unit is
+//!   either a run of `C` batches of one bucket (each bucket has `⌊b_j / C⌋` of them) or `C`
+//!   consecutive batches of the *remainder stream*: every bucket's last `b_j mod C` batches,
+//!   bucket after bucket, shortest first, so a step there mixes buckets next to each other.
+//!   The units come in a keyed random order (`Stream(seed, epoch, BucketRuns, 0)`), the
+//!   remainder stream's last `R mod C` batches after them. Every batch is full (but one), so
+//!   the padded cost of the ranks' batches at a step differs only as much as full batches of
+//!   neighbouring lengths do.
 //! - **Deal.** Rank `r` takes global positions `r, r + W, …` with torch's padding (the first
 //!   batches again) or dropping (the last `B % W`), like `DistributedSampler`; an elastic
 //!   resume deals the rest of the same sequence ([`Elastic`]).
@@ -24,12 +25,11 @@
 //! Without shuffling the batch order (`shuffle_batches = false`, or `shuffle = false`), the
 //! sequence is the buckets' batches bucket after bucket, shortest first.
 //!
-//! The runs follow from the buckets' batch counts, fixed at construction, so any batch is
+//! The units follow from the buckets' batch counts, fixed at construction, so any batch is
 //! found without cutting any bucket: reading a few batches cuts only their buckets
 //! ([`EpochBatches::lazy`], a resume's first batches), a whole epoch cuts every bucket once
 //! ([`EpochBatches::new`] keeps every bucket's order up to [`KEEP_ORDERS`] samples).
 
-use super::fill::Budget;
 use super::plan::BucketPlan;
 use crate::cancel::{cancelled, cancelled_error, CHECK_EVERY};
 use crate::deal::elastic::Elastic;
@@ -131,7 +131,7 @@ struct Cut {
 /// use croupier_core::{Deal, Indices};
 ///
 /// let lengths: Vec<u32> = (0..5000).map(|i| 10 + (i * 7919) % 500).collect();
-/// let limits = Limits { max_tokens: Some(4096), fill_to_budget: true, ..Limits::default() };
+/// let limits = Limits { max_tokens: Some(4096), carry: true, ..Limits::default() };
 /// let plan = BucketPlan::new(&lengths, &[100, 200, 300], limits).unwrap();
 /// let epoch = EpochBatches::new(&plan, EpochDraw { sync: 4, ..EpochDraw::default() }).unwrap();
 /// # let u32s = |i: Indices| match i { Indices::U32(v) => v, _ => unreachable!() };
@@ -144,7 +144,7 @@ struct Cut {
 /// let global_1 = &alone[offsets[1] as usize..offsets[2] as usize];
 /// assert_eq!(&two[..global_1.len()], global_1);
 /// // Every epoch has the same number of batches.
-/// assert_eq!(epoch.batches(), plan.global_batches());
+/// assert_eq!(epoch.batches(), plan.batches());
 /// ```
 #[derive(Debug, Clone)]
 pub struct EpochBatches {
@@ -199,7 +199,7 @@ impl EpochBatches {
     /// batches come from (a few batches read one or two buckets).
     pub fn lazy(plan: &BucketPlan, draw: EpochDraw) -> Result<Self> {
         EpochDraw::check_sync(draw.sync)?;
-        let counts = plan.global_bucket_batches();
+        let counts = plan.bucket_batches();
         let runs = Runs::new(&counts, draw);
         if cancelled() {
             return Err(cancelled_error());
@@ -293,7 +293,6 @@ impl EpochBatches {
             }
             (out, sizes)
         };
-        let budget = Budget::new(plan.limits());
         let pieces: Vec<(usize, Vec<T>, Vec<u64>)> = by_bucket
             .par_iter()
             .enumerate()
@@ -301,7 +300,7 @@ impl EpochBatches {
             .map(|(j, wanted)| {
                 let (out, sizes) = match &self.kept {
                     Some(kept) => take(&kept[j], wanted),
-                    None => take(&cut_bucket(plan, &budget, j, self.draw)?, wanted),
+                    None => take(&cut_bucket(plan, j, self.draw)?, wanted),
                 };
                 Ok((j, out, sizes))
             })
@@ -346,15 +345,14 @@ fn in_order() -> Draw {
 
 /// The epochs of `buckets`, cut in parallel.
 fn cut_buckets(plan: &BucketPlan, draw: EpochDraw, buckets: &[usize]) -> Result<Vec<Cut>> {
-    let budget = Budget::new(plan.limits());
     buckets
         .par_iter()
-        .map(|&j| cut_bucket(plan, &budget, j, draw))
+        .map(|&j| cut_bucket(plan, j, draw))
         .collect()
 }
 
-/// Bucket `j`'s epoch: its order, cut into its target number of batches.
-fn cut_bucket(plan: &BucketPlan, budget: &Budget, j: usize, draw: EpochDraw) -> Result<Cut> {
+/// Bucket `j`'s epoch: its order, cut into its batches.
+fn cut_bucket(plan: &BucketPlan, j: usize, draw: EpochDraw) -> Result<Cut> {
     let n = plan.members_of(j);
     // Each stage looks at the flag first: a stage stopped early leaves its output meaningless.
     let stage = || {
@@ -365,27 +363,10 @@ fn cut_bucket(plan: &BucketPlan, budget: &Budget, j: usize, draw: EpochDraw) -> 
         }
     };
     stage()?;
-    let mut positions = plan.bucket_positions(j, draw.keys(), 0..n)?;
+    let positions = plan.bucket_positions(j, draw.keys(), 0..n)?;
     stage()?;
-    let cuts = if plan.filled_to_budget(j) {
-        let lengths = plan.gather_lengths(j, &positions);
-        stage()?;
-        let (cuts, reorder) = budget.exact_cuts(&lengths, plan.target(j));
-        drop(lengths);
-        stage()?;
-        if let Some(order) = reorder {
-            let old = positions.to_u64_vec();
-            positions = Indices::U64(order.iter().map(|&k| old[k as usize]).collect());
-        }
-        cuts
-    } else {
-        let size = if j + 1 == plan.bucket_count() {
-            1
-        } else {
-            plan.fixed_size(j)
-        };
-        (0..=plan.target(j)).map(|i| (i * size).min(n)).collect()
-    };
+    let size = plan.fixed_size(j);
+    let cuts = (0..=plan.target(j)).map(|i| (i * size).min(n)).collect();
     let samples = plan.gather_members(j, &positions);
     stage()?;
     Ok(Cut { samples, cuts })
@@ -438,50 +419,63 @@ impl Runs {
 /// documentation).
 fn shuffled_runs(counts: &[u64], draw: EpochDraw) -> Vec<Run> {
     let c = draw.sync;
-    let mut next = vec![0u64; counts.len()];
-    let mut runs = Vec::new();
+    let whole: Vec<u64> = counts.iter().map(|&b| b / c).collect();
+    let mut whole_ends = Vec::with_capacity(counts.len());
+    let mut acc = 0u64;
+    for &w in &whole {
+        acc += w;
+        whole_ends.push(acc);
+    }
+    let whole_total = acc;
+    // The remainder stream: bucket j's batches from `whole[j] * c` on, bucket after bucket.
+    let mut rest_ends = Vec::with_capacity(counts.len());
+    let mut acc = 0u64;
+    for &b in counts {
+        acc += b % c;
+        rest_ends.push(acc);
+    }
+    let rest_total = acc;
+    let chunks = rest_total / c;
+    let units = whole_total + chunks;
+    let mut runs = Vec::with_capacity(units as usize + counts.len());
     let mut start = 0u64;
-    // Place `per[j]` runs of `size` batches of each bucket `j`, in the keyed order `class`.
-    let mut place = |per: &[u64], size: u64, class: u64, next: &mut [u64]| {
-        let mut ends = Vec::with_capacity(per.len());
-        let mut acc = 0u64;
-        for &m in per {
-            acc += m;
-            ends.push(acc);
+    // Positions [from, from + len) of the remainder stream, as runs of their buckets.
+    let stream = |runs: &mut Vec<Run>, from: u64, len: u64, start: u64| {
+        let mut p = from;
+        while p < from + len {
+            let j = rest_ends.partition_point(|&e| e <= p);
+            let bucket_start = rest_ends[j] - counts[j] % c;
+            runs.push(Run {
+                start: start + p - from,
+                bucket: j as u32,
+                first: whole[j] * c + p - bucket_start,
+            });
+            p = rest_ends[j].min(from + len);
         }
-        let order = RandomAccessPermutation::from_stream(
-            acc,
-            Stream::new(draw.seed, draw.epoch, Purpose::BucketRuns, class),
-        );
-        for s in 0..acc {
-            if s % CHECK_EVERY as u64 == 0 && cancelled() {
-                break; // the caller discards the runs
-            }
-            let id = order.at(s);
-            let j = ends.partition_point(|&e| e <= id);
+    };
+    let order = RandomAccessPermutation::from_stream(
+        units,
+        Stream::new(draw.seed, draw.epoch, Purpose::BucketRuns, 0),
+    );
+    for s in 0..units {
+        if s % CHECK_EVERY as u64 == 0 && cancelled() {
+            break; // the caller discards the runs
+        }
+        let id = order.at(s);
+        if id < whole_total {
+            let j = whole_ends.partition_point(|&e| e <= id);
+            let k = id - (whole_ends[j] - whole[j]);
             runs.push(Run {
                 start,
                 bucket: j as u32,
-                first: next[j],
+                first: k * c,
             });
-            next[j] += size;
-            start += size;
+        } else {
+            stream(&mut runs, (id - whole_total) * c, c, start);
         }
-    };
-    let full: Vec<u64> = counts.iter().map(|&b| b / c).collect();
-    place(&full, c, 0, &mut next);
-    let mut size = c / 2;
-    let mut class = 1;
-    while size >= 1 {
-        let per: Vec<u64> = counts
-            .iter()
-            .map(|&b| u64::from((b % c) & size != 0))
-            .collect();
-        place(&per, size, class, &mut next);
-        size /= 2;
-        class += 1;
+        start += c;
     }
-    debug_assert!(cancelled() || next == counts);
+    stream(&mut runs, chunks * c, rest_total - chunks * c, start);
     runs
 }
 
@@ -501,7 +495,7 @@ mod tests {
     fn budget_limits() -> Limits {
         Limits {
             max_tokens: Some(6000),
-            fill_to_budget: true,
+            carry: true,
             ..Limits::default()
         }
     }
@@ -564,51 +558,70 @@ mod tests {
     }
 
     #[test]
-    fn every_sample_once_within_budget_and_runs_in_one_bucket() {
+    fn every_sample_once_full_batches_within_budget_and_steps_within_one_unit() {
         let (lengths, p) = plan(30_000, budget_limits());
-        let bounds = [100u64, 200, 350, 500];
-        let bucket = |i: u64| bounds.partition_point(|&b| b <= lengths[i as usize]);
-        let draw = EpochDraw {
-            sync: 8,
-            epoch: 2,
-            ..EpochDraw::default()
-        };
-        let e = EpochBatches::new(&p, draw).unwrap();
-        let all = batches(
-            &e,
-            &p,
-            Deal {
-                num_replicas: 1,
-                rank: 0,
-                drop_last: false,
-            },
-        );
-        let mut seen = vec![0u32; lengths.len()];
-        for b in &all {
-            let longest = b.iter().map(|&i| lengths[i as usize]).max().unwrap();
-            assert!(b.len() as u64 * longest <= 6000);
-            assert!(b.iter().all(|&i| bucket(i) == bucket(b[0])));
-            b.iter().for_each(|&i| seen[i as usize] += 1);
-        }
-        assert!(seen.iter().all(|&c| c == 1));
-        // Steps of 8 ranks (and of 2 and 4) are within one bucket, but for the short runs
-        // at the end: fewer than W batches per bucket.
-        for w in [2usize, 4, 8] {
-            let mixed = all
-                .chunks(w)
-                .filter(|s| s.iter().any(|b| bucket(b[0]) != bucket(s[0][0])))
-                .count();
-            let k = bounds.len() + 1;
-            assert!(mixed * w <= k * (w - 1), "W {w}: {mixed} mixed steps");
-        }
-        // Each bucket's batches are used in their order of the bucket.
-        for j in 0..5 {
-            let firsts: Vec<u64> = (0..e.batches())
-                .map(|q| e.locate(q))
-                .filter(|l| l.0 == j)
-                .map(|l| l.1)
+        for (sync, epoch) in [(8u64, 2u64), (64, 0), (1, 1)] {
+            let draw = EpochDraw {
+                sync,
+                epoch,
+                ..EpochDraw::default()
+            };
+            let e = EpochBatches::new(&p, draw).unwrap();
+            let all = batches(
+                &e,
+                &p,
+                Deal {
+                    num_replicas: 1,
+                    rank: 0,
+                    drop_last: false,
+                },
+            );
+            let buckets = p.buckets();
+            let last = buckets[..buckets.len() - 1]
+                .iter()
+                .rposition(|b| b.0 > 0)
+                .unwrap();
+            let mut seen = vec![0u32; lengths.len()];
+            for (q, b) in all.iter().enumerate() {
+                let longest = b.iter().map(|&i| lengths[i as usize]).max().unwrap();
+                assert!(b.len() as u64 * longest <= 6000);
+                // Every batch holds its bucket's size, but the last bucket's last one.
+                let (j, i) = e.locate(q as u64);
+                let (members, size, count, _) = buckets[j];
+                if j != last || i + 1 < count {
+                    assert_eq!(b.len() as u64, size, "batch {i} of bucket {j}");
+                } else {
+                    assert_eq!(b.len() as u64, members - size * (count - 1));
+                }
+                b.iter().for_each(|&i| seen[i as usize] += 1);
+            }
+            assert!(seen.iter().all(|&c| c == 1));
+            // The remainder stream: every bucket's batches past its whole runs, in order.
+            let stream: Vec<(usize, u64)> = buckets
+                .iter()
+                .enumerate()
+                .flat_map(|(j, b)| (b.2 / sync * sync..b.2).map(move |i| (j, i)))
                 .collect();
-            assert!(firsts.windows(2).all(|w| w[0] < w[1]), "bucket {j}");
+            let located: Vec<(usize, u64)> = (0..e.batches()).map(|q| e.locate(q)).collect();
+            // Every step of W | sync ranks is inside one unit: a whole run of one bucket, or
+            // consecutive batches of the remainder stream.
+            for w in [1u64, 2, 4, 8].into_iter().filter(|w| sync % w == 0) {
+                for step in located.chunks(w as usize) {
+                    let (j, i) = step[0];
+                    let in_run = i < buckets[j].2 / sync * sync
+                        && step.iter().enumerate().all(|(k, &(b, x))| {
+                            b == j && x == i + k as u64 && x / sync == i / sync
+                        });
+                    let in_stream = stream.windows(step.len()).any(|window| window == step);
+                    assert!(in_run || in_stream, "sync {sync} W {w}: step {step:?}");
+                }
+            }
+            // The stream's last (shorter than a unit) batches end the epoch.
+            let tail = stream.len() % sync as usize;
+            assert_eq!(
+                located[located.len() - tail..],
+                stream[stream.len() - tail..]
+            );
         }
     }
 
@@ -639,7 +652,7 @@ mod tests {
         );
         assert!(all.iter().all(|b| b.len() == 32));
         let counts: Vec<u64> = p.buckets().iter().map(|b| b.0 / 32).collect();
-        assert_eq!(p.global_bucket_batches(), counts);
+        assert_eq!(p.bucket_batches(), counts);
         let plain = EpochBatches::new(
             &p,
             EpochDraw {
@@ -696,7 +709,7 @@ mod tests {
                 };
                 let e = EpochBatches::new(&p, draw).unwrap();
                 let lazy = EpochBatches::lazy(&p, draw).unwrap();
-                assert_eq!(e.batches(), p.global_batches());
+                assert_eq!(e.batches(), p.batches());
                 let total = e.batches();
                 for w in [1u64, 3, 8] {
                     let deal = Deal {

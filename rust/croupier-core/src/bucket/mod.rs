@@ -5,15 +5,14 @@
 //! - [`quantiles`]: bucket boundaries from length quantiles (the per-rank order's default).
 //! - [`boundaries`]: bucket boundaries that minimise padding (the global order's default).
 //! - [`plan`]: the buckets, batch sizes and a rank's batches of an epoch in the per-rank order.
-//! - [`fill`]: batches filled to the budget with their running longest sample.
-//! - [`epoch`]: one epoch's batch plan for every world size (the global order).
+//! - [`epoch`]: one epoch's batch plan for every world size (the global order: buckets with
+//!   carried tails, every batch full but one).
 //! - [`source`]: a sampler's batches of every epoch in its order ([`BucketOrder`]), the
 //!   global order's epoch plans kept.
 //! - [`sequential`]: NeMo Automodel's bucket-by-bucket order.
 
 pub mod boundaries;
 pub mod epoch;
-pub mod fill;
 mod histogram;
 pub mod plan;
 pub mod quantiles;

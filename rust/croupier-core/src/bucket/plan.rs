@@ -7,6 +7,16 @@
 //!   `b_j <= lengths[i] < b_{j+1}` for the boundaries `b` (`b_0 = 0`, the last bucket open);
 //!   with a token budget, samples longer than the budget form one more bucket of their own
 //!   (each served alone). A bucket's members are kept in index order.
+//! - **Carried tails** (the global order, [`Limits::carry`]): every regular bucket but the last
+//!   non-empty one keeps a whole number of its batches and carries the rest to the next
+//!   bucket, so that no bucket but the last has a short batch. Bucket `j` holds the samples
+//!   carried to it (fewer than a batch of the bucket before) and its own; it keeps the
+//!   shortest `⌊m_j / s_j⌋ s_j` of these `m_j` (by length, then index) and carries the rest
+//!   (its longest) on; an empty bucket keeps none. A carried sample is shorter than the
+//!   bucket's own samples, so the bucket's batch size (from its own longest sample, below)
+//!   keeps every batch within the budget. In the order of `(length, index)` every bucket is
+//!   then a contiguous range: the samples carried to it first (in that order), then its own
+//!   (in index order).
 //! - **Batch sizes** (fixed at construction): without a budget every batch of a bucket holds
 //!   `batch_size`; with `max_tokens` bucket `j` holds `max_tokens / L_j` (rounded down, `L_j`
 //!   its longest sample), at most `batch_size`, rounded down to a multiple of `multiple` when
@@ -65,10 +75,10 @@ pub struct Limits {
     /// is dropped (its samples wait for another epoch's shuffle), so every batch of a bucket
     /// holds exactly its size (static shapes with a fixed `batch_size`).
     pub full_batches: bool,
-    /// With `max_tokens`: keep the members' lengths so that an epoch's batches can be filled
-    /// to the budget with their running longest sample ([`crate::bucket::EpochBatches`]);
-    /// the fixed per-bucket sizes above apply otherwise.
-    pub fill_to_budget: bool,
+    /// Carry every regular bucket's tail to the next bucket, so that only the last non-empty
+    /// bucket may have a short batch (the global order's buckets, see the module
+    /// documentation).
+    pub carry: bool,
 }
 
 impl Default for Limits {
@@ -80,7 +90,7 @@ impl Default for Limits {
             quadratic: None,
             oversized_alone: true,
             full_batches: false,
-            fill_to_budget: false,
+            carry: false,
         }
     }
 }
@@ -177,14 +187,9 @@ pub struct BucketPlan {
     sizes: Vec<u64>,
     /// Batches before each bucket (`buckets + 1` entries).
     batch_starts: Vec<u64>,
-    /// Longest sample of each bucket.
+    /// Longest sample of each bucket's own (its batch size's basis; with carried tails, the
+    /// bucket may have passed it on).
     longest: Vec<u64>,
-    /// With [`Limits::fill_to_budget`] and `max_tokens`: each member's length, aligned with
-    /// `members`.
-    member_lengths: Option<Indices>,
-    /// Batches of each bucket in every epoch of the global order (see
-    /// [`crate::bucket::EpochBatches`]).
-    targets: Vec<u64>,
     limits: Limits,
     digest: u64,
 }
@@ -234,23 +239,33 @@ impl BucketPlan {
         if cancelled() {
             return Err(cancelled_error());
         }
-        let member_lengths = if limits.fill_to_budget && limits.max_tokens.is_some() {
-            Some(member_lengths(lengths, &members, &starts)?)
-        } else {
-            None
-        };
         let sizes = batch_sizes(&limits, &longest);
+        let (members, starts) = if limits.carry {
+            match members {
+                Indices::U32(mut m) => {
+                    let starts = carry_tails(lengths, &mut m, &starts, &sizes)?;
+                    (Indices::U32(m), starts)
+                }
+                Indices::U64(mut m) => {
+                    let starts = carry_tails(lengths, &mut m, &starts, &sizes)?;
+                    (Indices::U64(m), starts)
+                }
+            }
+        } else {
+            (members, starts)
+        };
         let per_bucket: Vec<u64> = (0..=regular)
             .map(|j| {
+                let held = starts[j + 1] - starts[j];
                 if limits.full_batches && j < regular {
-                    counts[j] / sizes[j]
+                    held / sizes[j]
                 } else {
-                    counts[j].div_ceil(sizes[j])
+                    held.div_ceil(sizes[j])
                 }
             })
             .collect();
         let batch_starts = running_starts(&per_bucket, |&b| b);
-        let mut plan = BucketPlan {
+        Ok(BucketPlan {
             digest: digest(lengths),
             n: lengths.len() as u64,
             members,
@@ -258,50 +273,16 @@ impl BucketPlan {
             sizes,
             batch_starts,
             longest,
-            member_lengths,
-            targets: Vec::new(),
             limits,
-        };
-        plan.targets = plan.epoch_targets()?;
-        Ok(plan)
+        })
     }
 
-    /// Every bucket's batches per epoch in the global order: filled to the budget, its target
-    /// from a reference order (`BucketReference`, see [`super::fill`]); else its fixed count.
-    fn epoch_targets(&self) -> Result<Vec<u64>> {
-        let budget = super::fill::Budget::new(&self.limits);
-        (0..self.sizes.len())
-            .into_par_iter()
-            .map(|j| {
-                if !self.filled_to_budget(j) {
-                    return Ok(self.batch_starts[j + 1] - self.batch_starts[j]);
-                }
-                if cancelled() {
-                    return Err(cancelled_error());
-                }
-                let n = self.members_of(j);
-                let key = Stream::new(0, 0, Purpose::BucketReference, j as u64).next_u64();
-                let layout = Layout::new(n, 1, false)?;
-                let positions = rank_range(&layout, 0, Draw::keyed(key), 0..n)?;
-                if cancelled() {
-                    return Err(cancelled_error());
-                }
-                let lengths = self.gather_lengths(j, &positions);
-                drop(positions);
-                if cancelled() {
-                    return Err(cancelled_error());
-                }
-                Ok(budget.target(&lengths))
-            })
-            .collect()
-    }
-
-    /// Bucket `j`'s batches in every epoch of the global order.
+    /// Bucket `j`'s batches in every epoch.
     pub(crate) fn target(&self, j: usize) -> u64 {
-        self.targets[j]
+        self.batch_starts[j + 1] - self.batch_starts[j]
     }
 
-    /// Batches of every epoch of the global order, over all ranks, before padding or cutting.
+    /// Per bucket, its batches in every epoch (the oversized bucket last).
     ///
     /// # Examples
     ///
@@ -309,19 +290,16 @@ impl BucketPlan {
     /// use croupier_core::bucket::{BucketPlan, Limits};
     ///
     /// let lengths: Vec<u32> = (0..10_000).map(|i| 10 + (i * 7919) % 90).collect();
-    /// let fill = Limits { max_tokens: Some(1000), fill_to_budget: true, ..Limits::default() };
-    /// let plan = BucketPlan::new(&lengths, &[50], fill).unwrap();
-    /// // Filled to the budget, batches hold more than the fixed sizes by the bucket's longest.
-    /// assert!(plan.global_batches() < plan.batches());
-    /// assert_eq!(plan.global_batches(), plan.global_bucket_batches().iter().sum::<u64>());
+    /// let carry = Limits { max_tokens: Some(1000), carry: true, ..Limits::default() };
+    /// let plan = BucketPlan::new(&lengths, &[50], carry).unwrap();
+    /// assert_eq!(plan.bucket_batches().iter().sum::<u64>(), plan.batches());
+    /// // With carried tails, only the last bucket may have a short batch.
+    /// let (first, last) = (plan.buckets()[0], plan.buckets()[1]);
+    /// assert_eq!(first.0, first.1 * first.2);
+    /// assert_eq!(last.2, last.0.div_ceil(last.1));
     /// ```
-    pub fn global_batches(&self) -> u64 {
-        self.targets.iter().sum()
-    }
-
-    /// Per bucket, its batches in every epoch of the global order (the oversized bucket last).
-    pub fn global_bucket_batches(&self) -> Vec<u64> {
-        self.targets.clone()
+    pub fn bucket_batches(&self) -> Vec<u64> {
+        self.batch_starts.windows(2).map(|w| w[1] - w[0]).collect()
     }
 
     /// A 64-bit fingerprint of the lengths (in order), the same on every platform.
@@ -431,19 +409,11 @@ impl BucketPlan {
     }
 
     /// Bytes of the scratch of cutting `at_once` buckets at the same time (the largest ones):
-    /// each its order, and for a bucket filled to the budget its members' lengths and a
-    /// reordering copy.
+    /// each its order.
     pub(crate) fn cut_scratch_bytes(&self, at_once: u64) -> u64 {
         let width = if self.n <= U32_MAX_LEN { 4 } else { 8 };
         let mut per_bucket: Vec<u64> = (0..self.sizes.len())
-            .map(|j| {
-                let per_member = if self.filled_to_budget(j) {
-                    2 * width + 16
-                } else {
-                    width
-                };
-                self.members_of(j).saturating_mul(per_member)
-            })
+            .map(|j| self.members_of(j).saturating_mul(width))
             .collect();
         per_bucket.sort_unstable_by(|a, b| b.cmp(a));
         per_bucket
@@ -712,18 +682,13 @@ impl BucketPlan {
     }
 
     /// The limits the plan was built with.
-    pub(crate) fn limits(&self) -> &Limits {
+    pub fn limits(&self) -> &Limits {
         &self.limits
     }
 
     /// Bucket `j`'s batch size by the fixed rule (1 for the oversized bucket).
     pub(crate) fn fixed_size(&self, j: usize) -> u64 {
         self.sizes[j]
-    }
-
-    /// Whether bucket `j`'s batches are filled to the budget (rather than of a fixed size).
-    pub(crate) fn filled_to_budget(&self, j: usize) -> bool {
-        self.member_lengths.is_some() && j + 1 < self.sizes.len()
     }
 
     /// Positions `range` of bucket `j`'s order in the epoch `keys` names, as the members'
@@ -747,26 +712,7 @@ impl BucketPlan {
         rank_range(&layout, 0, Draw::keyed(key), range)
     }
 
-    /// The lengths of bucket `j`'s members at `positions` (with [`Limits::fill_to_budget`]).
-    pub(crate) fn gather_lengths(&self, j: usize, positions: &Indices) -> Vec<u64> {
-        let base = self.starts[j] as usize;
-        fn gather<P: Copy + Into<u64> + Sync, L: Copy + Into<u64> + Sync>(
-            at: &[P],
-            lens: &[L],
-            base: usize,
-        ) -> Vec<u64> {
-            par_map(at, 1 << 14, |p| lens[base + p.into() as usize].into())
-        }
-        match (positions, self.member_lengths.as_ref()) {
-            (Indices::U32(p), Some(Indices::U32(l))) => gather(p, l, base),
-            (Indices::U32(p), Some(Indices::U64(l))) => gather(p, l, base),
-            (Indices::U64(p), Some(Indices::U32(l))) => gather(p, l, base),
-            (Indices::U64(p), Some(Indices::U64(l))) => gather(p, l, base),
-            (_, None) => vec![0; positions.len()],
-        }
-    }
-
-    /// The samples (indices into `lengths`) of bucket `j`'s members at `positions`.
+    /// Bucket `j`'s members at `positions` of its order, as sample indices.
     pub(crate) fn gather_members(&self, j: usize, positions: &Indices) -> Indices {
         let base = self.starts[j] as usize;
         fn gather<P: Copy + Into<u64>, M: Copy>(at: &[P], members: &[M], base: usize) -> Vec<M> {
@@ -786,45 +732,6 @@ impl BucketPlan {
             (Indices::U64(p), Indices::U64(m)) => Indices::U64(gather(p, m, base)),
         }
     }
-}
-
-/// Each member's length aligned with `members` (`u32` when they all fit).
-fn member_lengths<L: Copy + Into<u64> + Send + Sync>(
-    lengths: &[L],
-    members: &Indices,
-    starts: &[u64],
-) -> Result<Indices> {
-    let member = |k: usize| -> usize {
-        match members {
-            Indices::U32(v) => v[k] as usize,
-            Indices::U64(v) => v[k] as usize,
-        }
-    };
-    let n = starts[starts.len() - 1];
-    let max = par_max(lengths);
-    // In pieces, each looking at the flag first.
-    fn fill<T: Copy + Send>(v: &mut [T], at: impl Fn(usize) -> T + Sync) {
-        v.par_chunks_mut(CHECK_EVERY)
-            .enumerate()
-            .for_each(|(c, piece)| {
-                if !cancelled() {
-                    for (i, slot) in piece.iter_mut().enumerate() {
-                        *slot = at(c * CHECK_EVERY + i);
-                    }
-                }
-            });
-    }
-    Ok(if max <= u64::from(u32::MAX) {
-        let mut v = try_with_capacity::<u32>("the members' lengths", n)?;
-        v.resize(n as usize, 0);
-        fill(&mut v, |k| lengths[member(k)].into() as u32);
-        Indices::U32(v)
-    } else {
-        let mut v = try_with_capacity::<u64>("the members' lengths", n)?;
-        v.resize(n as usize, 0);
-        fill(&mut v, |k| lengths[member(k)].into());
-        Indices::U64(v)
-    })
 }
 
 /// Batch ids as `u64`.
@@ -850,6 +757,109 @@ fn scatter<T: Index>(ids: &[u32], mut at: Vec<u64>) -> Result<Vec<T>> {
         }
     }
     Ok(members)
+}
+
+/// The global order's buckets with carried tails (see the module documentation): rewrites
+/// `members` (bucket after bucket, each in index order; `starts` its `regular + 2` starts, the
+/// oversized bucket last) in place and returns the buckets' new starts.
+///
+/// The counts follow from arithmetic alone. Then, in parallel, each bucket picks the tail it
+/// carries (its longest by `(length, index)`, fewer than a batch of its own) and closes up the
+/// rest at the front of its range; the carried samples, a few per bucket, are written last
+/// into the room the tails left, where the bucket they join now starts.
+fn carry_tails<L, T>(
+    lengths: &[L],
+    members: &mut [T],
+    starts: &[u64],
+    sizes: &[u64],
+) -> Result<Vec<u64>>
+where
+    L: Copy + Into<u64> + Send + Sync,
+    T: Index,
+{
+    let regular = sizes.len() - 1;
+    let own: Vec<u64> = (0..regular).map(|j| starts[j + 1] - starts[j]).collect();
+    let Some(last) = own.iter().rposition(|&n| n > 0) else {
+        return Ok(starts.to_vec()); // every sample oversized
+    };
+    // What each bucket keeps, and how many of its own samples it carries on.
+    let mut keep = vec![0u64; regular];
+    let mut out = vec![0u64; regular];
+    let mut carried = 0u64;
+    for j in 0..regular {
+        let m = own[j] + carried;
+        keep[j] = if j == last {
+            m
+        } else if own[j] == 0 {
+            0
+        } else {
+            m / sizes[j] * sizes[j]
+        };
+        out[j] = own[j].min(m - keep[j]);
+        carried = m - keep[j];
+    }
+    let key = |i: u64| (lengths[i as usize].into(), i);
+    // Each bucket's tail, by (length, index), and its other members closed up in index order.
+    let mut pieces: Vec<&mut [T]> = Vec::with_capacity(regular);
+    let mut rest = &mut members[..starts[regular] as usize];
+    for &n in &own {
+        let (piece, tail) = rest.split_at_mut(n as usize);
+        pieces.push(piece);
+        rest = tail;
+    }
+    let tails: Vec<Vec<(u64, u64)>> = pieces
+        .into_par_iter()
+        .zip(out.par_iter())
+        .map(|(piece, &t)| {
+            if t == 0 || cancelled() {
+                return Vec::new();
+            }
+            // The t largest keys: a min-heap of the largest seen so far.
+            let mut heap = std::collections::BinaryHeap::with_capacity(t as usize + 1);
+            for &m in piece.iter() {
+                let k = key(m.to_u64());
+                if (heap.len() as u64) < t {
+                    heap.push(std::cmp::Reverse(k));
+                } else if k > heap.peek().expect("t >= 1 keys").0 {
+                    heap.pop();
+                    heap.push(std::cmp::Reverse(k));
+                }
+            }
+            let least = heap.peek().expect("t >= 1 keys").0;
+            let mut at = 0usize;
+            for i in 0..piece.len() {
+                let m = piece[i];
+                if key(m.to_u64()) < least {
+                    piece[at] = m;
+                    at += 1;
+                }
+            }
+            let mut tail: Vec<(u64, u64)> = heap.into_iter().map(|r| r.0).collect();
+            tail.sort_unstable();
+            tail
+        })
+        .collect();
+    if cancelled() {
+        return Err(cancelled_error());
+    }
+    // The carried samples, bucket by bucket: bucket j takes the shortest of those carried to
+    // it, up to what it keeps, at the front of its new range.
+    let mut new_starts = Vec::with_capacity(regular + 2);
+    let mut at = 0u64;
+    let mut carry: Vec<(u64, u64)> = Vec::new();
+    for j in 0..regular {
+        new_starts.push(at);
+        let taken = (carry.len() as u64).min(keep[j]) as usize;
+        for (k, &(_, i)) in carry[..taken].iter().enumerate() {
+            members[at as usize + k] = T::from_u64(i);
+        }
+        at += keep[j];
+        carry.drain(..taken);
+        carry.extend_from_slice(&tails[j]);
+    }
+    debug_assert!(carry.is_empty() && at == starts[regular]);
+    new_starts.extend_from_slice(&starts[regular..]);
+    Ok(new_starts)
 }
 
 /// Refuses what [`BucketPlan::new`] cannot build: no lengths, boundaries not increasing, no
@@ -1203,6 +1213,107 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("index 2"), "{err}");
+    }
+
+    /// The carried tails against a model written from the module documentation: in the
+    /// order of `(length, index)`, each bucket keeps a whole number of its batches of what it
+    /// holds (all of it, for the last non-empty one; nothing, for an empty one), carries the
+    /// rest on, and lists the samples carried to it (in that order) before its own (in index
+    /// order). Sizes, batch counts and the oversized bucket are as without carrying.
+    #[test]
+    fn carried_tails_keep_whole_batches_in_length_order() {
+        let mut rng = crate::testkit::Lcg::new(11);
+        for case in 0..60 {
+            let n = 1 + rng.below(3000);
+            let spread = 2 + rng.below(600);
+            let lengths: Vec<u64> = (0..n).map(|_| 1 + rng.below(spread)).collect();
+            let mut bounds: Vec<u64> = (0..rng.below(6)).map(|_| 1 + rng.below(spread)).collect();
+            bounds.sort_unstable();
+            bounds.dedup();
+            let limits = Limits {
+                batch_size: [None, Some(1 + rng.below(40))][case % 2],
+                max_tokens: [Some(200 + rng.below(4000)), None][(case / 2) % 3 / 2],
+                multiple: 1 + rng.below(3) * (case as u64 % 2),
+                full_batches: case % 5 == 0,
+                carry: true,
+                ..Limits::default()
+            };
+            let limits = if limits.batch_size.is_none() && limits.max_tokens.is_none() {
+                Limits {
+                    batch_size: Some(7),
+                    ..limits
+                }
+            } else {
+                limits
+            };
+            let plan = BucketPlan::new(&lengths, &bounds, limits).unwrap();
+            let plain = BucketPlan::new(
+                &lengths,
+                &bounds,
+                Limits {
+                    carry: false,
+                    ..limits
+                },
+            )
+            .unwrap();
+            let regular = bounds.len() + 1;
+            let fits = |l: u64| limits.fits(l);
+            let own_bucket = |l: u64| bounds.partition_point(|&b| b <= l);
+            let sizes: Vec<u64> = plain.buckets().iter().map(|b| b.1).collect();
+            let mut sorted: Vec<u64> = (0..n).filter(|&i| fits(lengths[i as usize])).collect();
+            sorted.sort_by_key(|&i| (lengths[i as usize], i));
+            let own: Vec<u64> = (0..regular)
+                .map(|j| {
+                    sorted
+                        .iter()
+                        .filter(|&&i| own_bucket(lengths[i as usize]) == j)
+                        .count() as u64
+                })
+                .collect();
+            let last = own.iter().rposition(|&c| c > 0);
+            let (mut at, mut carried) = (0usize, 0u64);
+            let got = plan.buckets();
+            for j in 0..regular {
+                let m = own[j] + carried;
+                let keep = match last {
+                    Some(l) if j == l => m,
+                    _ if own[j] == 0 => 0,
+                    _ => m / sizes[j] * sizes[j],
+                };
+                carried = m - keep;
+                let region = &sorted[at..at + keep as usize];
+                at += keep as usize;
+                // Carried first, in (length, index) order; then its own, in index order.
+                let mut want: Vec<u64> = region
+                    .iter()
+                    .copied()
+                    .filter(|&i| own_bucket(lengths[i as usize]) < j)
+                    .collect();
+                let mut mine: Vec<u64> = region
+                    .iter()
+                    .copied()
+                    .filter(|&i| own_bucket(lengths[i as usize]) == j)
+                    .collect();
+                mine.sort_unstable();
+                want.extend(mine);
+                let positions = plan.bucket_positions(j, (0, 0, false), 0..keep).unwrap();
+                let members = plan.gather_members(j, &positions).to_u64_vec();
+                assert_eq!(members, want, "case {case}, bucket {j}");
+                assert_eq!(got[j].0, keep);
+                assert_eq!(got[j].1, sizes[j]);
+                let batches = if limits.full_batches {
+                    keep / sizes[j]
+                } else {
+                    keep.div_ceil(sizes[j])
+                };
+                assert_eq!(got[j].2, batches, "case {case}, bucket {j}");
+                if Some(j) != last {
+                    assert_eq!(keep % sizes[j], 0);
+                }
+            }
+            assert_eq!(at, sorted.len());
+            assert_eq!(got[regular], plain.buckets()[regular]); // the oversized, unchanged
+        }
     }
 
     #[test]

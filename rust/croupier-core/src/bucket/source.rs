@@ -32,8 +32,8 @@ enum EpochPlan {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BucketOrder {
     /// One batch sequence per epoch for every number of ranks: padding-optimal buckets when
-    /// none are given, batches filled to `max_tokens` with their running longest sample, and
-    /// runs of `sync` consecutive batches of one bucket (a power of two) in a shuffled order
+    /// none are given, every bucket's tail carried to the next so that every batch is full
+    /// but one, and units of `sync` consecutive batches (a power of two) in a shuffled order
     /// ([`EpochBatches`]).
     Global {
         /// Consecutive batches of one bucket per run.
@@ -52,7 +52,7 @@ pub struct BucketConfig {
     pub boundaries: Option<Vec<u64>>,
     /// Buckets to find when `boundaries` is `None`.
     pub num_buckets: u64,
-    /// The limits of a batch. Its `fill_to_budget` is the order's: set for
+    /// The limits of a batch. Its `carry` is the order's: set for
     /// [`BucketOrder::Global`], cleared for [`BucketOrder::PerRank`].
     pub limits: Limits,
     /// The order of every epoch's batches.
@@ -116,13 +116,13 @@ impl BucketSource {
         config: BucketConfig,
     ) -> Result<Self> {
         let mut limits = config.limits;
-        limits.fill_to_budget = matches!(config.order, BucketOrder::Global { .. });
+        limits.carry = matches!(config.order, BucketOrder::Global { .. });
         if let BucketOrder::Global { sync } = config.order {
             EpochDraw::check_sync(sync)?;
         }
         let boundaries = match config.boundaries {
             Some(b) => b,
-            None if limits.fill_to_budget => padding_boundaries(
+            None if limits.carry => padding_boundaries(
                 lengths,
                 config.num_buckets.max(1),
                 limits.quadratic.filter(|_| limits.max_tokens.is_some()),
@@ -159,26 +159,15 @@ impl BucketSource {
 
     /// Batches of every epoch over all ranks, before padding or cutting.
     pub fn batches(&self) -> u64 {
-        match self.order {
-            BucketOrder::Global { .. } => self.plan.global_batches(),
-            BucketOrder::PerRank => self.plan.batches(),
-        }
+        self.plan.batches()
     }
 
     /// Per bucket: `(members, batch size, batches per epoch, longest sample)`; the last
-    /// entry holds the samples longer than `max_tokens`. In the global order with
-    /// `max_tokens`, the batch size is the fewest samples a batch cut by the budget holds
-    /// (filled batches hold more).
+    /// entry holds the samples longer than `max_tokens`. In the global order the members
+    /// include the samples carried to the bucket and leave out those it carried on, and the
+    /// longest sample is of the bucket's own (its batch size's basis).
     pub fn buckets(&self) -> Vec<(u64, u64, u64, u64)> {
-        let sizes = self.plan.buckets();
-        match self.order {
-            BucketOrder::PerRank => sizes,
-            BucketOrder::Global { .. } => sizes
-                .into_iter()
-                .zip(self.plan.global_bucket_batches())
-                .map(|((n, size, _, longest), batches)| (n, size, batches, longest))
-                .collect(),
-        }
+        self.plan.buckets()
     }
 
     /// The rest of an epoch first dealt over `origin` ranks, continued on `num_replicas`
@@ -351,7 +340,7 @@ mod tests {
 
         let global = BucketSource::new(&lengths, config(BucketOrder::Global { sync: 4 })).unwrap();
         let limits = Limits {
-            fill_to_budget: true,
+            carry: true,
             ..limits
         };
         let bounds = padding_boundaries(&lengths, 8, None, |l| limits.fits(l));
@@ -366,7 +355,7 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(global.batches(), plan.global_batches());
+        assert_eq!(global.batches(), plan.batches());
         let whole = global.elastic(3, 0, 3, false).unwrap().num_samples();
         for range in [0..2, 0..whole, 3..whole] {
             assert_eq!(
@@ -395,12 +384,12 @@ mod tests {
     }
 
     #[test]
-    fn the_order_sets_the_budget_filling_and_refuses_a_bad_run_length() {
+    fn the_order_sets_the_carried_tails_and_refuses_a_bad_run_length() {
         let lengths = lengths();
         let per_rank = BucketSource::new(&lengths, config(BucketOrder::PerRank)).unwrap();
         let global = BucketSource::new(&lengths, config(BucketOrder::Global { sync: 1 })).unwrap();
-        assert!(!per_rank.plan().limits().fill_to_budget);
-        assert!(global.plan().limits().fill_to_budget);
+        assert!(!per_rank.plan().limits().carry);
+        assert!(global.plan().limits().carry);
         let err = BucketSource::new(&lengths, config(BucketOrder::Global { sync: 6 })).unwrap_err();
         assert!(
             err.to_string().contains("sync must be a power of two"),
