@@ -220,7 +220,7 @@ def test_bucket_rows_time_both_orders_and_compare_them():
         assert row["checks_ok"]  # the first batch and the resumed batch are the epoch's
         assert row["runs"][0]["count"] > 0 and row["epoch_s"] > 0 and row["resume_s"] > 0
         assert 0.5 < row["efficiency"] <= 1
-    # The global order fills batches to the budget over padding-optimal buckets.
+    # The global order carries bucket tails over padding-optimal buckets.
     assert (
         rows["croupier-buckets"]["efficiency"]
         > rows["croupier-buckets-per-rank-order"]["efficiency"]

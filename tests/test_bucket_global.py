@@ -42,9 +42,9 @@ def _carried(lengths, bounds, batch_size=None, max_tokens=None, quadratic=None, 
     batch size of each bucket, samples each bucket holds)``, the oversized bucket last.
 
     A bucket's size comes from its own longest sample; in the order of (length, index) every
-    regular bucket but the last non-empty one keeps a whole number of its batches of what it
-    holds (the samples carried to it and its own), an empty one keeps none, the rest carries
-    on."""
+    regular bucket keeps a whole number of its batches of what it holds (the samples carried to
+    it and its own) and carries the rest on when it fits a batch of the next non-empty bucket,
+    else keeps it too (a short batch); the last non-empty bucket keeps all, an empty one none."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
 
@@ -78,7 +78,13 @@ def _carried(lengths, bounds, batch_size=None, max_tokens=None, quadratic=None, 
     held, at, carried = [], 0, 0
     for j in range(regular):
         m = counts[j] + carried
-        keep = m if j == last else 0 if counts[j] == 0 else m // sizes[j] * sizes[j]
+        after = [sizes[k] for k in range(j + 1, regular) if counts[k]]
+        if counts[j] == 0:
+            keep = 0
+        elif j == last or m % sizes[j] > after[0]:
+            keep = m
+        else:
+            keep = m - m % sizes[j]
         bucket[order[at : at + keep]] = j
         held.append(keep)
         at, carried = at + keep, m - keep
@@ -147,14 +153,16 @@ def test_every_batch_is_full_within_budget_in_one_carried_bucket_and_every_sampl
         (j,) = {int(bucket[i]) for i in b}  # one bucket per batch
         short += len(b) < sizes[j]
     assert (seen == 1).all()
-    assert short <= 1  # but the last non-empty bucket's last batch, every batch is full
+    # Every batch is full but where a bucket kept its tail (it fitted no batch of the next).
+    assert short == sum(1 for g in got if g[0] % g[1])
     assert len(batches) == sum(b for _, _, b, _ in got)
 
 
 def _unit_steps(lengths, ranks, sync, bucket):
     """Checks that every step of the ranks' batches lies in one unit of ``sync`` batches: a
-    run of one bucket, or consecutive batches of the remainder stream (every bucket's last
-    ``b_j % sync`` batches, bucket after bucket). Returns the steps that mix buckets."""
+    run of one bucket, or an aligned block of the remainder stream (every bucket's last
+    ``b_j % sync`` batches, bucket after bucket) in some order. Returns the steps that mix
+    buckets."""
     counts = [b for _, _, b, _ in ranks[0].bucket_sizes()]
     rest = [j for j, c in enumerate(counts) for _ in range(c % sync)]
     per = [list(s) for s in ranks]
@@ -163,7 +171,8 @@ def _unit_steps(lengths, ranks, sync, bucket):
         ids = [int(bucket[b[0]]) for b in step]
         if len(set(ids)) > 1:
             mixed += 1
-            assert any(rest[a : a + len(ids)] == ids for a in range(len(rest))), (k, ids)
+            w = len(ids)  # an aligned block of the stream, in some order
+            assert any(rest[a : a + w] == sorted(ids) for a in range(0, len(rest), w)), (k, ids)
     return mixed
 
 
@@ -198,19 +207,19 @@ def test_the_ranks_of_a_step_do_nearly_equal_work_at_every_epoch_size(n, buckets
         assert np.percentile(spread, 90) <= 1.1, (epoch, np.percentile(spread, 90))
 
 
-def test_batches_are_full_where_filling_to_the_budget_would_leave_short_ones():
-    # One bucket of lengths 100 and a few 200: every batch holds 2000 // 200 = 10 samples,
-    # the bucket's size, but the last; the padded cost of every full batch is within the
-    # budget and at least half of it.
-    lengths = np.array([100] * 900 + [200] * 100)
-    s = BucketBatchSampler(lengths, max_tokens=2000, buckets=1, num_replicas=1, rank=0)
-    batches = list(s)
-    assert [len(b) for b in batches] == [10] * 100
-    # Two buckets: the first's tail goes to the second, which has a short last batch.
-    lengths = np.array([100] * 95 + [200] * 27)
-    s = BucketBatchSampler(lengths, max_tokens=2000, buckets=[150], num_replicas=1, rank=0)
-    assert s.bucket_sizes()[:2] == [(80, 20, 4, 100), (42, 10, 5, 200)]
-    assert sorted(len(b) for b in s) == [2] + [10] * 4 + [20] * 4
+def test_a_tail_goes_on_where_it_fits_a_batch_of_the_next_bucket():
+    # Lengths 100 (batches of 20 under 2000 tokens) and 120 (of 16): the first bucket's tail of
+    # 15 fits a batch of the next, which takes it; only the last bucket has a short batch.
+    lengths = np.array([100] * 95 + [120] * 27)
+    s = BucketBatchSampler(lengths, max_tokens=2000, buckets=[110], num_replicas=1, rank=0)
+    assert s.bucket_sizes()[:2] == [(80, 20, 4, 100), (42, 16, 3, 120)]
+    assert sorted(len(b) for b in s) == [10, 16, 16, 20, 20, 20, 20]
+    # Lengths 10 (batches of 200) and 1000 (of 2): a tail of 199 would fill the next bucket's
+    # batches with short samples only (a hundred batches of 20 tokens); it stays, a short batch.
+    lengths = np.array([10] * 199 + [1000] * 10)
+    s = BucketBatchSampler(lengths, max_tokens=2000, buckets=[500], num_replicas=1, rank=0)
+    assert s.bucket_sizes()[:2] == [(199, 200, 1, 10), (10, 2, 5, 1000)]
+    assert sorted(len(b) for b in s) == [2] * 5 + [199]
 
 
 def test_sync_one_shuffles_batches_one_by_one_and_sync_must_be_a_power_of_two():
@@ -348,11 +357,7 @@ def test_value_stability_pin():
 
 
 PIN_BOUNDARIES = [13, 25]
-PIN = [
-    [154, 193, 116, 185, 77, 226, 10, 40, 7, 4],
-    [296, 121, 194, 5, 147, 118, 37, 268, 188, 75],
-    [261, 41, 119, 78, 82, 46, 195, 111, 115, 190],
-]
+PIN = [[24, 146, 26], [71, 210, 283], [255, 257, 179]]
 
 
 @pytest.mark.slow

@@ -154,8 +154,9 @@ class Buckets:
         with their batch sizes: at most ``batch_size`` samples, at most ``max_tokens`` padded
         tokens, rounded down to a ``multiple``; a sample over ``max_tokens`` alone
         (``oversized_alone``); only full batches of ``batch_size`` (``full_batches``). The
-        global order fills batches to the budget and orders runs of ``sync`` batches (a power
-        of two; ``None``: 64); the per-rank order takes no ``sync``. ``seed``, ``shuffle``
+        global order carries each bucket's tail to the next where it fits a batch there, and
+        orders units of ``sync`` batches (a power of two; ``None``: 64); the per-rank order
+        takes no ``sync``. ``seed``, ``shuffle``
         (within buckets) and ``shuffle_batches`` (the batch order) draw every epoch. Every
         keyword is required; an unknown one is a ``TypeError``."""
     @property
@@ -163,7 +164,7 @@ class Buckets:
         """The bucket boundaries in use."""
     @property
     def sync(self) -> int | None:
-        """The global order's run length, ``None`` in the per-rank order."""
+        """The global order's unit length, ``None`` in the per-rank order."""
     @property
     def digest(self) -> str:
         """A fingerprint of the lengths (16 hex digits), for checkpoints."""

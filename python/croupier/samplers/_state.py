@@ -227,14 +227,14 @@ def _v3_to_v4(state: dict[str, Any], sampler: str) -> dict[str, Any]:
         # The global order's buckets carry their tails since version 4: its batches (and
         # how many an epoch has) changed, so a place inside an epoch names other samples.
         raise StateError(
-            f"state has version {state.get('version')} and BucketBatchSampler's global order at "
+            "state was saved before state version 4 by BucketBatchSampler's global order, at "
             f"position {position}{' of an elastic rest' if el is not None else ''}: the global "
-            "order's batches changed in state version 4 (every bucket's tail is carried to the "
-            "next, so every batch is full), so this position would continue a different "
-            "sequence (repeating and losing samples). Resume it from its epoch's start (set "
-            "state['position'] to 0 and remove state['elastic']) or, if the epoch had finished, "
-            "from the next one (also add 1 to state['epoch']); or finish the epoch with the "
-            "croupier that saved the state"
+            "order's batches changed in version 4 (bucket tails carried to the next bucket, "
+            "so batches are full), so this position would continue a different sequence "
+            "(repeating and losing samples). Resume it from its epoch's start (set "
+            "state['position'] to 0 and remove state['elastic']) or, if the epoch had finished "
+            "(the saving sampler had yielded len(sampler) batches), from the next one (also "
+            "add 1 to state['epoch']); or finish the epoch with the croupier that saved it"
         )
     return state
 

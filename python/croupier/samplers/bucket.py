@@ -127,29 +127,30 @@ class BucketBatchSampler(BatchSampler):
     (``oversized="alone"``, the default: a batch of one, over the budget) or refused at
     construction (``oversized="error"``). In the global order every bucket keeps a whole
     number of batches and carries the rest of its samples (its longest, fewer than a batch) to
-    the next bucket, so every batch is full but the last bucket's last one: the ranks of a
-    step do nearly equal work at any epoch size. In the per-rank order each bucket's last
-    batch may be short. With ``batch_size`` alone and ``drop_last=True`` the short batches are
-    left out, so every batch holds exactly ``batch_size`` samples (rounded down by
-    ``batch_size_multiple``), as with torch's ``BatchSampler(drop_last=True)``: static shapes
-    for compiled models. Batch counts are fixed at construction, so ``len(self)`` never
+    the next bucket where they fit one of its batches (else keeps them, a short batch), so
+    batches are full but a few: the ranks of a step do nearly equal work at any epoch size. In
+    the per-rank order each bucket's last batch may be short. With ``batch_size`` alone and
+    ``drop_last=True`` the short batches are left out, so every batch holds exactly
+    ``batch_size`` samples (rounded down by ``batch_size_multiple``), as with torch's
+    ``BatchSampler(drop_last=True)``: static shapes for compiled models. Batch counts are fixed at construction, so ``len(self)`` never
     changes.
 
     **Order** (``order="global"``, the default). Each epoch shuffles every bucket's samples
     (seeded by ``seed``, the epoch and the bucket), cuts them into batches, and orders all
     batches in one global sequence, the same for every number of ranks: in units of ``sync``
     (default 64, a power of two) consecutive batches, the units in a shuffled order. A unit
-    is a run of one bucket's batches, or consecutive batches of the remainder stream (every
-    bucket's batches past its whole runs, bucket after bucket, shortest first; its last
-    ``R % sync`` batches end the epoch). Global step ``k`` trains on positions
-    ``[kW, (k+1)W)`` of the sequence, one batch per rank, so with ``W`` dividing ``sync`` the
-    ranks of a step draw from one bucket, or from neighbouring ones in the remainder stream,
-    and finish together. ``sync=1`` shuffles batches one by one.
+    is a run of one bucket's batches, or a block of consecutive batches of the remainder
+    stream (every bucket's batches past its whole runs, bucket after bucket, shortest first),
+    shuffled inside with its aligned sub-blocks kept together; the stream's last ``R % sync``
+    batches end the epoch. Global step ``k`` trains on positions ``[kW, (k+1)W)`` of the
+    sequence, one batch per rank, so with ``W`` dividing ``sync`` the ranks of a step draw from
+    one bucket, or from neighbouring ones in the remainder stream, and finish together. ``sync=1`` shuffles batches one by one.
     ``bucket_order="sequential"``: the buckets from shortest to longest instead of shuffled
-    runs. With ``shuffle=False`` nothing is shuffled: buckets in order, samples in index
-    order. ``order="per_rank"`` is croupier's earlier order (called ``"fast"`` before, still
-    accepted with a ``DeprecationWarning``): fixed batch sizes per bucket, the batch order drawn
-    for the number of ranks (so it changes with it), quantile buckets.
+    units. With ``shuffle=False`` nothing is shuffled: buckets in order, each bucket's samples
+    in index order (the ones carried to it from the bucket before first). ``order="per_rank"``
+    is croupier's earlier order (called ``"fast"`` before, still accepted with a
+    ``DeprecationWarning``): fixed batch sizes per bucket, the batch order drawn for the number
+    of ranks (so it changes with it), quantile buckets.
 
     **Ranks.** Rank ``r`` takes batches ``r, r + W, r + 2W, ...`` of the epoch's batch order,
     like ``DistributedSampler`` takes samples: with ``drop_last=False`` the first batches are

@@ -3,8 +3,9 @@
 //! # The plan
 //!
 //! - **Batches.** The plan's buckets have carried tails ([`Limits::carry`](super::Limits)):
-//!   every batch of a bucket holds the bucket's batch size but for the last non-empty
-//!   bucket's last batch. Bucket `j`'s members are shuffled as in the per-rank order (that
+//!   every batch of a bucket holds the bucket's batch size but a bucket's last one where the
+//!   bucket kept its tail (the last non-empty bucket, or one whose tail fits no batch of the
+//!   next). Bucket `j`'s members are shuffled as in the per-rank order (that
 //!   order's permutation of one rank under `Stream(seed, epoch, BucketShuffle, j)`) and cut
 //!   into its batches. Nothing here depends on the number of ranks, and every epoch has the
 //!   same batches per bucket.
@@ -14,10 +15,13 @@
 //!   either a run of `C` batches of one bucket (each bucket has `⌊b_j / C⌋` of them) or `C`
 //!   consecutive batches of the *remainder stream*: every bucket's last `b_j mod C` batches,
 //!   bucket after bucket, shortest first, so a step there mixes buckets next to each other.
-//!   The units come in a keyed random order (`Stream(seed, epoch, BucketRuns, 0)`), the
-//!   remainder stream's last `R mod C` batches after them. Every batch is full (but one), so
-//!   the padded cost of the ranks' batches at a step differs only as much as full batches of
-//!   neighbouring lengths do.
+//!   Inside such a chunk the batches come in the order of a keyed tree flip ([`flipped`]:
+//!   every aligned block of every size stays together, in a random order), so that a small
+//!   epoch, all of it in the remainder stream, is not laid out by length. The units come in a
+//!   keyed random order (`Stream(seed, epoch, BucketRuns, 0)`; the flips class 1), the
+//!   remainder stream's last `R mod C` batches after them (aligned blocks of its binary
+//!   digits, each flipped). Batches are full but for the few buckets that keep their tail, so
+//!   the padded cost of the ranks' batches at a step differs little.
 //! - **Deal.** Rank `r` takes global positions `r, r + W, …` with torch's padding (the first
 //!   batches again) or dropping (the last `B % W`), like `DistributedSampler`; an elastic
 //!   resume deals the rest of the same sequence ([`Elastic`]).
@@ -38,7 +42,7 @@ use crate::deal::rank::{rank_range, Draw};
 use crate::draw::random_access::RandomAccessPermutation;
 use crate::error::{Error, Result};
 use crate::index::{try_with_capacity, Index, Indices, U32_MAX_LEN};
-use crate::stream::{Purpose, Stream};
+use crate::stream::{fold, Purpose, Stream};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -63,9 +67,9 @@ pub struct EpochDraw {
     pub epoch: u64,
     /// Shuffle the samples within each bucket; without, nothing is shuffled.
     pub shuffle: bool,
-    /// Shuffle the order of the runs too (with `shuffle` only); without, bucket after bucket.
+    /// Shuffle the order of the units too (with `shuffle` only); without, bucket after bucket.
     pub shuffle_batches: bool,
-    /// Consecutive batches of one bucket per run (a power of two; 1: every batch on its own).
+    /// Consecutive batches per unit (a power of two; 1: every batch on its own).
     pub sync: u64,
 }
 
@@ -104,14 +108,27 @@ impl EpochDraw {
     }
 }
 
-/// Consecutive batches of one bucket in the global sequence.
+/// Consecutive global positions of the sequence.
 #[derive(Debug, Clone, Copy)]
-struct Run {
-    /// Its first global position.
-    start: u64,
-    bucket: u32,
-    /// Its first batch, counted in its bucket.
-    first: u64,
+enum Unit {
+    /// Batches `first, first + 1, …` of one bucket.
+    Run { start: u64, bucket: u32, first: u64 },
+    /// `2**bits` consecutive batches of the remainder stream from its position `from`, in the
+    /// order of a keyed tree flip ([`flipped`]).
+    Chunk {
+        start: u64,
+        from: u64,
+        bits: u32,
+        key: u64,
+    },
+}
+
+impl Unit {
+    fn start(&self) -> u64 {
+        match *self {
+            Unit::Run { start, .. } | Unit::Chunk { start, .. } => start,
+        }
+    }
 }
 
 /// A bucket's epoch: its order as samples, and where each batch starts in it (then its end).
@@ -372,35 +389,46 @@ fn cut_bucket(plan: &BucketPlan, j: usize, draw: EpochDraw) -> Result<Cut> {
     Ok(Cut { samples, cuts })
 }
 
-/// The runs of an epoch's global sequence and its length.
+/// The units of an epoch's global sequence, its length, and where each bucket's batches sit
+/// in the remainder stream.
 #[derive(Debug, Clone)]
 struct Runs {
-    runs: Vec<Run>,
+    units: Vec<Unit>,
     total: u64,
+    /// Per bucket, the end of its batches in the remainder stream.
+    rest_ends: Vec<u64>,
+    /// Per bucket, its first batch in the remainder stream (past its whole runs).
+    rest_first: Vec<u64>,
+    /// Per bucket, its batches in the remainder stream.
+    rest_len: Vec<u64>,
 }
 
 impl Runs {
-    /// The runs of the epoch `draw` names whose buckets have `counts` batches.
+    /// The units of the epoch `draw` names whose buckets have `counts` batches.
     fn new(counts: &[u64], draw: EpochDraw) -> Self {
         let total = counts.iter().sum();
-        let runs = if draw.shuffle && draw.shuffle_batches {
-            shuffled_runs(counts, draw)
-        } else {
-            let mut runs = Vec::with_capacity(counts.len());
-            let mut start = 0;
-            for (j, &c) in counts.iter().enumerate() {
-                if c > 0 {
-                    runs.push(Run {
-                        start,
-                        bucket: j as u32,
-                        first: 0,
-                    });
-                    start += c;
-                }
+        if draw.shuffle && draw.shuffle_batches {
+            return shuffled_runs(counts, draw);
+        }
+        let mut units = Vec::with_capacity(counts.len());
+        let mut start = 0;
+        for (j, &c) in counts.iter().enumerate() {
+            if c > 0 {
+                units.push(Unit::Run {
+                    start,
+                    bucket: j as u32,
+                    first: 0,
+                });
+                start += c;
             }
-            runs
-        };
-        Runs { runs, total }
+        }
+        Runs {
+            units,
+            total,
+            rest_ends: Vec::new(),
+            rest_first: Vec::new(),
+            rest_len: Vec::new(),
+        }
     }
 
     /// Global position `p`'s bucket and batch of that bucket.
@@ -410,15 +438,47 @@ impl Runs {
     /// If `p` is not below the epoch's batches.
     fn locate(&self, p: u64) -> (usize, u64) {
         assert!(p < self.total, "global batch {p} of {}", self.total);
-        let r = self.runs[self.runs.partition_point(|r| r.start <= p) - 1];
-        (r.bucket as usize, r.first + p - r.start)
+        match self.units[self.units.partition_point(|u| u.start() <= p) - 1] {
+            Unit::Run {
+                start,
+                bucket,
+                first,
+            } => (bucket as usize, first + p - start),
+            Unit::Chunk {
+                start,
+                from,
+                bits,
+                key,
+            } => {
+                let q = from + flipped(key, p - start, bits);
+                let j = self.rest_ends.partition_point(|&e| e <= q);
+                let offset = q - (self.rest_ends[j] - self.rest_len[j]);
+                (j, self.rest_first[j] + offset)
+            }
+        }
     }
 }
 
-/// The runs of a shuffled epoch: bucket `j` has `counts[j]` batches (see the module
+/// Position `o` of a block of `2**bits` under a keyed tree flip: the block's binary tree with
+/// each node's two halves swapped or not by a keyed bit. Every aligned sub-block of any size
+/// `2**l` goes to an aligned sub-block of the same size (its bits above `l` decide where, its
+/// bits below `l` only where inside), so the batches a step of `W | 2**bits` ranks sees are
+/// the same consecutive ones of the remainder stream whatever the flips, in a random order.
+fn flipped(key: u64, o: u64, bits: u32) -> u64 {
+    let mut out = 0u64;
+    for level in (0..bits).rev() {
+        let node = (o >> level >> 1) | (1u64 << (bits - level - 1)); // heap numbering
+        let flip = fold(key, node) & 1;
+        out |= (((o >> level) & 1) ^ flip) << level;
+    }
+    out
+}
+
+/// The units of a shuffled epoch: bucket `j` has `counts[j]` batches (see the module
 /// documentation).
-fn shuffled_runs(counts: &[u64], draw: EpochDraw) -> Vec<Run> {
+fn shuffled_runs(counts: &[u64], draw: EpochDraw) -> Runs {
     let c = draw.sync;
+    let total = counts.iter().sum();
     let whole: Vec<u64> = counts.iter().map(|&b| b / c).collect();
     let mut whole_ends = Vec::with_capacity(counts.len());
     let mut acc = 0u64;
@@ -428,55 +488,69 @@ fn shuffled_runs(counts: &[u64], draw: EpochDraw) -> Vec<Run> {
     }
     let whole_total = acc;
     // The remainder stream: bucket j's batches from `whole[j] * c` on, bucket after bucket.
+    let rest_len: Vec<u64> = counts.iter().map(|&b| b % c).collect();
     let mut rest_ends = Vec::with_capacity(counts.len());
     let mut acc = 0u64;
-    for &b in counts {
-        acc += b % c;
+    for &r in &rest_len {
+        acc += r;
         rest_ends.push(acc);
     }
     let rest_total = acc;
     let chunks = rest_total / c;
-    let units = whole_total + chunks;
-    let mut runs = Vec::with_capacity(units as usize + counts.len());
-    let mut start = 0u64;
-    // Positions [from, from + len) of the remainder stream, as runs of their buckets.
-    let stream = |runs: &mut Vec<Run>, from: u64, len: u64, start: u64| {
-        let mut p = from;
-        while p < from + len {
-            let j = rest_ends.partition_point(|&e| e <= p);
-            let bucket_start = rest_ends[j] - counts[j] % c;
-            runs.push(Run {
-                start: start + p - from,
-                bucket: j as u32,
-                first: whole[j] * c + p - bucket_start,
-            });
-            p = rest_ends[j].min(from + len);
-        }
-    };
+    let count = whole_total + chunks;
+    let bits = c.trailing_zeros();
+    let flips = Stream::new(draw.seed, draw.epoch, Purpose::BucketRuns, 1).next_u64();
+    let mut units = Vec::with_capacity(count as usize + 64);
     let order = RandomAccessPermutation::from_stream(
-        units,
+        count,
         Stream::new(draw.seed, draw.epoch, Purpose::BucketRuns, 0),
     );
-    for s in 0..units {
+    let mut start = 0u64;
+    for s in 0..count {
         if s % CHECK_EVERY as u64 == 0 && cancelled() {
-            break; // the caller discards the runs
+            break; // the caller discards the units
         }
         let id = order.at(s);
         if id < whole_total {
             let j = whole_ends.partition_point(|&e| e <= id);
             let k = id - (whole_ends[j] - whole[j]);
-            runs.push(Run {
+            units.push(Unit::Run {
                 start,
                 bucket: j as u32,
                 first: k * c,
             });
         } else {
-            stream(&mut runs, (id - whole_total) * c, c, start);
+            let from = (id - whole_total) * c;
+            units.push(Unit::Chunk {
+                start,
+                from,
+                bits,
+                key: fold(flips, from),
+            });
         }
         start += c;
     }
-    stream(&mut runs, chunks * c, rest_total - chunks * c, start);
-    runs
+    // The stream's last batches, fewer than a unit: aligned blocks of their binary digits.
+    let mut from = chunks * c;
+    for b in (0..bits).rev() {
+        if (rest_total - chunks * c) & (1 << b) != 0 {
+            units.push(Unit::Chunk {
+                start,
+                from,
+                bits: b,
+                key: fold(flips, from),
+            });
+            start += 1 << b;
+            from += 1 << b;
+        }
+    }
+    Runs {
+        units,
+        total,
+        rest_ends,
+        rest_first: whole.iter().map(|&w| w * c).collect(),
+        rest_len,
+    }
 }
 
 #[cfg(test)]
@@ -577,25 +651,24 @@ mod tests {
                 },
             );
             let buckets = p.buckets();
-            let last = buckets[..buckets.len() - 1]
-                .iter()
-                .rposition(|b| b.0 > 0)
-                .unwrap();
+            let mut shorts = 0usize;
             let mut seen = vec![0u32; lengths.len()];
             for (q, b) in all.iter().enumerate() {
                 let longest = b.iter().map(|&i| lengths[i as usize]).max().unwrap();
                 assert!(b.len() as u64 * longest <= 6000);
-                // Every batch holds its bucket's size, but the last bucket's last one.
+                // Every batch holds its bucket's size, but a bucket's short last one.
                 let (j, i) = e.locate(q as u64);
                 let (members, size, count, _) = buckets[j];
-                if j != last || i + 1 < count {
+                if i + 1 < count {
                     assert_eq!(b.len() as u64, size, "batch {i} of bucket {j}");
                 } else {
                     assert_eq!(b.len() as u64, members - size * (count - 1));
                 }
+                shorts += usize::from((b.len() as u64) < size);
                 b.iter().for_each(|&i| seen[i as usize] += 1);
             }
             assert!(seen.iter().all(|&c| c == 1));
+            assert_eq!(shorts, buckets.iter().filter(|b| b.0 % b.1 != 0).count());
             // The remainder stream: every bucket's batches past its whole runs, in order.
             let stream: Vec<(usize, u64)> = buckets
                 .iter()
@@ -604,7 +677,7 @@ mod tests {
                 .collect();
             let located: Vec<(usize, u64)> = (0..e.batches()).map(|q| e.locate(q)).collect();
             // Every step of W | sync ranks is inside one unit: a whole run of one bucket, or
-            // consecutive batches of the remainder stream.
+            // an aligned block of W consecutive batches of the remainder stream, in some order.
             for w in [1u64, 2, 4, 8].into_iter().filter(|w| sync % w == 0) {
                 for step in located.chunks(w as usize) {
                     let (j, i) = step[0];
@@ -612,17 +685,70 @@ mod tests {
                         && step.iter().enumerate().all(|(k, &(b, x))| {
                             b == j && x == i + k as u64 && x / sync == i / sync
                         });
-                    let in_stream = stream.windows(step.len()).any(|window| window == step);
+                    let mut sorted = step.to_vec();
+                    sorted.sort_unstable();
+                    let in_stream = stream.chunks(w as usize).any(|block| block == sorted);
                     assert!(in_run || in_stream, "sync {sync} W {w}: step {step:?}");
                 }
             }
             // The stream's last (shorter than a unit) batches end the epoch.
             let tail = stream.len() % sync as usize;
-            assert_eq!(
-                located[located.len() - tail..],
-                stream[stream.len() - tail..]
-            );
+            let mut end = located[located.len() - tail..].to_vec();
+            end.sort_unstable();
+            assert_eq!(end, stream[stream.len() - tail..]);
         }
+    }
+
+    /// The tree flip permutes every block, keeps every aligned sub-block of every size
+    /// together, depends on its key, and reaches every order of a small block.
+    #[test]
+    fn a_tree_flip_keeps_aligned_blocks_and_changes_with_its_key() {
+        for bits in 0..8u32 {
+            let n = 1u64 << bits;
+            for key in 0..20u64 {
+                let f: Vec<u64> = (0..n).map(|o| flipped(key, o, bits)).collect();
+                let mut sorted = f.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..n).collect::<Vec<u64>>());
+                for l in 0..bits {
+                    for block in f.chunks(1 << l) {
+                        assert!(
+                            block.iter().all(|&x| x >> l == block[0] >> l),
+                            "bits {bits}"
+                        );
+                    }
+                }
+            }
+        }
+        let orders: std::collections::HashSet<Vec<u64>> = (0..400u64)
+            .map(|key| (0..4).map(|o| flipped(key, o, 2)).collect())
+            .collect();
+        assert_eq!(orders.len(), 8); // 2**3 flips of a block of 4
+        let a: Vec<u64> = (0..64).map(|o| flipped(1, o, 6)).collect();
+        let b: Vec<u64> = (0..64).map(|o| flipped(2, o, 6)).collect();
+        assert_ne!(a, b);
+    }
+
+    /// A small epoch (every batch in the remainder stream) is not laid out by length, and is
+    /// ordered anew every epoch.
+    #[test]
+    fn a_small_epoch_is_ordered_anew_every_epoch() {
+        let (_, p) = plan(1_500, budget_limits());
+        let orders: Vec<Vec<usize>> = (0..3)
+            .map(|epoch| {
+                let draw = EpochDraw {
+                    epoch,
+                    ..EpochDraw::default()
+                };
+                let e = EpochBatches::new(&p, draw).unwrap();
+                assert!(p.bucket_batches().iter().all(|&b| b < draw.sync));
+                (0..e.batches()).map(|q| e.locate(q).0).collect()
+            })
+            .collect();
+        for o in &orders {
+            assert!(o.windows(2).any(|w| w[0] > w[1]), "sorted by bucket: {o:?}");
+        }
+        assert!(orders[0] != orders[1] && orders[1] != orders[2] && orders[0] != orders[2]);
     }
 
     #[test]

@@ -36,7 +36,8 @@ pub enum BucketOrder {
     /// but one, and units of `sync` consecutive batches (a power of two) in a shuffled order
     /// ([`EpochBatches`]).
     Global {
-        /// Consecutive batches of one bucket per run.
+        /// Consecutive batches per unit (a run of one bucket, or a block of the remainder
+        /// stream).
         sync: u64,
     },
     /// croupier's earlier order: quantile buckets when none are given, one fixed batch size
