@@ -132,8 +132,8 @@ class BucketBatchSampler(BatchSampler):
     the per-rank order each bucket's last batch may be short. With ``batch_size`` alone and
     ``drop_last=True`` the short batches are left out, so every batch holds exactly
     ``batch_size`` samples (rounded down by ``batch_size_multiple``), as with torch's
-    ``BatchSampler(drop_last=True)``: static shapes for compiled models. Batch counts are fixed at construction, so ``len(self)`` never
-    changes.
+    ``BatchSampler(drop_last=True)``: static shapes for compiled models. Batch counts are
+    fixed at construction, so ``len(self)`` never changes.
 
     **Order** (``order="global"``, the default). Each epoch shuffles every bucket's samples
     (seeded by ``seed``, the epoch and the bucket), cuts them into batches, and orders all
@@ -144,7 +144,8 @@ class BucketBatchSampler(BatchSampler):
     shuffled inside with its aligned sub-blocks kept together; the stream's last ``R % sync``
     batches end the epoch. Global step ``k`` trains on positions ``[kW, (k+1)W)`` of the
     sequence, one batch per rank, so with ``W`` dividing ``sync`` the ranks of a step draw from
-    one bucket, or from neighbouring ones in the remainder stream, and finish together. ``sync=1`` shuffles batches one by one.
+    one bucket, or from neighbouring ones in the remainder stream, and finish together.
+    ``sync=1`` shuffles batches one by one.
     ``bucket_order="sequential"``: the buckets from shortest to longest instead of shuffled
     units. With ``shuffle=False`` nothing is shuffled: buckets in order, each bucket's samples
     in index order (the ones carried to it from the bucket before first). ``order="per_rank"``

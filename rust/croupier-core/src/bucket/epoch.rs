@@ -15,7 +15,7 @@
 //!   either a run of `C` batches of one bucket (each bucket has `⌊b_j / C⌋` of them) or `C`
 //!   consecutive batches of the *remainder stream*: every bucket's last `b_j mod C` batches,
 //!   bucket after bucket, shortest first, so a step there mixes buckets next to each other.
-//!   Inside such a chunk the batches come in the order of a keyed tree flip ([`flipped`]:
+//!   Inside such a chunk the batches come in the order of a keyed tree flip (`flipped`:
 //!   every aligned block of every size stays together, in a random order), so that a small
 //!   epoch, all of it in the remainder stream, is not laid out by length. The units come in a
 //!   keyed random order (`Stream(seed, epoch, BucketRuns, 0)`; the flips class 1), the
