@@ -136,8 +136,8 @@ def test_the_committed_baseline_covers_every_bench_group():
         # median of both; docs/performance.md), and the mixture's global order timed against
         # croupier's own per-rank order: it buys world-size invariance and whole passes, and at
         # this size (1e6, one leaf) costs about 3x (docs/performance.md);
-        # and the bucket sampler's global order resuming against its per-rank order (both read one
-        # bucket's batches: about 1x).
+        # and the bucket sampler's global order resuming against its per-rank order (seven
+        # resumes across the epoch; each reads one bucket's batches: about 1x).
         least = {
             "loader epoch, a state every step": 0.9,
             "mixture global order vs per-rank order: rank epoch, W=8": 0.2,
