@@ -128,8 +128,9 @@ class BucketBatchSampler(BatchSampler):
     construction (``oversized="error"``). In the global order every bucket keeps a whole
     number of batches and carries the rest of its samples (its longest, fewer than a batch) to
     the next bucket where they fit one of its batches (else keeps them, a short batch), so
-    batches are full but a few: the ranks of a step do nearly equal work at any epoch size. In
-    the per-rank order each bucket's last batch may be short. With ``batch_size`` alone and
+    batches are full but a few, and the ranks of a step do nearly equal work (a step may still
+    pair a full batch with a short one where ranks have few batches each). In the per-rank
+    order each bucket's last batch may be short. With ``batch_size`` alone and
     ``drop_last=True`` the short batches are left out, so every batch holds exactly
     ``batch_size`` samples (rounded down by ``batch_size_multiple``), as with torch's
     ``BatchSampler(drop_last=True)``: static shapes for compiled models. Batch counts are
@@ -141,10 +142,11 @@ class BucketBatchSampler(BatchSampler):
     (default 64, a power of two) consecutive batches, the units in a shuffled order. A unit
     is a run of one bucket's batches, or a block of consecutive batches of the remainder
     stream (every bucket's batches past its whole runs, bucket after bucket, shortest first),
-    shuffled inside with its aligned sub-blocks kept together; the stream's last ``R % sync``
-    batches end the epoch. Global step ``k`` trains on positions ``[kW, (k+1)W)`` of the
-    sequence, one batch per rank, so with ``W`` dividing ``sync`` the ranks of a step draw from
-    one bucket, or from neighbouring ones in the remainder stream, and finish together.
+    shuffled inside with its aligned sub-blocks kept together; the ``R % sync`` batches the
+    stream has left over (a keyed slot of it) end the epoch. Global step ``k`` trains on
+    positions ``[kW, (k+1)W)`` of the sequence, one batch per rank, so with ``W`` dividing
+    ``sync`` the ranks of a step draw from one bucket, or from neighbouring ones in the
+    remainder stream, and finish together.
     ``sync=1`` shuffles batches one by one.
     ``bucket_order="sequential"``: the buckets from shortest to longest instead of shuffled
     units. With ``shuffle=False`` nothing is shuffled: buckets in order, each bucket's samples
@@ -178,8 +180,8 @@ class BucketBatchSampler(BatchSampler):
             tokens (lhotse's ``quadratic_duration``). ``None`` (default): ``L`` tokens.
         oversized: ``"alone"`` or ``"error"`` for samples costing more than ``max_tokens``.
         bucket_order: ``"shuffled"`` (batches of all buckets mixed) or ``"sequential"``.
-        order: ``"global"`` (one batch sequence for every number of ranks, every batch full
-            but one) or ``"per_rank"`` (the earlier order, see above).
+        order: ``"global"`` (one batch sequence for every number of ranks, batches full but
+            a few) or ``"per_rank"`` (the earlier order, see above).
         sync: in the global order, the consecutive batches of a unit (a power of two in
             ``[1, 2**20]``; default 64): steps of ``W`` ranks stay within one unit when ``W``
             divides it.

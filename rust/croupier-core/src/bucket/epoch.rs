@@ -18,9 +18,11 @@
 //!   Inside such a chunk the batches come in the order of a keyed tree flip (`flipped`:
 //!   every aligned block of every size stays together, in a random order), so that a small
 //!   epoch, all of it in the remainder stream, is not laid out by length. The units come in a
-//!   keyed random order (`Stream(seed, epoch, BucketRuns, 0)`; the flips class 1), the
-//!   remainder stream's last `R mod C` batches after them (aligned blocks of its binary
-//!   digits, each flipped). Batches are full but for the few buckets that keep their tail, so
+//!   keyed random order (`Stream(seed, epoch, BucketRuns, 0)`; the flips class 1). The
+//!   stream's `R mod C` batches left over (its *tail*) are a keyed slot of the stream between
+//!   two chunks, not always its longest batches, and end the epoch as aligned blocks of the
+//!   binary digits of `R mod C`, largest first, each holding a keyed piece of the slot and
+//!   flipped. Batches are full but for the few buckets that keep their tail, so
 //!   the padded cost of the ranks' batches at a step differs little.
 //! - **Deal.** Rank `r` takes global positions `r, r + W, …` with torch's padding (the first
 //!   batches again) or dropping (the last `B % W`), like `DistributedSampler`; an elastic
@@ -497,9 +499,20 @@ fn shuffled_runs(counts: &[u64], draw: EpochDraw) -> Runs {
     }
     let rest_total = acc;
     let chunks = rest_total / c;
+    let tail = rest_total - chunks * c;
     let count = whole_total + chunks;
     let bits = c.trailing_zeros();
     let flips = Stream::new(draw.seed, draw.epoch, Purpose::BucketRuns, 1).next_u64();
+    // The tail (fewer than a unit) is a keyed slot of the stream, between two chunks, not
+    // always its longest batches; the chunks are the stream's other runs of `c`.
+    let tail_from = fold(flips, u64::MAX) % (chunks + 1) * c;
+    let chunk_from = |i: u64| {
+        if i * c < tail_from {
+            i * c
+        } else {
+            i * c + tail
+        }
+    };
     let mut units = Vec::with_capacity(count as usize + 64);
     let order = RandomAccessPermutation::from_stream(
         count,
@@ -520,7 +533,7 @@ fn shuffled_runs(counts: &[u64], draw: EpochDraw) -> Runs {
                 first: k * c,
             });
         } else {
-            let from = (id - whole_total) * c;
+            let from = chunk_from(id - whole_total);
             units.push(Unit::Chunk {
                 start,
                 from,
@@ -530,19 +543,26 @@ fn shuffled_runs(counts: &[u64], draw: EpochDraw) -> Runs {
         }
         start += c;
     }
-    // The stream's last batches, fewer than a unit: aligned blocks of their binary digits.
-    let mut from = chunks * c;
-    for b in (0..bits).rev() {
-        if (rest_total - chunks * c) & (1 << b) != 0 {
-            units.push(Unit::Chunk {
-                start,
-                from,
-                bits: b,
-                key: fold(flips, from),
-            });
-            start += 1 << b;
-            from += 1 << b;
-        }
+    // The tail ends the epoch in aligned blocks of its binary digits, largest first; which
+    // piece of the tail's slot each block holds is keyed too (the pieces cut in a keyed order
+    // of the sizes), so a small epoch does not run from short to long.
+    let mut sizes: Vec<u64> = (0..bits)
+        .rev()
+        .map(|b| 1u64 << b)
+        .filter(|&z| tail & z != 0)
+        .collect();
+    let placed = sizes.clone();
+    sizes.sort_by_key(|&z| fold(flips ^ 0x7461_696c, z)); // the pieces' order in the slot
+    for z in placed {
+        let before: u64 = sizes.iter().take_while(|&&y| y != z).sum();
+        let from = tail_from + before;
+        units.push(Unit::Chunk {
+            start,
+            from,
+            bits: z.trailing_zeros(),
+            key: fold(flips, from),
+        });
+        start += z;
     }
     Runs {
         units,
@@ -677,7 +697,7 @@ mod tests {
                 .collect();
             let located: Vec<(usize, u64)> = (0..e.batches()).map(|q| e.locate(q)).collect();
             // Every step of W | sync ranks is inside one unit: a whole run of one bucket, or
-            // an aligned block of W consecutive batches of the remainder stream, in some order.
+            // W consecutive batches of the remainder stream, in some order.
             for w in [1u64, 2, 4, 8].into_iter().filter(|w| sync % w == 0) {
                 for step in located.chunks(w as usize) {
                     let (j, i) = step[0];
@@ -687,15 +707,21 @@ mod tests {
                         });
                     let mut sorted = step.to_vec();
                     sorted.sort_unstable();
-                    let in_stream = stream.chunks(w as usize).any(|block| block == sorted);
+                    let in_stream = stream.windows(step.len()).any(|block| block == sorted);
                     assert!(in_run || in_stream, "sync {sync} W {w}: step {step:?}");
                 }
             }
-            // The stream's last (shorter than a unit) batches end the epoch.
+            // The stream's tail (shorter than a unit) ends the epoch: a slot of the stream
+            // between two of its chunks.
             let tail = stream.len() % sync as usize;
             let mut end = located[located.len() - tail..].to_vec();
             end.sort_unstable();
-            assert_eq!(end, stream[stream.len() - tail..]);
+            assert!(
+                (0..=stream.len() - tail)
+                    .step_by(sync as usize)
+                    .any(|a| end == stream[a..a + tail]),
+                "sync {sync}: the tail is no slot of the stream"
+            );
         }
     }
 
@@ -749,6 +775,22 @@ mod tests {
             assert!(o.windows(2).any(|w| w[0] > w[1]), "sorted by bucket: {o:?}");
         }
         assert!(orders[0] != orders[1] && orders[1] != orders[2] && orders[0] != orders[2]);
+        // Over epochs, the longest bucket's batches do not always come last.
+        let longest = *orders[0].iter().max().unwrap();
+        let ends: Vec<bool> = (0..12)
+            .map(|epoch| {
+                let draw = EpochDraw {
+                    epoch,
+                    ..EpochDraw::default()
+                };
+                let e = EpochBatches::new(&p, draw).unwrap();
+                e.locate(e.batches() - 1).0 == longest
+            })
+            .collect();
+        assert!(
+            ends.iter().any(|&x| !x),
+            "the longest bucket always ends the epoch"
+        );
     }
 
     #[test]

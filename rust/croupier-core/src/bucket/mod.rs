@@ -6,7 +6,7 @@
 //! - [`boundaries`]: bucket boundaries that minimise padding (the global order's default).
 //! - [`plan`]: the buckets, batch sizes and a rank's batches of an epoch in the per-rank order.
 //! - [`epoch`]: one epoch's batch plan for every world size (the global order: buckets with
-//!   carried tails, every batch full but one).
+//!   carried tails, batches full but a few).
 //! - [`source`]: a sampler's batches of every epoch in its order ([`BucketOrder`]), the
 //!   global order's epoch plans kept.
 //! - [`sequential`]: NeMo Automodel's bucket-by-bucket order.

@@ -32,9 +32,9 @@ enum EpochPlan {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BucketOrder {
     /// One batch sequence per epoch for every number of ranks: padding-optimal buckets when
-    /// none are given, every bucket's tail carried to the next so that every batch is full
-    /// but one, and units of `sync` consecutive batches (a power of two) in a shuffled order
-    /// ([`EpochBatches`]).
+    /// none are given, bucket tails carried to the next bucket where they fit a batch there
+    /// (batches full but a few), and units of `sync` consecutive batches (a power of two) in
+    /// a shuffled order ([`EpochBatches`]).
     Global {
         /// Consecutive batches per unit (a run of one bucket, or a block of the remainder
         /// stream).
