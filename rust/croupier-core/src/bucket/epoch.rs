@@ -189,9 +189,15 @@ impl EpochBatches {
     /// Bytes [`EpochBatches::new`] holds at its peak (an estimate, to refuse what cannot fit
     /// before any work): up to [`KEEP_ORDERS`] samples every bucket's kept order and cuts,
     /// and the buckets being cut at once (one per thread, as [`BucketPlan::range_bytes`]
-    /// counts them); above, only the runs.
-    pub fn new_bytes(plan: &BucketPlan) -> u64 {
-        let runs = (plan.bucket_count() as u64).saturating_mul(64);
+    /// counts them); above, only the units of `sync` batches (one per `sync` batches, plus a
+    /// few per bucket and the tail's blocks).
+    pub fn new_bytes(plan: &BucketPlan, sync: u64) -> u64 {
+        let units = (plan.batches() / sync.max(1))
+            .saturating_add(2 * plan.bucket_count() as u64)
+            .saturating_add(64);
+        let runs = units
+            .saturating_mul(std::mem::size_of::<Unit>() as u64)
+            .saturating_add((plan.bucket_count() as u64).saturating_mul(24));
         if plan.len() > KEEP_ORDERS {
             return runs;
         }
@@ -791,6 +797,24 @@ mod tests {
             ends.iter().any(|&x| !x),
             "the longest bucket always ends the epoch"
         );
+    }
+
+    /// The memory estimate counts the epoch's units: one per batch with `sync = 1`.
+    #[test]
+    fn the_estimate_counts_every_unit() {
+        let (_, p) = plan(20_000, budget_limits());
+        let e = EpochBatches::new(
+            &p,
+            EpochDraw {
+                sync: 1,
+                ..EpochDraw::default()
+            },
+        )
+        .unwrap();
+        let unit = std::mem::size_of::<Unit>() as u64;
+        assert!(e.runs.units.len() as u64 >= p.batches());
+        assert!(EpochBatches::new_bytes(&p, 1) >= p.batches() * unit);
+        assert!(EpochBatches::new_bytes(&p, 64) < EpochBatches::new_bytes(&p, 1));
     }
 
     #[test]

@@ -192,8 +192,10 @@ impl BucketSource {
         // estimate is of this instant (two plans are kept, so only a third epoch's read in
         // between drops one).
         match self.order {
-            BucketOrder::Global { .. } if matches!(self.lookup(epoch, range), EpochPlan::Whole) => {
-                batches.saturating_add(EpochBatches::new_bytes(&self.plan))
+            BucketOrder::Global { sync }
+                if matches!(self.lookup(epoch, range), EpochPlan::Whole) =>
+            {
+                batches.saturating_add(EpochBatches::new_bytes(&self.plan, sync))
             }
             _ => batches,
         }
