@@ -609,27 +609,31 @@ mod tests {
             .collect()
     }
 
+    /// The epoch of the default draw with `sync` batches a unit.
+    fn with_sync(p: &BucketPlan, sync: u64) -> EpochBatches {
+        let draw = EpochDraw {
+            sync,
+            ..EpochDraw::default()
+        };
+        EpochBatches::new(p, draw).unwrap()
+    }
+
+    /// Every batch of the epoch in its global order: one rank's, alone.
+    fn alone(e: &EpochBatches, p: &BucketPlan) -> Vec<Vec<u64>> {
+        let deal = Deal {
+            num_replicas: 1,
+            rank: 0,
+            drop_last: false,
+        };
+        batches(e, p, deal)
+    }
+
     #[test]
     fn one_global_sequence_for_every_world_size() {
         let (_, p) = plan(20_000, budget_limits());
         for sync in [1u64, 4, 64] {
-            let e = EpochBatches::new(
-                &p,
-                EpochDraw {
-                    sync,
-                    ..EpochDraw::default()
-                },
-            )
-            .unwrap();
-            let one = batches(
-                &e,
-                &p,
-                Deal {
-                    num_replicas: 1,
-                    rank: 0,
-                    drop_last: false,
-                },
-            );
+            let e = with_sync(&p, sync);
+            let one = alone(&e, &p);
             assert_eq!(one.len() as u64, e.batches());
             for w in [2u64, 3, 4, 8, 16] {
                 for drop_last in [false, true] {
@@ -667,15 +671,7 @@ mod tests {
                 ..EpochDraw::default()
             };
             let e = EpochBatches::new(&p, draw).unwrap();
-            let all = batches(
-                &e,
-                &p,
-                Deal {
-                    num_replicas: 1,
-                    rank: 0,
-                    drop_last: false,
-                },
-            );
+            let all = alone(&e, &p);
             let buckets = p.buckets();
             let mut shorts = 0usize;
             let mut seen = vec![0u32; lengths.len()];
@@ -803,14 +799,7 @@ mod tests {
     #[test]
     fn the_estimate_counts_every_unit() {
         let (_, p) = plan(20_000, budget_limits());
-        let e = EpochBatches::new(
-            &p,
-            EpochDraw {
-                sync: 1,
-                ..EpochDraw::default()
-            },
-        )
-        .unwrap();
+        let e = with_sync(&p, 1);
         let unit = std::mem::size_of::<Unit>() as u64;
         assert!(e.runs.units.len() as u64 >= p.batches());
         assert!(EpochBatches::new_bytes(&p, 1) >= p.batches() * unit);
@@ -825,23 +814,8 @@ mod tests {
             ..Limits::default()
         };
         let (lengths, p) = plan(10_001, l);
-        let e = EpochBatches::new(
-            &p,
-            EpochDraw {
-                sync: 16,
-                ..EpochDraw::default()
-            },
-        )
-        .unwrap();
-        let all = batches(
-            &e,
-            &p,
-            Deal {
-                num_replicas: 1,
-                rank: 0,
-                drop_last: false,
-            },
-        );
+        let e = with_sync(&p, 16);
+        let all = alone(&e, &p);
         assert!(all.iter().all(|b| b.len() == 32));
         let counts: Vec<u64> = p.buckets().iter().map(|b| b.0 / 32).collect();
         assert_eq!(p.bucket_batches(), counts);
@@ -853,15 +827,7 @@ mod tests {
             },
         )
         .unwrap();
-        let all = batches(
-            &plain,
-            &p,
-            Deal {
-                num_replicas: 1,
-                rank: 0,
-                drop_last: false,
-            },
-        );
+        let all = alone(&plain, &p);
         let flat: Vec<u64> = all.concat();
         let mut sorted = flat.clone();
         sorted.sort_by_key(|&i| (lengths[i as usize] >= 100, lengths[i as usize] >= 200));
@@ -932,15 +898,7 @@ mod tests {
     fn an_elastic_rest_continues_the_sequence() {
         let (_, p) = plan(8_000, budget_limits());
         let e = EpochBatches::new(&p, EpochDraw::default()).unwrap();
-        let one = batches(
-            &e,
-            &p,
-            Deal {
-                num_replicas: 1,
-                rank: 0,
-                drop_last: false,
-            },
-        );
+        let one = alone(&e, &p);
         let el = Elastic::new(e.batches(), 4, false, 12, 3).unwrap();
         for r in 0..3 {
             let (flat, offs) = e.elastic_range(&p, &el, r, 0..el.num_samples()).unwrap();
