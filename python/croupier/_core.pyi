@@ -358,6 +358,19 @@ class Mixture:
     def first_stop(self, start: int) -> int:
         """Where an :meth:`indices` call starting at ``start`` should stop to hand out its
         first index soonest."""
+    def balanced_boundaries(self, position: int) -> list[tuple[int, int, list[int]]]:
+        """Every balanced phase's last leaf boundary known at or below global position
+        ``position``, as ``(phase, position in the phase, counts per dataset)``: what a
+        checkpoint records so that a resume replays at most a leaf of the balanced sequence.
+        Replays nothing; empty without the balanced interleave."""
+    def seed_balanced(
+        self, phase: int, position: int, counts: list[int], *, check_only: bool = False
+    ) -> None:
+        """Records a boundary from :meth:`balanced_boundaries` (of a checkpoint of this
+        mixture), so that reading from there replays the balanced sequence from it; with
+        ``check_only``, only checks it. ``ValueError`` for a phase without the balanced
+        interleave, a position off its leaves, or counts that are not one per dataset, summing
+        to the position, each within one sample of its share."""
 
 def epoch_end(n: int, num_replicas: int, drop_last: bool) -> int:
     """The end of an epoch of ``n`` positions dealt over ``num_replicas`` ranks: ``n``, or with

@@ -161,12 +161,16 @@ def _measure_sampler(spec: dict[str, Any]) -> dict[str, Any]:
     at_mid = int(whole[mid]) if count else None
     if spec.get("digest", True):
         out["digest"] = _digest(whole)
-    del whole, s
     # Resume at mid-epoch: a fresh sampler, a checkpoint loaded, the next index (unless the
-    # spec says "resume": false, as the world-size sweep does).
+    # spec says "resume": false, as the world-size sweep does). croupier's checkpoint is taken
+    # by the sampler that read the epoch, as a training job's is (what it found on the way,
+    # such as the balanced interleave's boundaries, is in its state); the others' by a fresh
+    # one, as their states hold nothing of the kind.
     state = None
     if spec.get("resume", True):
-        state = _resume_state(system, _sampler(system, n, ranks, rank, seed), epoch, mid)
+        saver = s if system.startswith("croupier") else _sampler(system, n, ranks, rank, seed)
+        state = _resume_state(system, saver, epoch, mid)
+    del whole, s
     if state is not None and count:
         _reset_peak()
         t0 = time.perf_counter()

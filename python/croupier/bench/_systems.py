@@ -177,8 +177,8 @@ SYSTEMS: tuple[System, ...] = (
         ("croupier",),
         bytes_per_index=12,
         startup_s=3.6,
-        # every rank replays the whole balanced sequence, about 80 ns a position
-        s_per_index=2.0e-07,
+        # every rank replays the whole balanced sequence, about 35 ns a position
+        s_per_index=1.0e-07,
         headline=False,
         per_rank=True,
         baseline_for="croupier-mixture",

@@ -92,10 +92,12 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     (global order only): Megatron's kind of blend, deterministic, in which every prefix of the
     epoch holds each dataset within one sample of its share (Megatron's greedy can miss by
     more; this one cannot). Its dataset pattern is the same every epoch (only the passes are
-    reshuffled). It is computed sequentially, position after position, on every rank (an
-    epoch of 1e9 takes minutes; a resume replays up to its position; figures in
+    reshuffled). It is computed sequentially, position after position, on every rank (about
+    35 ns a global position, so an epoch of 1e9 takes about half a minute; figures in
     ``docs/performance.md``): for mixtures that must be even at every step, not as the
-    default.
+    default. A state records the sequence's counts where the saving rank had reached, so a
+    load resumes after replaying at most a leaf of it (65,536 positions); a :meth:`set_skip`
+    without a state, or a state without them, replays the phase up to the position.
 
     **Schedules.** :meth:`update_weights` and :meth:`set_schedule` change the weights from the
     next iteration on; a schedule changes them at exact positions inside every epoch (global
@@ -133,8 +135,8 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     total and a digest), the epoch, the position, the schedule in force (weights and
     temperature included) and the phases of the current epoch; :meth:`load_state_dict`
     restores all of it and continues with exactly the next index, in milliseconds at any
-    position (with ``interleave="balanced"``, after replaying the balanced sequence up to the
-    resume position, a cost that grows with the position). kempnerforge's
+    position (with ``interleave="balanced"``, the state's ``balanced`` counts save the replay
+    of the sequence up to the position: see above). kempnerforge's
     ``{"epoch", "seed", "num_replicas", "rank"}`` loads too, as the start of its epoch.
 
     With torch installed it is an instance of ``torch.utils.data.DistributedSampler`` (whose
@@ -223,6 +225,9 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         # rest keeps them), and that world's mixture, built on demand.
         self._origin_phases: tuple[_Phase, ...] | None = None
         self._origin_mix: tuple[tuple[int, tuple[_Phase, ...]], _core.Mixture] | None = None
+        # The balanced sequence's leaf boundaries the last loaded state recorded, by phase:
+        # every core mixture with that phase starts from them (a resume replays a leaf).
+        self._balanced_seeds: dict[_Phase, list[tuple[int, list[int]]]] = {}
         super().__init__(num_replicas, rank, length)
 
     # -- schedule ------------------------------------------------------------------------------
@@ -245,8 +250,9 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     ) -> _core.Mixture:
         """The core mixture of these datasets for ``rank`` of ``num_replicas`` over
         ``phases``, an epoch of ``length`` positions (of the rank, or global: see
-        :meth:`_positions_of`); every core mixture is built here."""
-        return _core.Mixture(
+        :meth:`_positions_of`); every core mixture is built here, with the boundaries of the
+        balanced sequence a loaded state recorded for any of its phases."""
+        mix = _core.Mixture(
             self._sizes,
             [(s, n, list(ws), t) for s, n, ws, t in phases],
             num_replicas=num_replicas,
@@ -259,6 +265,14 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             interleave=self.interleave,
             permute_samples=True,
         )
+        seeds = self.__dict__.get("_balanced_seeds") or {}
+        for i, phase in enumerate(phases):
+            # A phase ends at the next one's start, or after its nominal length.
+            cut = phases[i + 1][0] - phase[0] if i + 1 < len(phases) else phase[1]
+            for position, counts in seeds.get(phase, ()):
+                if position <= min(cut, phase[1]):
+                    mix.seed_balanced(i, position, counts)
+        return mix
 
     def _positions_of(self, num_replicas: int) -> int:
         """The positions of an epoch on ``num_replicas`` ranks that phases and schedules
@@ -563,8 +577,12 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         after the one being resumed: it was set while that iteration ran, which keeps its
         phases), ``phases`` (the current epoch's phases, ``[[start, nominal_length,
         weights, temperature], ...]``) and ``constructed_with`` (the ``[weights,
-        temperature]`` this sampler was constructed with). JSON-serialisable; its size grows
-        with the number of datasets and phases only."""
+        temperature]`` this sampler was constructed with), and with ``interleave="balanced"``
+        ``balanced``: ``[[phase, position, counts], ...]``, the balanced sequence's counts per
+        dataset at the last leaf boundary this sampler had reached in each phase before the
+        first global position no rank has consumed (absent when it had reached none), from
+        which a load continues the sequence. JSON-serialisable; its size grows with the number
+        of datasets and phases only."""
         return super().state_dict()
 
     def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
@@ -582,6 +600,9 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         phases = self._origin_phases if "elastic" in state else self._phases
         assert phases is not None
         state["phases"] = [[s, n, list(w), t] for s, n, w, t in phases]
+        balanced = self._balanced_boundaries(epoch, position)
+        if balanced:
+            state["balanced"] = balanced
         return state
 
     def __getstate__(self) -> dict[str, Any]:
@@ -649,6 +670,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         """Checks the schedule and phases of a state (a foreign state keeps this sampler's)
         and returns what applies them once the base has positioned the sampler."""
         origin_phases = None
+        origin_mix = None
         other_construction = None
         schedule_set = self._set_of_schedule()
         if loaded.foreign is None:
@@ -658,7 +680,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
                 # The rest of the epoch keeps the phases it was iterated with (in its first
                 # world); this world's own phases start with the next epoch.
                 origin_phases, phases = phases, self._fresh(schedule)
-                self._origin_mixture_check(origin_phases, loaded.elastic)
+                origin_mix = self._origin_mixture_check(origin_phases, loaded.elastic)
         else:
             schedule, pending, deferred, phases = (
                 self._schedule, self._pending, False, self._phases
@@ -672,8 +694,23 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         # world cannot draw (a dataset with fewer samples than num_replicas, drop_last) is
         # refused when an epoch of this world starts, not here.
         active = None if origin_phases is not None else self._mixture(phases)
+        # The balanced sequence's boundaries the state recorded, for the mixture that reads
+        # the state's phases (none when this world starts the epoch afresh).
+        reader = origin_mix if origin_phases is not None else active
+        if loaded.foreign is not None or (origin_phases is None and loaded.position == 0):
+            reader = None
+        seeds = self._checked_balanced(native, reader)
+
+        state_phases = origin_phases if origin_phases is not None else phases
 
         def commit() -> None:
+            self._balanced_seeds = {}
+            for phase, position, counts in seeds:
+                self._balanced_seeds.setdefault(state_phases[phase], []).append((position, counts))
+                assert reader is not None
+                reader.seed_balanced(phase, position, counts)
+            if origin_mix is not None and origin_phases is not None and loaded.elastic:
+                self._origin_mix = ((loaded.elastic.origin, origin_phases), origin_mix)
             self._origin_phases = origin_phases
             self._schedule, self._pending = schedule, pending
             self._schedule_set = schedule_set
@@ -733,12 +770,73 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             + ") after loading"
         )
 
-    def _origin_mixture_check(self, phases: tuple[_Phase, ...], el: Rest) -> None:
-        """Refuses phases the core refuses for the first world of an elastic rest ``el``."""
+    def _origin_mixture_check(self, phases: tuple[_Phase, ...], el: Rest) -> _core.Mixture:
+        """The core mixture of the first world of an elastic rest ``el`` over ``phases``, or a
+        ``StateError`` with the core's reason for refusing them."""
         try:
-            self._core_mixture(el.origin, 0, self._positions_of(el.origin), phases)
+            return self._core_mixture(el.origin, 0, self._positions_of(el.origin), phases)
         except ValueError as e:
             raise StateError(f"state['phases'] is not a valid schedule: {e}") from None
+
+    def _balanced_boundaries(self, epoch: int, position: int) -> list[list[Any]]:
+        """The balanced interleave's leaf boundaries a state at ``position`` of ``epoch``
+        records (see :meth:`_checked_balanced`): those the mixture iterating the state's phases
+        already found at or below the first global position no rank has consumed. Replays
+        nothing, so a state is taken at once at any instant; empty when nothing was found."""
+        if self.interleave != "balanced":
+            return []
+        el = self._elastic_of(epoch)
+        if el is None:
+            mix = self._mixtures.get(self._phases)
+            consumed = self._schedule_position(position)
+        else:
+            key = (el.origin, self._origin_phases)
+            mix = self._origin_mix[1] if self._origin_mix and self._origin_mix[0] == key else None
+            consumed = el.offset + (position - el.resumed_at) * self.num_replicas
+        if mix is None:
+            return []
+        return [[p, q, counts] for p, q, counts in mix.balanced_boundaries(consumed)]
+
+    def _checked_balanced(
+        self, native: Mapping[str, Any], mix: _core.Mixture | None
+    ) -> list[tuple[int, int, list[int]]]:
+        """``state['balanced']`` checked against ``mix`` (the mixture that reads the state's
+        phases): ``[[phase, position, counts], ...]``, the counts of the balanced sequence at
+        leaf boundaries, which the load records so that the resume replays at most a leaf of
+        the sequence rather than the whole phase up to its position. Absent, or ``mix`` is
+        ``None`` (a state whose phases this world does not read): nothing, and the resume
+        replays."""
+        raw = native.get("balanced")
+        if raw is None or mix is None:
+            return []
+        if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)):
+            raise StateError(
+                "state['balanced'] must be a list of [phase, position, counts], "
+                f"got {type(raw).__name__}"
+            )
+        seeds = []
+        for k, entry in enumerate(raw):
+            name = f"state['balanced'][{k}]"
+            if (
+                not isinstance(entry, Sequence)
+                or isinstance(entry, (str, bytes))
+                or len(entry) != 3
+            ):
+                raise StateError(f"{name} must be [phase, position, counts]")
+            phase = check_int(f"{name}[0]", entry[0], 0, MAX_LEN)
+            position = check_int(f"{name}[1]", entry[1], 0, MAX_LEN)
+            counts = entry[2]
+            if not isinstance(counts, Sequence) or isinstance(counts, (str, bytes)):
+                raise StateError(f"{name}[2] must be a list of counts per dataset")
+            counts = [check_int(f"{name}[2]", c, 0, MAX_LEN) for c in counts]
+            try:
+                mix.seed_balanced(phase, position, counts, check_only=True)
+            except ValueError as e:
+                raise StateError(
+                    f"{name} is not a boundary of the balanced sequence: {e}"
+                ) from None
+            seeds.append((phase, position, counts))
+        return seeds
 
     def _check_config(self, state: Mapping[str, Any]) -> None:
         """Refuses a state of this sampler's own shape whose configuration differs, naming

@@ -75,8 +75,8 @@ pub use index::{
     index_bytes, range_par, try_with_capacity_huge, Index, Indices, MAX_LEN, U32_MAX_LEN,
 };
 pub use mix::{
-    exhaustive_greatest_error_blend, greatest_error_blend, Interleaving, Mixture, MixtureConfig,
-    PhaseSpec, BLEND_MAX_DATASETS, BLEND_WEIGHT_SUM_TOLERANCE,
+    exhaustive_greatest_error_blend, greatest_error_blend, BalancedBoundary, Interleaving, Mixture,
+    MixtureConfig, PhaseSpec, BLEND_MAX_DATASETS, BLEND_WEIGHT_SUM_TOLERANCE,
 };
 pub use pack::{sample_index, SampleIndexSpec, SampleIndexValue};
 pub use shuffle::{

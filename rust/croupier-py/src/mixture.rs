@@ -237,6 +237,39 @@ impl Mixture {
         self.mixture.first_stop(start)
     }
 
+    /// Every balanced phase's last leaf boundary known at or below global position
+    /// `position`, as `(phase, position in the phase, counts per dataset)`: what a checkpoint
+    /// records so that a resume replays at most a leaf of the balanced sequence. Replays
+    /// nothing; empty without the balanced interleave.
+    fn balanced_boundaries(&self, position: u64) -> Vec<(usize, u64, Vec<u64>)> {
+        self.mixture
+            .balanced_boundaries(position)
+            .into_iter()
+            .map(|b| (b.phase, b.position, b.counts))
+            .collect()
+    }
+
+    /// Records a boundary from `balanced_boundaries` (of a checkpoint of this mixture), so
+    /// that reading from there replays the balanced sequence from it; with `check_only`, only
+    /// checks it. `ValueError` for a phase without the balanced interleave, a position off its
+    /// leaves, or counts that are not one per dataset, summing to the position, each within
+    /// one sample of its share.
+    #[pyo3(signature = (phase, position, counts, *, check_only=false))]
+    fn seed_balanced(
+        &self,
+        phase: usize,
+        position: u64,
+        counts: Vec<u64>,
+        check_only: bool,
+    ) -> PyResult<()> {
+        let boundary = croupier_core::BalancedBoundary {
+            phase,
+            position,
+            counts,
+        };
+        core(self.mixture.seed_balanced(&boundary, !check_only))
+    }
+
     /// Pickles as `Mixture(sizes, phases, **config)`.
     #[allow(clippy::type_complexity)]
     fn __getnewargs_ex__<'py>(

@@ -440,7 +440,72 @@ fn rank_in_time(
         .collect()
 }
 
+/// A leaf boundary of a balanced phase's sequence, as a checkpoint records it: the counts per
+/// dataset after the first `position` positions of phase `phase` (`interleave="balanced"`).
+/// The sequence continues from these counts alone, so a resume that has them replays at
+/// most a leaf instead of the phase up to its position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BalancedBoundary {
+    /// The phase, by index.
+    pub phase: usize,
+    /// Positions of the phase before the boundary (a multiple of its leaf).
+    pub position: u64,
+    /// Each dataset's count there.
+    pub counts: Vec<u64>,
+}
+
 impl Global {
+    /// For every balanced phase that starts before global position `g`, the last leaf
+    /// boundary known (replayed or seeded) at or below `g` (or the phase's end), other than
+    /// the phase's start. Replays nothing.
+    pub(crate) fn balanced_boundaries(&self, g: u64) -> Vec<BalancedBoundary> {
+        self.phases
+            .iter()
+            .enumerate()
+            .filter(|(_, ph)| ph.start < g)
+            .filter_map(|(phase, ph)| {
+                let b = ph.balanced.as_ref()?;
+                let (position, counts) = b.known_at_or_below(g.min(ph.end) - ph.start)?;
+                Some(BalancedBoundary {
+                    phase,
+                    position,
+                    counts,
+                })
+            })
+            .collect()
+    }
+
+    /// Checks `boundary` (a balanced phase, a leaf boundary in it, counts each within one
+    /// sample of its share there) and, with `apply`, records it in that phase's sequence.
+    pub(crate) fn seed_balanced(&self, boundary: &BalancedBoundary, apply: bool) -> Result<()> {
+        let balanced = self
+            .phases
+            .get(boundary.phase)
+            .and_then(|ph| ph.balanced.as_ref().map(|b| (ph, b)));
+        let Some((ph, b)) = balanced else {
+            let phases: Vec<usize> = (0..self.phases.len())
+                .filter(|&i| self.phases[i].balanced.is_some())
+                .collect();
+            return Err(crate::error::Error::out_of_range(
+                "phase",
+                format!("a phase with the balanced interleave, one of {phases:?}"),
+                boundary.phase.to_string(),
+            ));
+        };
+        if boundary.position > ph.end - ph.start {
+            return Err(crate::error::Error::out_of_range(
+                "position",
+                format!("at most the phase's {} positions", ph.end - ph.start),
+                boundary.position.to_string(),
+            ));
+        }
+        if apply {
+            b.seed(boundary.position, &boundary.counts)
+        } else {
+            b.check_seed(boundary.position, &boundary.counts)
+        }
+    }
+
     fn interleave(&self, epoch: u64, ph: &GlobalPhase) -> Interleave {
         Interleave::global(&ph.counts, (self.seed, epoch), ph.start)
     }
@@ -1018,7 +1083,7 @@ impl Global {
 #[cfg(test)]
 mod tests {
     use crate::deal::{Deal, Order};
-    use crate::mix::{Interleaving, Mixture, MixtureConfig, PhaseSpec};
+    use crate::mix::{BalancedBoundary, Interleaving, Mixture, MixtureConfig, PhaseSpec};
 
     const SIZES: [u64; 5] = [90_000, 7, 40_000, 1, 12_345];
 
@@ -1328,6 +1393,125 @@ mod tests {
                 assert!((c[d] as f64 - share).abs() < 1.0, "dataset {d} at {t}");
             }
         }
+    }
+
+    #[test]
+    fn a_resume_from_recorded_boundaries_replays_no_leaf_before_them() {
+        // One balanced phase of 8 leaves (2**16 positions each) over three datasets.
+        let sizes = [300_000u64, 150_000, 74_288];
+        let phase = PhaseSpec {
+            start: 0,
+            length: sizes.iter().sum(),
+            weights: vec![3.0, 2.0, 1.0],
+            temperature: 1.0,
+        };
+        let make = |w: u64, r: u64| {
+            let deal = Deal {
+                num_replicas: w,
+                rank: r,
+                drop_last: false,
+            };
+            let config = MixtureConfig {
+                deal,
+                seed: 5,
+                interleave: Interleaving::Balanced,
+                ..MixtureConfig::default()
+            };
+            Mixture::new(&sizes, std::slice::from_ref(&phase), &config).unwrap()
+        };
+        let leaf = 1u64 << 16;
+        let one = make(1, 0);
+        let whole = one.range(2, 0, one.len()).unwrap().to_u64_vec();
+        let dataset = |v: u64| usize::from(v >= 300_000) + usize::from(v >= 450_000);
+        // 4 ranks consumed 85,000 positions each: global position 340,000, in leaf 5.
+        let g = 340_000u64;
+        let saver = make(4, 1);
+        assert!(saver.balanced_boundaries(g).is_empty(), "nothing read yet");
+        assert!(saver.balanced_boundaries(0).is_empty() && saver.balanced_boundaries(1).is_empty());
+        saver.range(2, 0, 85_000).unwrap();
+        let recorded = saver.balanced_boundaries(g);
+        let mut want = vec![0u64; 3];
+        for &v in &whole[..5 * leaf as usize] {
+            want[dataset(v)] += 1;
+        }
+        assert_eq!(
+            recorded,
+            [BalancedBoundary {
+                phase: 0,
+                position: 5 * leaf,
+                counts: want
+            }]
+        );
+        // Every rank of another process, seeded, reads exactly the uninterrupted sequence
+        // from there, and never replays the leaves before the boundary.
+        for r in 0..4 {
+            let fresh = make(4, r);
+            fresh.seed_balanced(&recorded[0], true).unwrap();
+            let got = fresh.range(2, 85_000, fresh.len()).unwrap().to_u64_vec();
+            let mine: Vec<u64> = whole
+                .iter()
+                .skip(r as usize)
+                .step_by(4)
+                .skip(85_000)
+                .copied()
+                .collect();
+            assert_eq!(got, mine, "rank {r}");
+            assert!(
+                fresh.balanced_boundaries(5 * leaf - 1).is_empty(),
+                "rank {r}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_boundary_that_cannot_be_the_sequences_is_refused_and_not_recorded() {
+        let m = mixture(2, 0, false, true, Interleaving::Balanced);
+        let leaf = 1u64 << 16;
+        // Phase 1's nominal counts, and its share at the boundary (72,352 positions).
+        let counts = m.phase_counts(1).unwrap().to_vec();
+        let total: u64 = counts.iter().sum();
+        let share: Vec<u64> = counts.iter().map(|&c| c * leaf / total).collect();
+        let mut fair = share.clone();
+        let short = leaf - fair.iter().sum::<u64>();
+        for c in fair.iter_mut().filter(|c| **c > 0).take(short as usize) {
+            *c += 1;
+        }
+        let at = |phase, position, counts: &[u64]| BalancedBoundary {
+            phase,
+            position,
+            counts: counts.to_vec(),
+        };
+        m.seed_balanced(&at(1, leaf, &fair), false).unwrap();
+        let mut far = fair.clone();
+        let d = far.iter().position(|&c| c > 2).unwrap();
+        far[d] -= 2;
+        far[(d + 2) % 5] += 2;
+        let bad = [
+            (at(2, leaf, &fair), "phase"),
+            (at(1, leaf + 1, &fair), "position"),
+            (at(1, 2 * leaf, &fair), "position"),
+            (at(1, leaf, &fair[..4]), "counts"),
+            (at(1, leaf, &share), "counts"),
+            (at(1, leaf, &far), "counts"),
+        ];
+        for (b, name) in bad {
+            let e = m.seed_balanced(&b, true).unwrap_err().to_string();
+            assert!(e.starts_with(name), "{b:?}: {e}");
+        }
+        let per_rank = Mixture::new(
+            &SIZES,
+            &phases(),
+            &MixtureConfig {
+                order: Order::PerRank,
+                ..MixtureConfig::default()
+            },
+        )
+        .unwrap();
+        assert!(per_rank.seed_balanced(&at(0, leaf, &fair), false).is_err());
+        assert!(
+            m.balanced_boundaries(u64::MAX).is_empty(),
+            "nothing recorded"
+        );
     }
 
     #[test]

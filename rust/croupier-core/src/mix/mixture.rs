@@ -35,7 +35,7 @@ use crate::index::{
     index_bytes, try_with_capacity_huge, zeros_par, Index, Indices, MAX_LEN, U32_MAX_LEN,
 };
 use crate::mix::counts::{phase_counts, probabilities};
-use crate::mix::global::{Global, GlobalPhase, Interleaving};
+use crate::mix::global::{BalancedBoundary, Global, GlobalPhase, Interleaving};
 use crate::mix::interleave::{Counts, Interleave};
 use crate::mix::passes::Passes;
 use rayon::prelude::*;
@@ -497,6 +497,36 @@ impl Mixture {
     /// ```
     pub fn global_len(&self) -> Option<u64> {
         self.global.as_ref().map(|(_, layout)| layout.n())
+    }
+
+    /// For the balanced interleave (`interleave="balanced"`, the global order): every
+    /// balanced phase's last leaf boundary known at or below global position
+    /// `global_position` (a checkpoint's first position no rank consumed), as a checkpoint
+    /// records them. Empty otherwise. Replays nothing: it lists what reading the sequence has
+    /// already found (or [`Mixture::seed_balanced`] was given).
+    pub fn balanced_boundaries(&self, global_position: u64) -> Vec<BalancedBoundary> {
+        self.global
+            .as_ref()
+            .map(|(g, _)| g.balanced_boundaries(global_position))
+            .unwrap_or_default()
+    }
+
+    /// Records `boundary` (from [`Mixture::balanced_boundaries`] of a checkpoint of this
+    /// mixture) so that reading from there replays the balanced sequence from it, not from its
+    /// phase's start: a resume then costs at most a leaf of the sequence. With `apply` false
+    /// only checks it. Refuses a boundary of no balanced phase, off a leaf boundary, or whose
+    /// counts are not one per dataset, summing to its position, each within one sample of its
+    /// share; counts that pass but are not this sequence's (a state edited by hand) give
+    /// another, still balanced, sequence from there.
+    pub fn seed_balanced(&self, boundary: &BalancedBoundary, apply: bool) -> Result<()> {
+        match &self.global {
+            Some((g, _)) => g.seed_balanced(boundary, apply),
+            None => Err(Error::out_of_range(
+                "phase",
+                "a phase with the balanced interleave (this mixture has none)",
+                boundary.phase.to_string(),
+            )),
+        }
     }
 
     fn add_effective(&self, epoch: u64, ph: &Phase, into: &mut [u64]) {

@@ -20,7 +20,7 @@ pub(crate) mod passes;
 pub mod shape;
 
 pub use counts::{largest_remainder, phase_counts, probabilities};
-pub use global::Interleaving;
+pub use global::{BalancedBoundary, Interleaving};
 pub use greatest_error::{
     exhaustive_greatest_error_blend, greatest_error_blend, BLEND_MAX_DATASETS,
     BLEND_WEIGHT_SUM_TOLERANCE,
