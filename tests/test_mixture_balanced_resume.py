@@ -115,7 +115,7 @@ def _moved(counts: list[int]) -> list[int]:
     [
         (lambda b: "x", "must be a list of [phase, position, counts]"),
         (lambda b: [b[0][:2]], "state['balanced'][0] must be [phase, position, counts]"),
-        (lambda b: [[1, b[0][1], b[0][2]]], "state['balanced'][0] is not a boundary"),
+        (lambda b: [[1, b[0][1], b[0][2]]], "state['balanced'][0][0] must be in [0, 0]"),
         (lambda b: [[0, b[0][1] + 1, b[0][2]]], "state['balanced'][0] is not a boundary"),
         (lambda b: [[0, b[0][1], b[0][2][:3]]], "state['balanced'][0] is not a boundary"),
         (lambda b: [[0, b[0][1], _moved(b[0][2])]], "within one sample"),
@@ -132,3 +132,69 @@ def test_counts_that_cannot_be_the_sequences_are_refused_and_change_nothing(edit
     assert words in str(e.value)
     assert s.state_dict() == before
     assert s._balanced_seeds == {}
+
+
+def _reference_rest(state: dict, w: int, r: int) -> list:
+    """The rest a load of ``state`` without its boundaries yields (the replay), in a sampler
+    that has loaded nothing else."""
+    return _rest({k: v for k, v in state.items() if k != "balanced"}, w, r)[0]
+
+
+def test_counts_a_load_brought_do_not_outlive_it():
+    # Counts inside the one-sample band but not the sequence's (an edited state) give another
+    # sequence from there; the next load, of the true state or of one without counts, must not
+    # keep them.
+    # Saved just after a boundary, so that the rest starts inside the edited stretch.
+    state = _saved(2, 0, 65_537)
+    phase, at, counts = state["balanced"][0]
+    # One sample moved from a dataset at the top of its band to one at the bottom of its own.
+    nominal = _sampler(2, 0)._current().phase_counts(0)
+    m = sum(nominal)
+    up = [c * at % m != 0 and counts[d] == c * at // m + 1 for d, c in enumerate(nominal)]
+    down = [c * at % m != 0 and counts[d] == c * at // m for d, c in enumerate(nominal)]
+    edited = list(counts)
+    edited[up.index(True)] -= 1
+    edited[down.index(True)] += 1
+    s = _sampler(2, 0)
+    s.load_state_dict({**state, "balanced": [[phase, at, edited]]})
+    want = _reference_rest(state, 2, 0)
+    assert list(s) != want  # the edited counts did take effect
+    s.load_state_dict(state)
+    assert list(s) == want
+    s.load_state_dict({**state, "balanced": [[phase, at, edited]]})
+    s.load_state_dict({k: v for k, v in state.items() if k != "balanced"})
+    assert list(s) == want
+
+
+def test_the_state_keeps_its_boundaries_after_many_weight_changes():
+    s = _sampler(2, 1)
+    for _ in itertools.islice(iter(s), 80_000):
+        pass
+    before = s.state_dict()["balanced"]
+    for k in range(12):
+        s.update_weights([1.0 + k, 1.0, 1.0, 1.0])
+    assert s.state_dict()["balanced"] == before
+
+
+def test_a_pickled_copy_keeps_the_boundaries_and_does_not_replay():
+    import pickle
+
+    s = _sampler(3, 2)
+    it = iter(s)
+    for _ in itertools.islice(it, 90_000):
+        pass
+    state = s.state_dict()
+    copy = pickle.loads(pickle.dumps(s))
+    assert copy.state_dict() == state
+    at = state["balanced"][0][1]
+    assert list(copy) == _reference_rest(state, 3, 2)
+    assert copy._current().balanced_boundaries(at - 1) == []
+
+
+@pytest.mark.parametrize("bad", ["garbage", 12, [[99, 0, [0]]], [[0, -5, "x"]]])
+def test_a_state_at_the_start_of_an_epoch_is_checked_too(bad):
+    state = _sampler(2, 0).state_dict()
+    s = _sampler(3, 1)
+    with pytest.raises((StateError, ValueError, TypeError)) as e:
+        s.load_state_dict({**state, "balanced": bad})
+    assert "state['balanced']" in str(e.value)

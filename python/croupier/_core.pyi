@@ -362,7 +362,7 @@ class Mixture:
         """Every balanced phase's last leaf boundary known at or below global position
         ``position``, as ``(phase, position in the phase, counts per dataset)``: what a
         checkpoint records so that a resume replays at most a leaf of the balanced sequence.
-        Replays nothing; empty without the balanced interleave."""
+        Replays nothing and waits for no replay; empty without the balanced interleave."""
     def seed_balanced(
         self, phase: int, position: int, counts: list[int], *, check_only: bool = False
     ) -> None:

@@ -48,6 +48,9 @@ from croupier.samplers._state import (
 
 __all__ = ["MixtureSampler"]
 
+#: The balanced sequence's leaf boundaries by phase: ``[(position, counts), ...]``.
+_Seeds = dict[_Phase, list[tuple[int, list[int]]]]
+
 # How a state names the default epoch length of each order.
 _DEFAULT_LENGTH = {"per_rank": "sum of pass shares", "global": "sum of sizes"}
 
@@ -93,11 +96,13 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
     epoch holds each dataset within one sample of its share (Megatron's greedy can miss by
     more; this one cannot). Its dataset pattern is the same every epoch (only the passes are
     reshuffled). It is computed sequentially, position after position, on every rank (about
-    35 ns a global position, so an epoch of 1e9 takes about half a minute; figures in
+    35 ns a global position, so an epoch of 1e9 takes about 35 s; figures in
     ``docs/performance.md``): for mixtures that must be even at every step, not as the
-    default. A state records the sequence's counts where the saving rank had reached, so a
-    load resumes after replaying at most a leaf of it (65,536 positions); a :meth:`set_skip`
-    without a state, or a state without them, replays the phase up to the position.
+    default. A state records the sequence's counts at the last leaf boundary the saving rank
+    had reached, so a load resumes after replaying at most a leaf of it (``2**16``
+    positions, or ``16 * datasets`` rounded up to a power of two when more); a
+    :meth:`set_skip` without a state, or a state without them, replays the phase up to the
+    position.
 
     **Schedules.** :meth:`update_weights` and :meth:`set_schedule` change the weights from the
     next iteration on; a schedule changes them at exact positions inside every epoch (global
@@ -227,7 +232,7 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         self._origin_mix: tuple[tuple[int, tuple[_Phase, ...]], _core.Mixture] | None = None
         # The balanced sequence's leaf boundaries the last loaded state recorded, by phase:
         # every core mixture with that phase starts from them (a resume replays a leaf).
-        self._balanced_seeds: dict[_Phase, list[tuple[int, list[int]]]] = {}
+        self._balanced_seeds: _Seeds = {}
         super().__init__(num_replicas, rank, length)
 
     # -- schedule ------------------------------------------------------------------------------
@@ -246,12 +251,18 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         return mix
 
     def _core_mixture(
-        self, num_replicas: int, rank: int, length: int, phases: tuple[_Phase, ...]
+        self,
+        num_replicas: int,
+        rank: int,
+        length: int,
+        phases: tuple[_Phase, ...],
+        seeds: _Seeds | None = None,
     ) -> _core.Mixture:
         """The core mixture of these datasets for ``rank`` of ``num_replicas`` over
         ``phases``, an epoch of ``length`` positions (of the rank, or global: see
-        :meth:`_positions_of`); every core mixture is built here, with the boundaries of the
-        balanced sequence a loaded state recorded for any of its phases."""
+        :meth:`_positions_of`); every core mixture is built here, starting each balanced phase
+        from the boundaries ``seeds`` holds for it (default: those the last loaded state
+        recorded)."""
         mix = _core.Mixture(
             self._sizes,
             [(s, n, list(ws), t) for s, n, ws, t in phases],
@@ -265,7 +276,8 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             interleave=self.interleave,
             permute_samples=True,
         )
-        seeds = self.__dict__.get("_balanced_seeds") or {}
+        if seeds is None:
+            seeds = self.__dict__.get("_balanced_seeds") or {}
         for i, phase in enumerate(phases):
             # A phase ends at the next one's start, or after its nominal length.
             cut = phases[i + 1][0] - phase[0] if i + 1 < len(phases) else phase[1]
@@ -579,10 +591,10 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         weights, temperature], ...]``) and ``constructed_with`` (the ``[weights,
         temperature]`` this sampler was constructed with), and with ``interleave="balanced"``
         ``balanced``: ``[[phase, position, counts], ...]``, the balanced sequence's counts per
-        dataset at the last leaf boundary this sampler had reached in each phase before the
-        first global position no rank has consumed (absent when it had reached none), from
-        which a load continues the sequence. JSON-serialisable; its size grows with the number
-        of datasets and phases only."""
+        dataset at the last leaf boundary this sampler had reached (or was loaded with) in each
+        phase at or below the first global position no rank has consumed (absent when there is
+        none), from which a load continues the sequence. JSON-serialisable; its size grows
+        with the number of datasets and phases only."""
         return super().state_dict()
 
     def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
@@ -611,6 +623,17 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         state = super().__getstate__()
         running = self._pending and self._running()
         state["_continuing"] = self._token_in(state) if running else None
+        # The core mixtures are rebuilt on unpickling (they pickle as their arguments), from
+        # the balanced sequence's boundaries a state of this instant would record.
+        if self.interleave == "balanced":
+            epoch, at = self._now
+            el = self._elastic_of(epoch)
+            phases = self._phases if el is None else self._origin_phases
+            seeds: _Seeds = {}
+            for i, position, counts in self._balanced_boundaries(epoch, self._consumed(at)):
+                assert phases is not None
+                seeds.setdefault(phases[i], []).append((position, counts))
+            state.update(_balanced_seeds=seeds, _mixtures={}, _active=None, _origin_mix=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -673,8 +696,10 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         origin_mix = None
         other_construction = None
         schedule_set = self._set_of_schedule()
+        saved_phases: tuple[_Phase, ...] | None = None
         if loaded.foreign is None:
             schedule, pending, deferred, phases, schedule_set = self._checked_extras(native, loaded)
+            saved_phases = phases
             other_construction = self._other_construction(native)
             if loaded.elastic is not None:
                 # The rest of the epoch keeps the phases it was iterated with (in its first
@@ -694,21 +719,33 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
         # world cannot draw (a dataset with fewer samples than num_replicas, drop_last) is
         # refused when an epoch of this world starts, not here.
         active = None if origin_phases is not None else self._mixture(phases)
-        # The balanced sequence's boundaries the state recorded, for the mixture that reads
-        # the state's phases (none when this world starts the epoch afresh).
+        # The balanced sequence's boundaries the state recorded, checked against the mixture
+        # that reads the state's phases; they apply when this world reads those phases from
+        # the state's position (not at the start of an epoch on another world).
         reader = origin_mix if origin_phases is not None else active
-        if loaded.foreign is not None or (origin_phases is None and loaded.position == 0):
+        if phases != saved_phases and origin_phases is None:
             reader = None
-        seeds = self._checked_balanced(native, reader)
-
-        state_phases = origin_phases if origin_phases is not None else phases
+        entries = self._checked_balanced(native, saved_phases, reader)
+        seeds: _Seeds = {}
+        if reader is not None and saved_phases is not None:
+            for i, position, counts in entries:
+                seeds.setdefault(saved_phases[i], []).append((position, counts))
+        # The mixtures start from the state's boundaries, and from nothing a former load
+        # brought (seeded counts stay in a mixture, and only a state's own are the sequence's):
+        # built afresh whenever either has any.
+        fresh = bool(seeds or self._balanced_seeds)
+        if fresh and origin_phases is not None and loaded.elastic is not None:
+            origin_mix = self._origin_mixture_check(origin_phases, loaded.elastic, seeds)
+        elif fresh:
+            active = self._core_mixture(
+                self.num_replicas, self.rank, self._positions, phases, seeds
+            )
 
         def commit() -> None:
-            self._balanced_seeds = {}
-            for phase, position, counts in seeds:
-                self._balanced_seeds.setdefault(state_phases[phase], []).append((position, counts))
-                assert reader is not None
-                reader.seed_balanced(phase, position, counts)
+            if fresh:
+                self._balanced_seeds = seeds
+                self._mixtures = {} if active is None else {phases: active}
+                self._origin_mix = None
             if origin_mix is not None and origin_phases is not None and loaded.elastic:
                 self._origin_mix = ((loaded.elastic.origin, origin_phases), origin_mix)
             self._origin_phases = origin_phases
@@ -770,44 +807,62 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
             + ") after loading"
         )
 
-    def _origin_mixture_check(self, phases: tuple[_Phase, ...], el: Rest) -> _core.Mixture:
-        """The core mixture of the first world of an elastic rest ``el`` over ``phases``, or a
-        ``StateError`` with the core's reason for refusing them."""
+    def _origin_mixture_check(
+        self, phases: tuple[_Phase, ...], el: Rest, seeds: _Seeds | None = None
+    ) -> _core.Mixture:
+        """The core mixture of the first world of an elastic rest ``el`` over ``phases`` (from
+        ``seeds``, see :meth:`_core_mixture`), or a ``StateError`` with the core's reason for
+        refusing them."""
         try:
-            return self._core_mixture(el.origin, 0, self._positions_of(el.origin), phases)
+            return self._core_mixture(el.origin, 0, self._positions_of(el.origin), phases, seeds)
         except ValueError as e:
             raise StateError(f"state['phases'] is not a valid schedule: {e}") from None
 
     def _balanced_boundaries(self, epoch: int, position: int) -> list[list[Any]]:
         """The balanced interleave's leaf boundaries a state at ``position`` of ``epoch``
-        records (see :meth:`_checked_balanced`): those the mixture iterating the state's phases
-        already found at or below the first global position no rank has consumed. Replays
-        nothing, so a state is taken at once at any instant; empty when nothing was found."""
+        records (see :meth:`_checked_balanced`): the last one per phase that the mixture
+        iterating the state's phases has found (or was loaded with) at or below the first
+        global position no rank has consumed. Replays nothing and waits for no replay, so a
+        state is taken at once at any instant; empty when there is none."""
         if self.interleave != "balanced":
             return []
         el = self._elastic_of(epoch)
         if el is None:
-            mix = self._mixtures.get(self._phases)
+            mix = self._active or self._mixtures.get(self._phases)
             consumed = self._schedule_position(position)
         else:
             key = (el.origin, self._origin_phases)
             mix = self._origin_mix[1] if self._origin_mix and self._origin_mix[0] == key else None
             consumed = el.offset + (position - el.resumed_at) * self.num_replicas
-        if mix is None:
-            return []
-        return [[p, q, counts] for p, q, counts in mix.balanced_boundaries(consumed)]
+        if mix is not None:
+            return [[p, q, counts] for p, q, counts in mix.balanced_boundaries(consumed)]
+        # No mixture built yet (a pickled copy, before it iterates): those it was loaded with.
+        phases = (self._phases if el is None else self._origin_phases) or ()
+        out: list[list[Any]] = []
+        for i, phase in enumerate(phases):
+            end = phases[i + 1][0] if i + 1 < len(phases) else phase[0] + phase[1]
+            reach = min(consumed, end, phase[0] + phase[1]) - phase[0]
+            known = [b for b in self._balanced_seeds.get(phase, ()) if 0 < b[0] <= reach]
+            if known:
+                position, counts = max(known)
+                out.append([i, position, list(counts)])
+        return out
 
     def _checked_balanced(
-        self, native: Mapping[str, Any], mix: _core.Mixture | None
+        self,
+        native: Mapping[str, Any],
+        phases: tuple[_Phase, ...] | None,
+        mix: _core.Mixture | None,
     ) -> list[tuple[int, int, list[int]]]:
-        """``state['balanced']`` checked against ``mix`` (the mixture that reads the state's
-        phases): ``[[phase, position, counts], ...]``, the counts of the balanced sequence at
-        leaf boundaries, which the load records so that the resume replays at most a leaf of
-        the sequence rather than the whole phase up to its position. Absent, or ``mix`` is
-        ``None`` (a state whose phases this world does not read): nothing, and the resume
+        """``state['balanced']`` checked: ``[[phase, position, counts], ...]``, the counts of
+        the balanced sequence at leaf boundaries of the state's ``phases``, which the load
+        records so that the resume replays at most a leaf of the sequence rather than the
+        whole phase up to its position. Its shape is always checked; its counts against
+        ``mix`` (the mixture that reads the state's phases), unless ``None`` (a state whose
+        phases this world does not read from its position). Absent: nothing, and the resume
         replays."""
         raw = native.get("balanced")
-        if raw is None or mix is None:
+        if raw is None:
             return []
         if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)):
             raise StateError(
@@ -823,18 +878,20 @@ class MixtureSampler(IndexSampler, DistributedSamplerBase[int]):
                 or len(entry) != 3
             ):
                 raise StateError(f"{name} must be [phase, position, counts]")
-            phase = check_int(f"{name}[0]", entry[0], 0, MAX_LEN)
+            last = len(phases) - 1 if phases else 0
+            phase = check_int(f"{name}[0]", entry[0], 0, last)
             position = check_int(f"{name}[1]", entry[1], 0, MAX_LEN)
             counts = entry[2]
             if not isinstance(counts, Sequence) or isinstance(counts, (str, bytes)):
                 raise StateError(f"{name}[2] must be a list of counts per dataset")
             counts = [check_int(f"{name}[2]", c, 0, MAX_LEN) for c in counts]
-            try:
-                mix.seed_balanced(phase, position, counts, check_only=True)
-            except ValueError as e:
-                raise StateError(
-                    f"{name} is not a boundary of the balanced sequence: {e}"
-                ) from None
+            if mix is not None:
+                try:
+                    mix.seed_balanced(phase, position, counts, check_only=True)
+                except ValueError as e:
+                    raise StateError(
+                        f"{name} is not a boundary of the balanced sequence: {e}"
+                    ) from None
             seeds.append((phase, position, counts))
         return seeds
 

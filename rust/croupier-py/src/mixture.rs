@@ -240,7 +240,7 @@ impl Mixture {
     /// Every balanced phase's last leaf boundary known at or below global position
     /// `position`, as `(phase, position in the phase, counts per dataset)`: what a checkpoint
     /// records so that a resume replays at most a leaf of the balanced sequence. Replays
-    /// nothing; empty without the balanced interleave.
+    /// nothing and waits for no replay; empty without the balanced interleave.
     fn balanced_boundaries(&self, position: u64) -> Vec<(usize, u64, Vec<u64>)> {
         self.mixture
             .balanced_boundaries(position)

@@ -45,8 +45,12 @@ pub(crate) struct Balanced {
     /// Positions per leaf.
     leaf: u64,
     /// The counts after `l * leaf` positions, by `l`: 0 and every leaf replayed or
-    /// [`Balanced::seed`]ed so far.
+    /// [`Balanced::seed`]ed so far. Held only to read or insert, never during a replay, so
+    /// a checkpoint's [`Balanced::known_at_or_below`] never waits for one.
     boundaries: Mutex<BTreeMap<u64, Vec<u64>>>,
+    /// Held by [`Balanced::before_leaf`] while it replays: one replay at a time, and a second
+    /// caller finds the leaves the first replayed.
+    replaying: Mutex<()>,
 }
 
 impl Clone for Balanced {
@@ -57,6 +61,7 @@ impl Clone for Balanced {
             m: self.m,
             leaf: self.leaf,
             boundaries: Mutex::new(boundaries),
+            replaying: Mutex::new(()),
         }
     }
 }
@@ -270,6 +275,7 @@ impl Balanced {
             m: counts.iter().sum(),
             leaf,
             boundaries: Mutex::new(BTreeMap::from([(0, vec![0; counts.len()])])),
+            replaying: Mutex::new(()),
         }
     }
 
@@ -286,12 +292,23 @@ impl Balanced {
     /// and returns the last of them (a meaningless answer, which the cancelled caller
     /// discards).
     pub(crate) fn before_leaf(&self, l: u64) -> Vec<u64> {
-        let mut known = self.known();
-        let (mut at, mut counts) = known
-            .range(..=l)
-            .next_back()
-            .map(|(&at, c)| (at, c.clone()))
-            .expect("boundary 0");
+        let last_known = || {
+            self.known()
+                .range(..=l)
+                .next_back()
+                .map(|(&at, c)| (at, c.clone()))
+                .expect("boundary 0")
+        };
+        let (at, counts) = last_known();
+        if at == l {
+            return counts;
+        }
+        let _replaying = self
+            .replaying
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Another caller may have replayed these leaves while this one waited.
+        let (mut at, mut counts) = last_known();
         while at < l {
             if cancelled() {
                 return counts;
@@ -299,7 +316,7 @@ impl Balanced {
             let steps = self.leaf.min(self.m - at * self.leaf);
             counts = self.replay(counts, at * self.leaf, steps, |_, _| {});
             at += 1;
-            known.insert(at, counts.clone());
+            self.known().insert(at, counts.clone());
         }
         counts
     }
@@ -363,11 +380,8 @@ impl Balanced {
                 format!("{} counts", counts.len()),
             ));
         }
-        let sum = counts
-            .iter()
-            .try_fold(0u64, |a, &c| a.checked_add(c))
-            .unwrap_or(u64::MAX);
-        if sum != position {
+        let sum = counts.iter().map(|&c| u128::from(c)).sum::<u128>();
+        if sum != u128::from(position) {
             return Err(Error::out_of_range(
                 "counts",
                 format!("summing to the position, {position}"),
@@ -506,6 +520,28 @@ mod tests {
             b.replay_keyed::<u128>(vec![0; datasets], 0, m, |d, _| wide.push(d));
             assert_eq!(wide, want, "case {case}, u128 keys: {counts:?}");
         }
+    }
+
+    #[test]
+    fn a_checkpoint_reads_the_boundaries_without_waiting_for_a_replay() {
+        // 300 leaves of 2**16 positions: a replay of them takes a good fraction of a second.
+        let counts = [7_000_000u64, 5_000_000, 3_000_000, 4_660_800];
+        let b = std::sync::Arc::new(Balanced::new(&counts, 1 << 16));
+        let replayer = {
+            let b = std::sync::Arc::clone(&b);
+            std::thread::spawn(move || b.before_leaf(300))
+        };
+        while b.replaying.try_lock().is_ok() {
+            std::thread::yield_now();
+        }
+        // While the replay runs: the boundaries known so far, at once.
+        let _ = b.known_at_or_below(300 << 16);
+        assert!(
+            b.replaying.try_lock().is_err(),
+            "the read waited for the replay to end"
+        );
+        let end = replayer.join().unwrap();
+        assert_eq!(b.known_at_or_below(300 << 16), Some((300 << 16, end)));
     }
 
     #[test]
