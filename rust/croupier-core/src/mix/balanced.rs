@@ -30,7 +30,6 @@
 //! randomness: it is the same every epoch (as Megatron's is), only the passes change.
 
 use crate::cancel::cancelled;
-use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use crate::error::{Error, Result};
@@ -47,7 +46,7 @@ pub(crate) struct Balanced {
     /// The counts after `l * leaf` positions, by `l`: 0 and every leaf replayed or
     /// [`Balanced::seed`]ed so far. Held only to read or insert, never during a replay, so
     /// a checkpoint's [`Balanced::known_at_or_below`] never waits for one.
-    boundaries: Mutex<BTreeMap<u64, Vec<u64>>>,
+    boundaries: Mutex<Boundaries>,
     /// Held by [`Balanced::before_leaf`] while it replays: one replay at a time, and a second
     /// caller finds the leaves the first replayed.
     replaying: Mutex<()>,
@@ -66,68 +65,53 @@ impl Clone for Balanced {
     }
 }
 
-/// A released occurrence's place in the tournament: its deadline above its dataset, so the
-/// least key is the earliest deadline and, among equal deadlines, the lowest dataset.
-/// `u64` when every deadline (at most the phase's length) fits above the dataset bits, else
-/// `u128`.
-trait Key: Copy + Ord {
-    /// No occurrence (the dataset waits for its release, or is spent).
-    const NONE: Self;
-    fn pack(deadline: u64, d: u32, shift: u32) -> Self;
-    fn dataset(self, mask: u32) -> u32;
+/// A key of the tournament: a released occurrence's deadline (or a waiting one's release)
+/// above its dataset's `shift` bits, so the least key is the earliest deadline and, among
+/// equal deadlines, the lowest dataset. A phase holds fewer than [`longest`] positions, so
+/// every key fits below [`NONE`].
+#[inline(always)]
+fn pack(deadline: u64, d: u32, shift: u32) -> u64 {
+    deadline << shift | u64::from(d)
 }
 
-impl Key for u64 {
-    const NONE: Self = u64::MAX;
-    #[inline(always)]
-    fn pack(deadline: u64, d: u32, shift: u32) -> Self {
-        deadline << shift | u64::from(d)
-    }
-    #[inline(always)]
-    fn dataset(self, mask: u32) -> u32 {
-        self as u32 & mask
-    }
-}
+/// No occurrence (the dataset waits for its release, or is spent).
+const NONE: u64 = u64::MAX;
 
-impl Key for u128 {
-    const NONE: Self = u128::MAX;
-    #[inline(always)]
-    fn pack(deadline: u64, d: u32, shift: u32) -> Self {
-        u128::from(deadline) << shift | u128::from(d)
-    }
-    #[inline(always)]
-    fn dataset(self, mask: u32) -> u32 {
-        self as u32 & mask
-    }
+/// The most positions a balanced phase over `datasets` datasets may hold: its keys (a
+/// position above the dataset's bits) must fit 64 bits. `2**47` and more for up to 100,000
+/// datasets, where a phase would take months to compute.
+pub(crate) fn longest(datasets: usize) -> u64 {
+    let shift = datasets.next_power_of_two().trailing_zeros();
+    (u64::MAX >> shift) - 2
 }
 
 /// A tournament (winner) tree over one key per dataset: the least key at the root, a changed
 /// key carried up its path with a comparison and a conditional move per level, no branch on
 /// the data (a binary heap's sift mispredicts about every other level).
-struct Tournament<K> {
+struct Tournament {
     /// Leaves (a power of two, at least the datasets).
     leaves: usize,
     /// Node `i`'s children are `2i` and `2i + 1`; the root is node 1, leaf `d` is node
     /// `leaves + d`.
-    nodes: Vec<K>,
+    nodes: Vec<u64>,
 }
 
-impl<K: Key> Tournament<K> {
+impl Tournament {
     fn new(datasets: usize) -> Self {
         let leaves = datasets.next_power_of_two();
         Tournament {
             leaves,
-            nodes: vec![K::NONE; 2 * leaves],
+            nodes: vec![NONE; 2 * leaves],
         }
     }
 
     #[inline(always)]
-    fn least(&self) -> K {
+    fn least(&self) -> u64 {
         self.nodes[1]
     }
 
     #[inline(always)]
-    fn set(&mut self, d: u32, key: K) {
+    fn set(&mut self, d: u32, key: u64) {
         let mut i = self.leaves + d as usize;
         let mut least = key;
         self.nodes[i] = key;
@@ -139,8 +123,27 @@ impl<K: Key> Tournament<K> {
     }
 }
 
+/// Counts at leaf boundaries, `(leaf, counts)` by leaf.
+#[derive(Debug, Clone)]
+struct Boundaries(Vec<(u64, Vec<u64>)>);
+
+impl Boundaries {
+    /// The last boundary at or below leaf `l`.
+    fn at_or_below(&self, l: u64) -> Option<&(u64, Vec<u64>)> {
+        let after = self.0.partition_point(|(at, _)| *at <= l);
+        after.checked_sub(1).map(|i| &self.0[i])
+    }
+
+    /// Records the counts at leaf `l`, unless known already.
+    fn add(&mut self, l: u64, counts: &[u64]) {
+        if let Err(i) = self.0.binary_search_by_key(&l, |(at, _)| *at) {
+            self.0.insert(i, (l, counts.to_vec()));
+        }
+    }
+}
+
 /// Earliest-deadline-first over the datasets' next occurrences, from given counts.
-struct Edf<K> {
+struct Edf {
     counts: Vec<u64>,
     /// Per dataset, `c m = q C + r` for its count `c` and total `C` (`0 <= r < C`), kept
     /// by addition: the next occurrence's release is `q + 1` and its deadline `⌈(c + 1) m /
@@ -152,17 +155,17 @@ struct Edf<K> {
     step_r: Vec<u64>,
     totals: Vec<u64>,
     /// Released occurrences, by deadline then dataset.
-    ready: Tournament<K>,
+    ready: Tournament,
     /// Bits below a key's deadline, and their mask (the dataset).
     shift: u32,
     mask: u32,
     /// Occurrences not yet released, by release then dataset.
-    waiting: Tournament<K>,
+    waiting: Tournament,
     /// Positions done (the next position is `t + 1`, 1-based).
     t: u64,
 }
 
-impl<K: Key> Edf<K> {
+impl Edf {
     fn new(totals: &[u64], m: u64, counts: Vec<u64>, t: u64, shift: u32) -> Self {
         let d = totals.len();
         let (mut q, mut r) = (vec![0; d], vec![0; d]);
@@ -214,12 +217,12 @@ impl<K: Key> Edf<K> {
     fn queue(&mut self, d: u32) {
         let i = d as usize;
         if self.counts[i] >= self.totals[i] {
-            self.ready.set(d, K::NONE);
+            self.ready.set(d, NONE);
         } else if self.q[i] <= self.t {
-            self.ready.set(d, K::pack(self.deadline(i), d, self.shift));
+            self.ready.set(d, pack(self.deadline(i), d, self.shift));
         } else {
-            self.ready.set(d, K::NONE);
-            self.waiting.set(d, K::pack(self.q[i] + 1, d, self.shift));
+            self.ready.set(d, NONE);
+            self.waiting.set(d, pack(self.q[i] + 1, d, self.shift));
         }
     }
 
@@ -228,19 +231,19 @@ impl<K: Key> Edf<K> {
     fn step(&mut self) -> u32 {
         let t = self.t + 1;
         // Every occurrence released by position `t` (its key at most `t`'s largest).
-        let due = K::pack(t, self.mask, self.shift);
+        let due = pack(t, self.mask, self.shift);
         while self.waiting.least() <= due {
-            let d = self.waiting.least().dataset(self.mask);
-            self.waiting.set(d, K::NONE);
+            let d = self.waiting.least() as u32 & self.mask;
+            self.waiting.set(d, NONE);
             self.ready
-                .set(d, K::pack(self.deadline(d as usize), d, self.shift));
+                .set(d, pack(self.deadline(d as usize), d, self.shift));
         }
         let top = self.ready.least();
         debug_assert!(
-            top != K::NONE,
+            top != NONE,
             "the quota windows always leave an occurrence released"
         );
-        let d = top.dataset(self.mask);
+        let d = top as u32 & self.mask;
         let i = d as usize;
         self.counts[i] += 1;
         self.q[i] += self.step_q[i];
@@ -274,7 +277,7 @@ impl Balanced {
             counts: counts.to_vec(),
             m: counts.iter().sum(),
             leaf,
-            boundaries: Mutex::new(BTreeMap::from([(0, vec![0; counts.len()])])),
+            boundaries: Mutex::new(Boundaries(vec![(0, vec![0; counts.len()])])),
             replaying: Mutex::new(()),
         }
     }
@@ -293,11 +296,9 @@ impl Balanced {
     /// discards).
     pub(crate) fn before_leaf(&self, l: u64) -> Vec<u64> {
         let last_known = || {
-            self.known()
-                .range(..=l)
-                .next_back()
-                .map(|(&at, c)| (at, c.clone()))
-                .expect("boundary 0")
+            let known = self.known();
+            let (at, c) = known.at_or_below(l).expect("boundary 0");
+            (*at, c.clone())
         };
         let (at, counts) = last_known();
         if at == l {
@@ -316,12 +317,12 @@ impl Balanced {
             let steps = self.leaf.min(self.m - at * self.leaf);
             counts = self.replay(counts, at * self.leaf, steps, |_, _| {});
             at += 1;
-            self.known().insert(at, counts.clone());
+            self.known().add(at, &counts);
         }
         counts
     }
 
-    fn known(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Vec<u64>>> {
+    fn known(&self) -> std::sync::MutexGuard<'_, Boundaries> {
         self.boundaries
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -345,7 +346,7 @@ impl Balanced {
         });
         // The counts after this leaf are the next leaf's start: kept, so a read of the leaves
         // in order replays each once (it replayed each twice).
-        self.known().entry(l + 1).or_insert(after);
+        self.known().add(l + 1, &after);
         (ds, occ)
     }
 
@@ -358,7 +359,7 @@ impl Balanced {
             return None;
         }
         let known = self.known();
-        let (&l, counts) = known.range(1..=last).next_back()?;
+        let (l, counts) = known.at_or_below(last).filter(|(l, _)| *l > 0)?;
         Some((l * self.leaf, counts.clone()))
     }
 
@@ -411,9 +412,7 @@ impl Balanced {
     /// by [`Balanced::known_at_or_below`].
     pub(crate) fn seed(&self, position: u64, counts: &[u64]) -> Result<()> {
         self.check_seed(position, counts)?;
-        self.known()
-            .entry(position / self.leaf)
-            .or_insert_with(|| counts.to_vec());
+        self.known().add(position / self.leaf, counts);
         Ok(())
     }
 
@@ -434,29 +433,17 @@ impl Balanced {
 
     /// `steps` positions of the sequence from the counts `counts` after `t` positions: each
     /// position's dataset and how many earlier positions drew it go to `each`; returns the
-    /// counts after them. Keys are `u64` unless the phase is too long for them.
-    fn replay(&self, counts: Vec<u64>, t: u64, steps: u64, each: impl FnMut(u32, u64)) -> Vec<u64> {
-        if self.m < (u64::MAX >> self.shift()) - 1 {
-            self.replay_keyed::<u64>(counts, t, steps, each)
-        } else {
-            self.replay_keyed::<u128>(counts, t, steps, each)
-        }
-    }
-
-    /// Bits of a key below its deadline or release: enough for every dataset's index.
-    fn shift(&self) -> u32 {
-        self.counts.len().next_power_of_two().trailing_zeros()
-    }
-
-    /// [`Balanced::replay`] with keys of type `K`.
-    fn replay_keyed<K: Key>(
+    /// counts after them.
+    fn replay(
         &self,
         counts: Vec<u64>,
         t: u64,
         steps: u64,
         mut each: impl FnMut(u32, u64),
     ) -> Vec<u64> {
-        let mut edf = Edf::<K>::new(&self.counts, self.m, counts, t, self.shift());
+        debug_assert!(self.m <= longest(self.counts.len()));
+        let shift = self.counts.len().next_power_of_two().trailing_zeros();
+        let mut edf = Edf::new(&self.counts, self.m, counts, t, shift);
         for _ in 0..steps {
             let d = edf.step();
             each(d, edf.counts[d as usize] - 1);
@@ -501,7 +488,7 @@ mod tests {
     }
 
     #[test]
-    fn the_tournament_is_earliest_deadline_first_with_either_key() {
+    fn the_tournament_is_earliest_deadline_first() {
         let mut rng = crate::testkit::Lcg::new(7);
         for case in 0..200 {
             let datasets = 1 + (rng.next_u64() % 40) as usize;
@@ -515,10 +502,6 @@ mod tests {
             let want = reference(&counts);
             let b = Balanced::new(&counts, 1 + rng.next_u64() % 300);
             assert_eq!(sequence(&b), want, "case {case}: {counts:?}");
-            let m = b.m;
-            let mut wide = Vec::new();
-            b.replay_keyed::<u128>(vec![0; datasets], 0, m, |d, _| wide.push(d));
-            assert_eq!(wide, want, "case {case}, u128 keys: {counts:?}");
         }
     }
 

@@ -1464,6 +1464,34 @@ mod tests {
     }
 
     #[test]
+    fn a_balanced_phase_too_long_for_its_keys_is_refused() {
+        // 65,537 datasets: 17 bits of dataset below each key's position (the largest a release,
+        // a phase's length plus one), so phases of at most 2**47 - 3 positions.
+        let sizes = vec![1u64; 65_537];
+        let config = |length| MixtureConfig {
+            interleave: Interleaving::Balanced,
+            length: Some(length),
+            ..MixtureConfig::default()
+        };
+        let phase = |length| PhaseSpec {
+            start: 0,
+            length,
+            weights: vec![1.0; 65_537],
+            temperature: 1.0,
+        };
+        let longest = (1u64 << 47) - 3;
+        if let Err(e) = Mixture::new(&sizes, &[phase(longest)], &config(longest)) {
+            panic!("{e}");
+        }
+        let e = Mixture::new(&sizes, &[phase(longest + 1)], &config(longest + 1)).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("phases must be at most 140737488355325"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_boundary_that_cannot_be_the_sequences_is_refused_and_not_recorded() {
         let m = mixture(2, 0, false, true, Interleaving::Balanced);
         let leaf = 1u64 << 16;

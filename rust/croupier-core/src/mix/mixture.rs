@@ -235,6 +235,23 @@ impl Mixture {
         let layout = Layout::new(t, self.num_replicas, config.deal.drop_last)?;
         // Every dataset is drawn whole, so only an empty one cannot be.
         let checked = Self::phases(phases, sizes, sizes, t)?;
+        if config.interleave == Interleaving::Balanced {
+            let longest = crate::mix::balanced::longest(sizes.len());
+            if let Some(p) = checked
+                .iter()
+                .find(|p| p.counts.iter().sum::<u64>() > longest)
+            {
+                return Err(Error::out_of_range(
+                    "phases",
+                    format!(
+                        "at most {longest} positions long with the balanced interleave over {} \
+                         datasets",
+                        sizes.len()
+                    ),
+                    format!("a phase of {}", p.counts.iter().sum::<u64>()),
+                ));
+            }
+        }
         let global = Global {
             sizes: sizes.to_vec(),
             offsets: self.offsets.clone(),
