@@ -357,21 +357,32 @@ impl RandomAccessPermutation {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn fill_block_avx2<T: crate::Index>(&self, block: &mut [T], mut walk: Walk) {
-        use avx2::WIDE;
         if !self.table.is_empty() {
             return self.fill_block(block, walk);
         }
-        // One encryption of every position, WIDE lanes at a time in explicit 256-bit vectors
-        // (the same integer arithmetic as `encrypt_lanes`, which LLVM vectorised 4 lanes wide,
-        // with one chain of rounds per vector: enough chains to fill the vector units). The
-        // few values outside `[0, n)` are set aside with their slot and encrypted again
-        // together (cycle walking), so a group never waits for its slowest lane.
+        self.encrypt_block(block, || walk.next());
+    }
+
+    /// `block[j]` = the value at the `j`-th position `next` gives, for an AVX2 caller: one
+    /// encryption of every position, [`avx2::WIDE`] lanes at a time in explicit 256-bit
+    /// vectors (the same integer arithmetic as `encrypt_lanes`, which LLVM vectorised 4 lanes
+    /// wide, with one chain of rounds per vector: enough chains to fill the vector units). The
+    /// few values outside `[0, n)` are set aside with their slot and encrypted again together
+    /// (cycle walking), so a group never waits for its slowest lane. Not for a table.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn encrypt_block<T: crate::Index>(
+        &self,
+        block: &mut [T],
+        mut next: impl FnMut() -> u64,
+    ) {
+        use avx2::WIDE;
         let mut outside: Vec<(usize, u64)> = Vec::new();
-        let done = block.len() - block.len() % WIDE;
-        let mut groups = block.chunks_exact_mut(WIDE);
-        for (g, group) in (&mut groups).enumerate() {
+        // Whole groups, then the last few positions as a group of their own (padded lanes
+        // encrypt position 0, and are dropped).
+        for (g, group) in block.chunks_mut(WIDE).enumerate() {
             let mut x = [0u64; WIDE];
-            x.iter_mut().for_each(|v| *v = walk.next());
+            x.iter_mut().take(group.len()).for_each(|v| *v = next());
             avx2::encrypt(self, &mut x);
             for (j, (slot, v)) in group.iter_mut().zip(x).enumerate() {
                 if v < self.n {
@@ -380,9 +391,6 @@ impl RandomAccessPermutation {
                     outside.push((g * WIDE + j, v));
                 }
             }
-        }
-        for slot in &mut block[done..] {
-            *slot = T::from_u64(self.at(walk.next()));
         }
         while !outside.is_empty() {
             let mut still = Vec::new();
