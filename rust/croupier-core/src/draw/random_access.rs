@@ -46,6 +46,9 @@ pub(crate) const TASK: usize = 1 << 14;
 /// Positions encrypted together, their multiply chains overlapping (two AVX2 registers of
 /// 32-bit halves).
 const LANES: usize = 16;
+/// Positions [`RandomAccessPermutation::fill_strided`] encrypts together: four vectors of
+/// eight 32-bit lanes a half with AVX2, four independent chains of rounds.
+const WIDE: usize = 32;
 
 /// The permutation of `[0, n)` keyed by `(seed, epoch)`: [`RandomAccessPermutation::at`] reads
 /// one position, [`RandomAccessPermutation::fill_strided`] a rank's strided positions in bulk.
@@ -352,39 +355,50 @@ impl RandomAccessPermutation {
         Ok(out)
     }
 
-    /// [`Self::fill_block`] compiled for AVX2 (the same integer arithmetic, so the same
-    /// values: only faster).
+    /// [`Self::fill_block`] with the rounds in explicit AVX2 vectors (the same integer
+    /// arithmetic, so the same values: only faster; LLVM had vectorised `encrypt_lanes` 4
+    /// lanes wide).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn fill_block_avx2<T: crate::Index>(&self, block: &mut [T], mut walk: Walk) {
-        // A table, or a few positions (a vector group costs about 16 of `at`'s walks).
-        if !self.table.is_empty() || block.len() < avx2::WIDE / 2 {
+        if !self.table.is_empty() || block.len() < WIDE / 2 {
             return self.fill_block(block, walk);
         }
-        self.encrypt_block(block, || walk.next());
+        // SAFETY (the closure's): AVX2 is on (this function's feature).
+        self.encrypt_block(block, || walk.next(), |p, x| unsafe { avx2::encrypt(p, x) });
     }
 
-    /// `block[j]` = the value at the `j`-th position `next` gives, for an AVX2 caller: one
-    /// encryption of every position, [`avx2::WIDE`] lanes at a time in explicit 256-bit
-    /// vectors (the same integer arithmetic as `encrypt_lanes`, which LLVM vectorised 4 lanes
-    /// wide, with one chain of rounds per vector: enough chains to fill the vector units). The
-    /// few values outside `[0, n)` are set aside with their slot and encrypted again together
-    /// (cycle walking), so a group never waits for its slowest lane. Not for a table.
-    #[cfg(target_arch = "x86_64")]
+    /// One task's block of [`Self::fill_strided`]: a table's lookups, a few positions one by
+    /// one (a group costs about 16 of `at`'s walks), else [`Self::encrypt_block`].
     #[inline(always)]
-    unsafe fn encrypt_block<T: crate::Index>(
+    fn fill_block<T: crate::Index>(&self, block: &mut [T], mut walk: Walk) {
+        if !self.table.is_empty() || block.len() < WIDE / 2 {
+            block
+                .iter_mut()
+                .for_each(|slot| *slot = T::from_u64(self.at(walk.next())));
+            return;
+        }
+        self.encrypt_block(block, || walk.next(), |p, x| p.encrypt_lanes(x));
+    }
+
+    /// `block[j]` = the value at the `j`-th position `next` gives: one encryption of every
+    /// position, [`WIDE`] at a time by `encrypt` (one encryption of each lane, as
+    /// [`Self::encrypt_lanes`]), then the few values outside `[0, n)`, set aside with their
+    /// slot, encrypted again together (cycle walking) until inside, so a group never waits for
+    /// its slowest lane. The last few positions are a group of their own (padded lanes encrypt
+    /// position 0, and are dropped). Not for a table.
+    #[inline(always)]
+    fn encrypt_block<T: crate::Index>(
         &self,
         block: &mut [T],
         mut next: impl FnMut() -> u64,
+        encrypt: impl Fn(&Self, &mut [u64; WIDE]),
     ) {
-        use avx2::WIDE;
         let mut outside: Vec<(usize, u64)> = Vec::new();
-        // Whole groups, then the last few positions as a group of their own (padded lanes
-        // encrypt position 0, and are dropped).
         for (g, group) in block.chunks_mut(WIDE).enumerate() {
             let mut x = [0u64; WIDE];
             x.iter_mut().take(group.len()).for_each(|v| *v = next());
-            avx2::encrypt(self, &mut x);
+            encrypt(self, &mut x);
             for (j, (slot, v)) in group.iter_mut().zip(x).enumerate() {
                 if v < self.n {
                     *slot = T::from_u64(v);
@@ -398,7 +412,7 @@ impl RandomAccessPermutation {
             for part in outside.chunks(WIDE) {
                 let mut x = [0u64; WIDE];
                 x.iter_mut().zip(part).for_each(|(v, &(_, w))| *v = w);
-                avx2::encrypt(self, &mut x);
+                encrypt(self, &mut x);
                 for (&(at, _), v) in part.iter().zip(x) {
                     if v < self.n {
                         block[at] = T::from_u64(v);
@@ -410,42 +424,19 @@ impl RandomAccessPermutation {
             outside = still;
         }
     }
-
-    /// One task's block of [`Self::fill_strided`].
-    #[inline(always)]
-    fn fill_block<T: crate::Index>(&self, block: &mut [T], mut walk: Walk) {
-        if !self.table.is_empty() {
-            block
-                .iter_mut()
-                .for_each(|slot| *slot = T::from_u64(self.at(walk.next())));
-            return;
-        }
-        // LANES positions at a time; the few that land outside [0, n) walk on one by one.
-        let mut groups = block.chunks_exact_mut(LANES);
-        for group in &mut groups {
-            let mut x = [0u64; LANES];
-            x.iter_mut().for_each(|v| *v = walk.next());
-            self.encrypt_lanes(&mut x);
-            for (slot, mut v) in group.iter_mut().zip(x) {
-                while v >= self.n {
-                    v = self.encrypt(v);
-                }
-                *slot = T::from_u64(v);
-            }
-        }
-        for slot in groups.into_remainder() {
-            *slot = T::from_u64(self.at(walk.next()));
-        }
-    }
 }
 
 /// Lanes of [`at_many`]: positions read together, each under its own permutation.
 pub(crate) const MANY: usize = 16;
 
 /// `out[i] = perms[which[i]].at(pos[i])` for every `i`: positions under different
-/// permutations (a mixture's passes), [`MANY`] at a time, their Feistel rounds side by side
-/// (each lane with its own keys and widths), vectorised with AVX2 where the CPU has it. The
-/// same values as [`RandomAccessPermutation::at`].
+/// permutations (a mixture's passes) in [`MANY`] lanes, each lane with its own permutation's
+/// keys, their rounds side by side (in explicit AVX2 vectors where the CPU has it). A lane
+/// whose value lands in its domain hands it out and takes the next position at once; one
+/// still outside encrypts again with the others, so each position costs the encryptions it
+/// needs (1.6 on average over a domain of 10,000, whose walk rate is 39%), where a group that
+/// waited for its slowest lane cost about five. The same values as
+/// [`RandomAccessPermutation::at`].
 pub(crate) fn at_many(
     perms: &[RandomAccessPermutation],
     which: &[u32],
@@ -459,14 +450,9 @@ pub(crate) fn at_many(
         unsafe { at_many_avx2(perms, which, pos, out) };
         return;
     }
-    at_many_plain(perms, which, pos, out);
+    at_many_with(perms, which, pos, out, KeyedLanes::rounds);
 }
 
-/// [`at_many`] with AVX2: [`MANY`] lanes, each with its own permutation's keys, encrypted
-/// together in explicit vectors; a lane whose value lands in its domain hands it out and takes
-/// the next position at once, one still outside encrypts again with the others. Each position
-/// costs the encryptions it needs (1.6 on average over a domain of 10,000, whose walk rate is
-/// 39%), where a group that waited for its slowest lane cost about five.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn at_many_avx2(
@@ -475,11 +461,26 @@ unsafe fn at_many_avx2(
     pos: &[u64],
     out: &mut [u64],
 ) {
-    let mut lanes = avx2::KeyedLanes::default();
+    // SAFETY (the closure's): AVX2 is on (this function's feature).
+    at_many_with(perms, which, pos, out, |lanes| unsafe {
+        avx2::rounds(lanes)
+    });
+}
+
+/// [`at_many`] with `rounds` encrypting every lane once.
+#[inline(always)]
+fn at_many_with(
+    perms: &[RandomAccessPermutation],
+    which: &[u32],
+    pos: &[u64],
+    out: &mut [u64],
+    mut rounds: impl FnMut(&mut KeyedLanes),
+) {
+    let mut lanes = KeyedLanes::default();
     let mut next = 0usize;
     // The next position that needs the cipher into lane `l` (a table's answered on the way);
     // false when none is left.
-    let mut take = |lanes: &mut avx2::KeyedLanes, l: usize, out: &mut [u64]| -> bool {
+    let mut take = |lanes: &mut KeyedLanes, l: usize, out: &mut [u64]| -> bool {
         while next < pos.len() {
             let (i, p) = (next, &perms[which[next] as usize]);
             next += 1;
@@ -497,7 +498,7 @@ unsafe fn at_many_avx2(
         active += usize::from(take(&mut lanes, l, out));
     }
     while active > 0 {
-        lanes.rounds();
+        rounds(&mut lanes);
         for l in 0..MANY {
             if lanes.slot[l] == usize::MAX {
                 continue;
@@ -511,74 +512,57 @@ unsafe fn at_many_avx2(
     }
 }
 
-#[inline(always)]
-fn at_many_plain(perms: &[RandomAccessPermutation], which: &[u32], pos: &[u64], out: &mut [u64]) {
-    let mut groups = out.chunks_exact_mut(MANY);
-    let mut at = 0usize;
-    for group in &mut groups {
-        let lanes: &[u32; MANY] = which[at..at + MANY].try_into().expect("MANY lanes");
-        let x: &[u64; MANY] = pos[at..at + MANY].try_into().expect("MANY lanes");
-        group.copy_from_slice(&encrypt_many(perms, lanes, x));
-        at += MANY;
-    }
-    for (o, (&p, &i)) in groups
-        .into_remainder()
-        .iter_mut()
-        .zip(which[at..].iter().zip(&pos[at..]))
-    {
-        *o = perms[p as usize].at(i);
-    }
+/// [`MANY`] lanes, each encrypting under its own permutation ([`at_many`]).
+#[derive(Default)]
+struct KeyedLanes {
+    keys: [[u32; MANY]; ROUNDS],
+    hi_mask: [u32; MANY],
+    lo_mask: [u32; MANY],
+    lo_bits: [u32; MANY],
+    hi: [u32; MANY],
+    lo: [u32; MANY],
+    /// Each lane's domain size.
+    n: [u64; MANY],
+    /// Where each lane's value goes (`usize::MAX`: idle).
+    slot: [usize; MANY],
 }
 
-/// [`MANY`] positions, each under its own permutation (see [`at_many`]).
-#[inline(always)]
-fn encrypt_many(
-    perms: &[RandomAccessPermutation],
-    which: &[u32; MANY],
-    x: &[u64; MANY],
-) -> [u64; MANY] {
-    let mut keys = [[0u32; MANY]; ROUNDS];
-    let (mut lo_bits, mut lo_mask, mut hi_mask, mut n) =
-        ([0u32; MANY], [0u32; MANY], [0u32; MANY], [0u64; MANY]);
-    let mut out = [0u64; MANY];
-    let mut pending = [false; MANY];
-    for l in 0..MANY {
-        let p = &perms[which[l] as usize];
-        if !p.table.is_empty() {
-            out[l] = u64::from(p.table[x[l] as usize]);
-            // A table lane runs the rounds on zeros, harmlessly, and is never pending.
-            continue;
-        }
-        pending[l] = true;
+impl KeyedLanes {
+    /// Lane `l` starts position `x` of `p` for slot `slot`.
+    #[inline(always)]
+    fn load(&mut self, l: usize, p: &RandomAccessPermutation, x: u64, slot: usize) {
         for (r, k) in p.keys.iter().enumerate() {
-            keys[r][l] = *k;
+            self.keys[r][l] = *k;
         }
-        (lo_bits[l], lo_mask[l], hi_mask[l], n[l]) = (p.lo_bits, p.lo_mask, p.hi_mask, p.n);
+        (self.hi_mask[l], self.lo_mask[l], self.lo_bits[l]) = (p.hi_mask, p.lo_mask, p.lo_bits);
+        self.n[l] = p.n;
+        self.hi[l] = (x >> p.lo_bits) as u32;
+        self.lo[l] = x as u32 & p.lo_mask;
+        self.slot[l] = slot;
     }
-    let mut hi: [u32; MANY] = std::array::from_fn(|l| (x[l] >> lo_bits[l]) as u32);
-    let mut lo: [u32; MANY] = std::array::from_fn(|l| x[l] as u32 & lo_mask[l]);
-    // Cycle walking: every lane encrypts again while any lane is still outside its domain.
-    while pending.iter().any(|&p| p) {
-        for (i, key) in keys.iter().enumerate() {
-            if i % 2 == 0 {
-                for l in 0..MANY {
-                    hi[l] = hi[l].wrapping_add(round(lo[l], key[l])) & hi_mask[l];
-                }
-            } else {
-                for l in 0..MANY {
-                    lo[l] = lo[l].wrapping_add(round(hi[l], key[l])) & lo_mask[l];
+
+    /// Lane `l`'s value.
+    #[inline(always)]
+    fn value(&self, l: usize) -> u64 {
+        (u64::from(self.hi[l]) << self.lo_bits[l]) | u64::from(self.lo[l])
+    }
+
+    /// One encryption of every lane (idle ones too, harmlessly), lane by lane.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // lane l of several arrays at once
+    fn rounds(&mut self) {
+        for (i, keys) in self.keys.iter().enumerate() {
+            for l in 0..MANY {
+                if i % 2 == 0 {
+                    self.hi[l] =
+                        self.hi[l].wrapping_add(round(self.lo[l], keys[l])) & self.hi_mask[l];
+                } else {
+                    self.lo[l] =
+                        self.lo[l].wrapping_add(round(self.hi[l], keys[l])) & self.lo_mask[l];
                 }
             }
         }
-        for l in 0..MANY {
-            let v = (u64::from(hi[l]) << lo_bits[l]) | u64::from(lo[l]);
-            if pending[l] && v < n[l] {
-                out[l] = v;
-                pending[l] = false;
-            }
-        }
     }
-    out
 }
 
 /// Positions `offset + p`, `p` advancing by `step` modulo `len`.
@@ -609,10 +593,10 @@ mod avx2 {
 
     use super::RandomAccessPermutation;
 
+    use super::WIDE;
+
     /// Vectors of 8 lanes a half encrypted side by side: 4 independent chains of rounds.
-    const V: usize = 4;
-    /// Positions encrypted together.
-    pub(super) const WIDE: usize = 8 * V;
+    const V: usize = WIDE / 8;
 
     /// The round function of 8 lanes: `super::round`, lane by lane.
     #[inline(always)]
@@ -625,64 +609,29 @@ mod avx2 {
         _mm256_xor_si256(z, _mm256_srli_epi32::<16>(z))
     }
 
-    /// [`super::MANY`] lanes, each encrypting under its own permutation (`super::at_many_avx2`).
-    #[derive(Default)]
-    pub(super) struct KeyedLanes {
-        keys: [[u32; super::MANY]; super::ROUNDS],
-        hi_mask: [u32; super::MANY],
-        lo_mask: [u32; super::MANY],
-        lo_bits: [u32; super::MANY],
-        hi: [u32; super::MANY],
-        lo: [u32; super::MANY],
-        /// Each lane's domain size.
-        pub(super) n: [u64; super::MANY],
-        /// Where each lane's value goes (`usize::MAX`: idle).
-        pub(super) slot: [usize; super::MANY],
-    }
-
-    impl KeyedLanes {
-        /// Lane `l` starts position `x` of `p` for slot `slot`.
-        #[inline(always)]
-        pub(super) fn load(&mut self, l: usize, p: &RandomAccessPermutation, x: u64, slot: usize) {
-            for (r, k) in p.keys.iter().enumerate() {
-                self.keys[r][l] = *k;
-            }
-            (self.hi_mask[l], self.lo_mask[l], self.lo_bits[l]) = (p.hi_mask, p.lo_mask, p.lo_bits);
-            self.n[l] = p.n;
-            self.hi[l] = (x >> p.lo_bits) as u32;
-            self.lo[l] = x as u32 & p.lo_mask;
-            self.slot[l] = slot;
-        }
-
-        /// Lane `l`'s value.
-        #[inline(always)]
-        pub(super) fn value(&self, l: usize) -> u64 {
-            (u64::from(self.hi[l]) << self.lo_bits[l]) | u64::from(self.lo[l])
-        }
-
-        /// One encryption of every lane (idle ones too, harmlessly).
-        #[inline(always)]
-        pub(super) unsafe fn rounds(&mut self) {
-            let load =
-                |a: &[u32; super::MANY], j: usize| _mm256_loadu_si256(a.as_ptr().add(8 * j).cast());
-            let mut h = [load(&self.hi, 0), load(&self.hi, 1)];
-            let mut l = [load(&self.lo, 0), load(&self.lo, 1)];
-            let hm = [load(&self.hi_mask, 0), load(&self.hi_mask, 1)];
-            let lm = [load(&self.lo_mask, 0), load(&self.lo_mask, 1)];
-            for (i, keys) in self.keys.iter().enumerate() {
-                for j in 0..2 {
-                    let key = load(keys, j);
-                    if i % 2 == 0 {
-                        h[j] = _mm256_and_si256(_mm256_add_epi32(h[j], round8(l[j], key)), hm[j]);
-                    } else {
-                        l[j] = _mm256_and_si256(_mm256_add_epi32(l[j], round8(h[j], key)), lm[j]);
-                    }
+    /// [`super::KeyedLanes::rounds`] in vectors: the lanes' keys and masks loaded as vectors.
+    #[inline(always)]
+    pub(super) unsafe fn rounds(lanes: &mut super::KeyedLanes) {
+        const { assert!(super::MANY == 16) };
+        let load =
+            |a: &[u32; super::MANY], j: usize| _mm256_loadu_si256(a.as_ptr().add(8 * j).cast());
+        let mut h = [load(&lanes.hi, 0), load(&lanes.hi, 1)];
+        let mut l = [load(&lanes.lo, 0), load(&lanes.lo, 1)];
+        let hm = [load(&lanes.hi_mask, 0), load(&lanes.hi_mask, 1)];
+        let lm = [load(&lanes.lo_mask, 0), load(&lanes.lo_mask, 1)];
+        for (i, keys) in lanes.keys.iter().enumerate() {
+            for j in 0..2 {
+                let key = load(keys, j);
+                if i % 2 == 0 {
+                    h[j] = _mm256_and_si256(_mm256_add_epi32(h[j], round8(l[j], key)), hm[j]);
+                } else {
+                    l[j] = _mm256_and_si256(_mm256_add_epi32(l[j], round8(h[j], key)), lm[j]);
                 }
             }
-            for j in 0..2 {
-                _mm256_storeu_si256(self.hi.as_mut_ptr().add(8 * j).cast(), h[j]);
-                _mm256_storeu_si256(self.lo.as_mut_ptr().add(8 * j).cast(), l[j]);
-            }
+        }
+        for j in 0..2 {
+            _mm256_storeu_si256(lanes.hi.as_mut_ptr().add(8 * j).cast(), h[j]);
+            _mm256_storeu_si256(lanes.lo.as_mut_ptr().add(8 * j).cast(), l[j]);
         }
     }
 
@@ -866,6 +815,43 @@ mod tests {
                     "n = {n}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn the_portable_kernels_read_what_each_position_reads() {
+        // The paths a CPU without AVX2 takes (this machine's calls take the vector ones).
+        for (k, n) in [(1u64 << 20) + 1, 3_000_001, 10_000, (1 << 40) + 3]
+            .into_iter()
+            .enumerate()
+        {
+            let p = RandomAccessPermutation::new(n, 3, k as u64);
+            let mut out = vec![0u64; 5_003];
+            let walk = Walk {
+                offset: 0,
+                len: n,
+                p: n / 2,
+                step: 7,
+            };
+            p.fill_block(&mut out, walk);
+            for (j, &v) in out.iter().enumerate() {
+                assert_eq!(v, p.at((n / 2 + 7 * j as u64) % n), "n = {n}, j = {j}");
+            }
+        }
+        let perms: Vec<RandomAccessPermutation> = [5u64, 10_000, 1025, (1 << 62) + 5]
+            .iter()
+            .map(|&n| RandomAccessPermutation::new(n, 1, 2))
+            .collect();
+        let which: Vec<u32> = (0..999u32).map(|i| (i * 5 + i / 3) % 4).collect();
+        let pos: Vec<u64> = which
+            .iter()
+            .zip(0u64..)
+            .map(|(&w, i)| (i * 7_919) % perms[w as usize].len())
+            .collect();
+        let mut out = vec![0u64; which.len()];
+        at_many_with(&perms, &which, &pos, &mut out, KeyedLanes::rounds);
+        for ((&w, &p), &o) in which.iter().zip(&pos).zip(&out) {
+            assert_eq!(o, perms[w as usize].at(p));
         }
     }
 

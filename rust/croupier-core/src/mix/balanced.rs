@@ -24,9 +24,10 @@
 //! The sequence is sequential: position `t` depends on the counts at `t - 1`, `O(log D)`
 //! per position with two tournament trees (the released occurrences by deadline, the waiting
 //! ones by release), whose updates compare without branching: about 38 ns a position for 100
-//! datasets, against 77 ns with binary heaps, whose sifts mispredict. The counts at every leaf boundary (`mix::interleave`'s leaf
-//! size) are kept once computed, so a leaf is read by replaying it from its boundary, and an
-//! epoch of many positions costs one sequential pass to reach its end. The sequence has no
+//! datasets, against 77 ns with binary heaps, whose sifts mispredict. The counts at every
+//! leaf boundary (`mix::interleave`'s leaf size) are kept once computed, so a leaf is read by
+//! replaying it from its boundary, and an epoch of many positions costs one sequential pass to
+//! reach its end. The sequence has no
 //! randomness: it is the same every epoch (as Megatron's is), only the passes change.
 
 use crate::cancel::cancelled;
@@ -243,6 +244,7 @@ impl Edf {
             top != NONE,
             "the quota windows always leave an occurrence released"
         );
+        debug_assert!(top >> self.shift >= t, "a deadline was missed");
         let d = top as u32 & self.mask;
         let i = d as usize;
         self.counts[i] += 1;

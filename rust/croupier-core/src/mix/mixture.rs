@@ -237,10 +237,8 @@ impl Mixture {
         let checked = Self::phases(phases, sizes, sizes, t)?;
         if config.interleave == Interleaving::Balanced {
             let longest = crate::mix::balanced::longest(sizes.len());
-            if let Some(p) = checked
-                .iter()
-                .find(|p| p.counts.iter().sum::<u64>() > longest)
-            {
+            let mut lengths = checked.iter().map(|p| p.counts.iter().sum::<u64>());
+            if let Some(m) = lengths.find(|&m| m > longest) {
                 return Err(Error::out_of_range(
                     "phases",
                     format!(
@@ -248,7 +246,7 @@ impl Mixture {
                          datasets",
                         sizes.len()
                     ),
-                    format!("a phase of {}", p.counts.iter().sum::<u64>()),
+                    format!("a phase of {m}"),
                 ));
             }
         }
@@ -534,7 +532,7 @@ impl Mixture {
     /// only checks it. Refuses a boundary of no balanced phase, off a leaf boundary, or whose
     /// counts are not one per dataset, summing to its position, each within one sample of its
     /// share; counts that pass but are not this sequence's (a state edited by hand) give
-    /// another, still balanced, sequence from there.
+    /// another sequence from there, which may leave the one-sample band.
     pub fn seed_balanced(&self, boundary: &BalancedBoundary, apply: bool) -> Result<()> {
         match &self.global {
             Some((g, _)) => g.seed_balanced(boundary, apply),
