@@ -1298,7 +1298,7 @@ mod tests {
                 let keep = if own[j] == 0 {
                     0
                 } else if Some(j) == last || Some(m % sizes[j]) > next_size(j) {
-                    shorts += u32::from(m % sizes[j] > 0);
+                    shorts += u32::from(!m.is_multiple_of(sizes[j]));
                     m
                 } else {
                     m - m % sizes[j]
@@ -1332,7 +1332,9 @@ mod tests {
                 assert_eq!(got[j].2, batches, "case {case}, bucket {j}");
             }
             // Every bucket's batches are full, but where a tail stayed as a short batch.
-            let short_batches = (0..regular).filter(|&j| got[j].0 % got[j].1 != 0).count();
+            let short_batches = (0..regular)
+                .filter(|&j| !got[j].0.is_multiple_of(got[j].1))
+                .count();
             assert_eq!(short_batches, shorts as usize, "case {case}");
             assert_eq!(at, sorted.len());
             assert_eq!(got[regular], plain.buckets()[regular]); // the oversized, unchanged

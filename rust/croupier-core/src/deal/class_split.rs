@@ -572,7 +572,7 @@ fn subset(rng: &mut CellRng, set: &[u64], n: u64, k: u64, out: &mut [u64]) {
     for w in &mut compact[..words] {
         *w = bernoulli_eighths(rng, eighths);
     }
-    if n % 64 != 0 {
+    if !n.is_multiple_of(64) {
         compact[words - 1] &= (1 << (n % 64)) - 1;
     }
     let x: u64 = compact[..words]
@@ -589,7 +589,7 @@ fn subset(rng: &mut CellRng, set: &[u64], n: u64, k: u64, out: &mut [u64]) {
             for (p, &c) in pool[..words].iter_mut().zip(&compact[..words]) {
                 *p = !c;
             }
-            if n % 64 != 0 {
+            if !n.is_multiple_of(64) {
                 pool[words - 1] &= (1 << (n % 64)) - 1;
             }
             k - x
@@ -654,7 +654,7 @@ fn floyd(rng: &mut CellRng, n: u64, k: u64, out: &mut [u64; WORDS]) {
         for w in &mut out[..full] {
             *w = !*w;
         }
-        if n % 64 != 0 {
+        if !n.is_multiple_of(64) {
             out[full] = !out[full] & ((1 << (n % 64)) - 1);
         }
     }
@@ -814,7 +814,7 @@ fn full_set(len: u64) -> [u64; WORDS] {
     let mut full = [0u64; WORDS];
     let words = len.div_ceil(64) as usize;
     full[..words].fill(u64::MAX);
-    if len % 64 != 0 {
+    if !len.is_multiple_of(64) {
         full[words - 1] = (1u64 << (len % 64)) - 1;
     }
     full

@@ -375,7 +375,9 @@ impl Elastic {
                     k += step;
                     steps += 1;
                     // A piece's strided copy is tens of millions of writes.
-                    if steps % crate::cancel::CHECK_EVERY == 0 && crate::cancel::cancelled() {
+                    if steps.is_multiple_of(crate::cancel::CHECK_EVERY)
+                        && crate::cancel::cancelled()
+                    {
                         return Ok(out);
                     }
                 }

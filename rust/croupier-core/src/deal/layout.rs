@@ -370,7 +370,7 @@ mod tests {
     /// in-place code above).
     fn torch_reference(order: &[u64], w: usize, r: usize, drop_last: bool) -> Vec<u64> {
         let n = order.len();
-        let num_samples = if drop_last && n % w != 0 {
+        let num_samples = if drop_last && !n.is_multiple_of(w) {
             // math.ceil((n - w) / w) on exact rationals
             let num = n as i64 - w as i64;
             num.div_euclid(w as i64) + i64::from(num.rem_euclid(w as i64) != 0)

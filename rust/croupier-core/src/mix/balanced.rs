@@ -369,7 +369,7 @@ impl Balanced {
     /// boundary inside the phase, one count per dataset, summing to `position`, each within
     /// one sample of its share (every prefix of the sequence is). Names what is wrong.
     pub(crate) fn check_seed(&self, position: u64, counts: &[u64]) -> Result<()> {
-        if position % self.leaf != 0 || position > self.m {
+        if !position.is_multiple_of(self.leaf) || position > self.m {
             return Err(Error::out_of_range(
                 "position",
                 format!("a multiple of {} in [0, {}]", self.leaf, self.m),

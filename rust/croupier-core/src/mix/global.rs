@@ -1634,7 +1634,7 @@ mod tests {
             let mut seen = vec![0u32; counts.len()];
             let mut want = Vec::new();
             for (i, &e) in entry[..used as usize].iter().enumerate() {
-                if i as u64 >= first && (i as u64 - first) % step == 0 {
+                if i as u64 >= first && (i as u64 - first).is_multiple_of(step) {
                     want.push(seen[e]);
                 }
                 seen[e] += 1;

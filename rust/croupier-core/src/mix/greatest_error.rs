@@ -23,6 +23,9 @@ use rayon::prelude::*;
 use crate::cancel::{cancelled, CHECK_EVERY};
 use crate::error::{Error, Result};
 
+#[cfg(target_arch = "x86_64")]
+mod kernels;
+
 /// The most datasets a blend can name: megatron-core stores the dataset index as `int16`.
 pub const BLEND_MAX_DATASETS: usize = i16::MAX as usize;
 
@@ -370,6 +373,55 @@ struct Greedy {
     slack: f64,
     /// The position of `out[0]` in the run at hand.
     offset: u64,
+    /// The kernels this greedy runs.
+    simd: Simd,
+}
+
+/// The instruction sets the greedy's kernels come in. Each computes the same `f64`
+/// operations; the wider ones compute more lanes at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Simd {
+    /// Scalar code for any CPU (and for more members than a vector kernel holds).
+    Portable,
+    /// AVX2: vectors of 4 lanes.
+    Avx2,
+    /// AVX-512: vectors of 8 lanes, for the blend with weights (the exhaustive blend's kernels
+    /// stay AVX2's). With 32 registers a pair of runs keeps its counts and errors without
+    /// spilling: 8.0-9.3 -> 6.2-6.5 ns a position on 2 threads (`blend_timing`, 1e8).
+    Avx512,
+}
+
+impl Simd {
+    /// The widest level this CPU runs, for the blend with weights (`exhaustive`: with sizes).
+    fn best(exhaustive: bool) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !exhaustive && std::arch::is_x86_feature_detected!("avx512f") {
+                return Simd::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return Simd::Avx2;
+            }
+        }
+        let _ = exhaustive;
+        Simd::Portable
+    }
+
+    /// Every level this CPU runs, for the tests.
+    #[cfg(test)]
+    fn available() -> Vec<Self> {
+        let mut levels = vec![Simd::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                levels.push(Simd::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                levels.push(Simd::Avx512);
+            }
+        }
+        levels
+    }
 }
 
 /// Where a run of the greedy is: its next position and its end, and what the floor's
@@ -429,6 +481,7 @@ impl Greedy {
     fn new(weights: Vec<f64>, limits: Option<Vec<f64>>, end: u64, sum: f64) -> Self {
         let datasets = weights.len();
         let padded = datasets.div_ceil(LANES) * LANES;
+        let exhaustive = limits.is_some();
         let mut w = weights;
         w.resize(padded, 0.0);
         let mut counts = vec![0.0; datasets];
@@ -456,17 +509,32 @@ impl Greedy {
             floor: 0.0,
             slack,
             offset: 0,
+            simd: Simd::best(exhaustive),
         }
+    }
+
+    /// This greedy with the kernels of `simd` (a level the CPU runs: [`Simd::available`]);
+    /// the exhaustive blend takes AVX2's where AVX-512's are asked for (it has no others).
+    #[cfg(test)]
+    fn with_simd(mut self, simd: Simd) -> Self {
+        self.simd = match simd {
+            Simd::Avx512 if !self.limits.is_empty() => Simd::Avx2,
+            simd => simd,
+        };
+        self
     }
 
     /// The positions `offset..offset + len` into `blend`, from the counts at hand.
     fn run(&mut self, mut blend: Blend<'_>) -> Result<()> {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { self.run_avx2(&mut blend) };
+        match self.simd {
+            // SAFETY: `simd` is a level the CPU runs (`Simd::best`, or a test's pick among
+            // `Simd::available`).
+            Simd::Avx512 => return unsafe { self.run_avx512(&mut blend) },
+            Simd::Avx2 => return unsafe { self.run_avx2(&mut blend) },
+            Simd::Portable => {}
         }
-        self.run_any(&mut blend, false)
+        self.run_any(&mut blend, Simd::Portable)
     }
 
     /// One copy of the AVX2 greedy for every caller (a whole blend, a piece's meeting runs and
@@ -475,7 +543,15 @@ impl Greedy {
     #[target_feature(enable = "avx2")]
     #[inline(never)]
     unsafe fn run_avx2(&mut self, blend: &mut Blend<'_>) -> Result<()> {
-        self.run_any(blend, true)
+        self.run_any(blend, Simd::Avx2)
+    }
+
+    /// The AVX-512 greedy, as [`Greedy::run_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    #[inline(never)]
+    unsafe fn run_avx512(&mut self, blend: &mut Blend<'_>) -> Result<()> {
+        self.run_any(blend, Simd::Avx512)
     }
 
     /// Two runs on one thread (two pieces of a parallel blend), side by side: block by
@@ -488,10 +564,13 @@ impl Greedy {
         b: &mut Greedy,
         mut bb: Blend<'_>,
     ) -> Result<()> {
+        debug_assert_eq!(a.simd, b.simd);
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { Self::run_pair_avx2(a, &mut ab, b, &mut bb) };
+        match a.simd {
+            // SAFETY: as in `run`.
+            Simd::Avx512 => return unsafe { Self::run_pair_avx512(a, &mut ab, b, &mut bb) },
+            Simd::Avx2 => return unsafe { Self::run_pair_avx2(a, &mut ab, b, &mut bb) },
+            Simd::Portable => {}
         }
         a.run(ab)?;
         b.run(bb)
@@ -506,69 +585,137 @@ impl Greedy {
         b: &mut Greedy,
         bb: &mut Blend<'_>,
     ) -> Result<()> {
+        Self::run_pair_any(a, ab, b, bb, Simd::Avx2)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    #[inline(never)]
+    unsafe fn run_pair_avx512(
+        a: &mut Greedy,
+        ab: &mut Blend<'_>,
+        b: &mut Greedy,
+        bb: &mut Blend<'_>,
+    ) -> Result<()> {
+        Self::run_pair_any(a, ab, b, bb, Simd::Avx512)
+    }
+
+    /// [`Greedy::run_pair`] with the kernels of `simd` (AVX2 or AVX-512, which the caller
+    /// enables).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn run_pair_any(
+        a: &mut Greedy,
+        ab: &mut Blend<'_>,
+        b: &mut Greedy,
+        bb: &mut Blend<'_>,
+        simd: Simd,
+    ) -> Result<()> {
         let (mut ca, mut cb) = (a.begin(ab), b.begin(bb));
-        let exhaustive = !a.limits.is_empty();
         while ca.i < ca.n && cb.i < cb.n {
             ca.check_cancelled()?;
             let (a0, b0) = (ca.i, cb.i);
             let (a_stop, b_stop) = ((a0 + BLOCK).min(ca.n), (b0 + BLOCK).min(cb.n));
-            a.draw_members((a_stop - 1) as f64, true);
-            b.draw_members((b_stop - 1) as f64, true);
-            // The pair kernel comes in fewer widths than the single one (the wheel's size):
-            // even numbers of vectors (and 1), the exhaustive blend's `exhaustive_width`s.
-            let vectors = a.lanes.max(b.lanes) / 4;
-            let lanes = 4 * match vectors {
-                0 | 1 => 1,
-                v if exhaustive => exhaustive_width(v),
-                v => v.next_multiple_of(2),
-            };
-            if lanes <= MOST_LANES {
-                a.pad_to(lanes);
-                b.pad_to(lanes);
-                let steps = (a_stop - a0).min(b_stop - b0);
-                // SAFETY (the kernel's): AVX2 is on (this function's feature); both runs'
-                // member arrays hold `lanes` lanes, padded above.
-                macro_rules! pair {
-                    ($v:literal, $ex:literal) => {
-                        avx2::members_run_pair::<$v, $ex>(
-                            (a, ab, a0, &mut ca.lowest),
-                            (b, bb, b0, &mut cb.lowest),
-                            steps,
-                        )
-                    };
-                }
-                let done = match (exhaustive, lanes / 4) {
-                    (false, 1) => pair!(1, false),
-                    (false, 2) => pair!(2, false),
-                    (false, 4) => pair!(4, false),
-                    (false, 6) => pair!(6, false),
-                    (false, 8) => pair!(8, false),
-                    (false, 10) => pair!(10, false),
-                    (false, _) => pair!(12, false),
-                    (true, 1) => pair!(1, true),
-                    (true, 2) => pair!(2, true),
-                    (true, 4) => pair!(4, true),
-                    (true, 8) => pair!(8, true),
-                    (true, _) => pair!(12, true),
-                };
+            a.draw_members((a_stop - 1) as f64, simd);
+            b.draw_members((b_stop - 1) as f64, simd);
+            let steps = (a_stop - a0).min(b_stop - b0);
+            let done = Self::pair_kernel(
+                (a, ab, a0, &mut ca.lowest),
+                (b, bb, b0, &mut cb.lowest),
+                steps,
+                simd,
+            );
+            if let Some(done) = done {
                 a.sync_counts();
                 b.sync_counts();
                 ca.i += done;
                 cb.i += done;
             }
-            a.finish_block(&mut ca, (a0, a_stop), ab, true);
-            b.finish_block(&mut cb, (b0, b_stop), bb, true);
+            a.finish_block(&mut ca, (a0, a_stop), ab, simd);
+            b.finish_block(&mut cb, (b0, b_stop), bb, simd);
         }
-        a.blocks(&mut ca, ab, true)?;
-        b.blocks(&mut cb, bb, true)
+        a.blocks(&mut ca, ab, simd)?;
+        b.blocks(&mut cb, bb, simd)
     }
 
-    /// The greedy over `out`, block by block. The same `f64` operations on every CPU: the
-    /// AVX2 build only computes more lanes at once and keeps the members' counts in registers.
+    /// Up to `steps` positions of both runs by the pair kernel of `simd` whose width fits
+    /// both runs' members (padding the narrower): the steps made, or `None` (nothing made)
+    /// where the members outgrow every kernel.
+    #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    fn run_any(&mut self, blend: &mut Blend<'_>, avx2: bool) -> Result<()> {
+    unsafe fn pair_kernel(
+        a: kernels::Run<'_, '_>,
+        b: kernels::Run<'_, '_>,
+        steps: u64,
+        simd: Simd,
+    ) -> Option<u64> {
+        let exhaustive = !a.0.limits.is_empty();
+        let lanes = a.0.lanes.max(b.0.lanes);
+        if lanes > MOST_LANES {
+            return None;
+        }
+        if simd == Simd::Avx512 {
+            // Members come in whole vectors of 8 (`pad_members`).
+            a.0.pad_to(lanes);
+            b.0.pad_to(lanes);
+            // SAFETY (the kernels'): AVX-512 is on (the caller's feature); both runs' member
+            // arrays hold `lanes` lanes, padded above.
+            macro_rules! pair {
+                ($v:literal) => {
+                    kernels::members_run_pair_avx512::<$v>(a, b, steps)
+                };
+            }
+            return Some(match lanes / 8 {
+                1 => pair!(1),
+                2 => pair!(2),
+                3 => pair!(3),
+                4 => pair!(4),
+                5 => pair!(5),
+                _ => pair!(6),
+            });
+        }
+        // The AVX2 pair kernel comes in fewer widths than the single one (the wheel's size):
+        // even numbers of vectors (and 1), the exhaustive blend's `exhaustive_width`s.
+        let lanes = 4 * match lanes / 4 {
+            0 | 1 => 1,
+            v if exhaustive => exhaustive_width(v),
+            v => v.next_multiple_of(2),
+        };
+        if lanes > MOST_LANES {
+            return None;
+        }
+        a.0.pad_to(lanes);
+        b.0.pad_to(lanes);
+        // SAFETY (the kernels'): AVX2 is on (the caller's feature); both runs' member arrays
+        // hold `lanes` lanes, padded above.
+        macro_rules! pair {
+            ($v:literal, $ex:literal) => {
+                kernels::members_run_pair_avx2::<$v, $ex>(a, b, steps)
+            };
+        }
+        Some(match (exhaustive, lanes / 4) {
+            (false, 1) => pair!(1, false),
+            (false, 2) => pair!(2, false),
+            (false, 4) => pair!(4, false),
+            (false, 6) => pair!(6, false),
+            (false, 8) => pair!(8, false),
+            (false, 10) => pair!(10, false),
+            (false, _) => pair!(12, false),
+            (true, 1) => pair!(1, true),
+            (true, 2) => pair!(2, true),
+            (true, 4) => pair!(4, true),
+            (true, 8) => pair!(8, true),
+            (true, _) => pair!(12, true),
+        })
+    }
+
+    /// The greedy over `out`, block by block. The same `f64` operations at every level of
+    /// `simd`: the vector kernels only compute more lanes at once and keep the members'
+    /// counts in registers.
+    #[inline(always)]
+    fn run_any(&mut self, blend: &mut Blend<'_>, simd: Simd) -> Result<()> {
         let mut course = self.begin(blend);
-        self.blocks(&mut course, blend, avx2)
+        self.blocks(&mut course, blend, simd)
     }
 
     /// A run over `blend` from the counts at hand: its first positions below 2 made (they
@@ -594,12 +741,12 @@ impl Greedy {
 
     /// The rest of `course`, block by block.
     #[inline(always)]
-    fn blocks(&mut self, course: &mut Course, blend: &mut Blend<'_>, avx2: bool) -> Result<()> {
+    fn blocks(&mut self, course: &mut Course, blend: &mut Blend<'_>, simd: Simd) -> Result<()> {
         while course.i < course.n {
             course.check_cancelled()?;
             let stop = (course.i + BLOCK).min(course.n);
-            self.draw_members((stop - 1) as f64, avx2);
-            self.finish_block(course, (course.i, stop), blend, avx2);
+            self.draw_members((stop - 1) as f64, simd);
+            self.finish_block(course, (course.i, stop), blend, simd);
         }
         Ok(())
     }
@@ -614,11 +761,11 @@ impl Greedy {
         course: &mut Course,
         (block_start, stop): (u64, u64),
         blend: &mut Blend<'_>,
-        avx2: bool,
+        simd: Simd,
     ) {
         let mut i = course.i;
         while i < stop {
-            i = self.members_run(i, stop, blend, &mut course.lowest, avx2);
+            i = self.members_run(i, stop, blend, &mut course.lowest, simd);
             self.sync_counts();
             if i < stop {
                 // The floor missed: the largest error may be anyone's.
@@ -702,20 +849,38 @@ impl Greedy {
         stop: u64,
         blend: &mut Blend<'_>,
         lowest: &mut f64,
-        avx2: bool,
+        simd: Simd,
     ) -> u64 {
         #[cfg(target_arch = "x86_64")]
-        if avx2 {
+        if simd == Simd::Avx512 {
+            debug_assert!(self.limits.is_empty(), "the exhaustive blend runs in AVX2");
+            macro_rules! kernel {
+                ($v:literal) => {
+                    // SAFETY: the caller enabled AVX-512; the member arrays hold 8 * $v lanes.
+                    unsafe { kernels::members_run_avx512::<$v>(self, start, stop, blend, lowest) }
+                };
+            }
+            match self.lanes / 8 {
+                1 => return kernel!(1),
+                2 => return kernel!(2),
+                3 => return kernel!(3),
+                4 => return kernel!(4),
+                5 => return kernel!(5),
+                6 => return kernel!(6),
+                _ => {}
+            }
+        } else if simd == Simd::Avx2 {
             let exhaustive = !self.limits.is_empty();
-            let vectors = self.lanes / 4;
             macro_rules! kernel {
                 ($v:literal, $ex:literal) => {
-                    // SAFETY: the caller checked AVX2; the member arrays hold 4 * $v lanes.
-                    unsafe { avx2::members_run::<$v, $ex>(self, start, stop, blend, lowest) }
+                    // SAFETY: the caller enabled AVX2; the member arrays hold 4 * $v lanes.
+                    unsafe {
+                        kernels::members_run_avx2::<$v, $ex>(self, start, stop, blend, lowest)
+                    }
                 };
             }
             // The exhaustive blend's members are padded to fewer widths (`pad_members`).
-            match (exhaustive, vectors) {
+            match (exhaustive, self.lanes / 4) {
                 (false, 1) => return kernel!(1, false),
                 (false, 2) => return kernel!(2, false),
                 (false, 3) => return kernel!(3, false),
@@ -734,7 +899,7 @@ impl Greedy {
                 _ => {}
             }
         }
-        let _ = avx2;
+        let _ = simd;
         for i in start..stop {
             let lanes = self.lanes;
             let (k, top) = first_max(
@@ -768,15 +933,22 @@ impl Greedy {
     /// reach the floor less twice the slack. Every other dataset's rounded error stays below
     /// the floor all block long. Padded as [`Greedy::pad_members`] pads.
     #[inline(always)]
-    fn draw_members(&mut self, x_last: f64, avx2: bool) {
+    fn draw_members(&mut self, x_last: f64, simd: Simd) {
         let level = self.floor - 3.0 * self.slack;
         #[cfg(target_arch = "x86_64")]
-        if avx2 {
-            // SAFETY: the caller checked AVX2.
-            unsafe { avx2::draw_members(self, x_last, level) };
-            return self.pad_members();
+        match simd {
+            // SAFETY: the caller enabled the instruction set of `simd`.
+            Simd::Avx512 => {
+                unsafe { kernels::draw_members_avx512(self, x_last, level) };
+                return self.pad_members();
+            }
+            Simd::Avx2 => {
+                unsafe { kernels::draw_members_avx2(self, x_last, level) };
+                return self.pad_members();
+            }
+            Simd::Portable => {}
         }
-        let _ = avx2;
+        let _ = simd;
         let mut live = 0;
         for g in 0..self.weights.len() / LANES {
             let mut hits = 0u32;
@@ -823,6 +995,7 @@ impl Greedy {
     #[inline(always)]
     fn pad_members(&mut self) {
         self.lanes = match self.live {
+            0..=MOST_LANES if self.simd == Simd::Avx512 => 8 * self.live.div_ceil(8).max(1),
             0..=MOST_LANES if self.limits.is_empty() => 4 * blend_width(self.live.div_ceil(4)),
             0..=MOST_LANES => 4 * exhaustive_width(self.live.div_ceil(4).max(1)),
             live => live.div_ceil(LANES) * LANES,
@@ -833,275 +1006,6 @@ impl Greedy {
             self.member_counts[k] = f64::INFINITY;
             self.member_limits[k] = f64::NAN;
         }
-    }
-}
-
-/// The members' positions with AVX2, their counts held in registers.
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use super::{Blend, Greedy, MOST_LANES};
-
-    /// For each mask of 4 lanes, the lanes set, first to last, then the rest (as indices of
-    /// 32-bit halves: lane `l` is halves `2l` and `2l + 1`): a permutation that packs the
-    /// lanes of a mask to the front.
-    const PACK: [[i32; 8]; 16] = {
-        let mut table = [[0i32; 8]; 16];
-        let mut mask = 0;
-        while mask < 16 {
-            let mut at = 0;
-            let mut lane = 0;
-            while lane < 4 {
-                if mask & (1 << lane) != 0 {
-                    table[mask][2 * at] = 2 * lane;
-                    table[mask][2 * at + 1] = 2 * lane + 1;
-                    at += 1;
-                }
-                lane += 1;
-            }
-            mask += 1;
-        }
-        table
-    };
-
-    /// [`Greedy::draw_members`]' scan of every dataset, four at a time and without a branch
-    /// on the data: the members (every dataset whose error at `x_last` reaches `level`) in
-    /// dataset order, without padding. Each group's lanes are packed to the front and stored
-    /// whole at the next free lane; the stray lanes behind are overwritten or padded later.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn draw_members(g: &mut Greedy, x_last: f64, level: f64) {
-        let datasets = g.weights.len();
-        // The stores write 4 lanes from lane `live` <= datasets - 4 on: room enough. The loads
-        // read whole groups of 4 of every per-dataset array (padded to whole groups).
-        assert!(g.members.len() >= datasets + 4 && g.member_limits.len() >= datasets + 4);
-        assert!(g.counts.len() >= datasets && (g.limits.is_empty() || g.limits.len() >= datasets));
-        let (w, c, l) = (g.weights.as_ptr(), g.counts.as_ptr(), g.limits.as_ptr());
-        let (mw, mc, ml) = (
-            g.member_weights.as_mut_ptr(),
-            g.member_counts.as_mut_ptr(),
-            g.member_limits.as_mut_ptr(),
-        );
-        let ids = g.members.as_mut_ptr();
-        let exhaustive = !g.limits.is_empty();
-        let (xs, level) = (_mm256_set1_pd(x_last), _mm256_set1_pd(level));
-        let lanes = _mm256_setr_epi32(0, 0, 1, 0, 2, 0, 3, 0);
-        let mut live = 0;
-        for base in (0..datasets).step_by(4) {
-            let weights = _mm256_loadu_pd(w.add(base));
-            let counts = _mm256_loadu_pd(c.add(base));
-            let e = _mm256_sub_pd(_mm256_mul_pd(weights, xs), counts);
-            let mask = _mm256_movemask_pd(_mm256_cmp_pd::<_CMP_GE_OQ>(e, level)) as usize;
-            let pack = _mm256_loadu_si256(PACK[mask].as_ptr().cast());
-            macro_rules! put {
-                ($at:expr, $v:expr) => {
-                    _mm256_storeu_pd(
-                        $at,
-                        _mm256_castps_pd(_mm256_permutevar8x32_ps(_mm256_castpd_ps($v), pack)),
-                    )
-                };
-            }
-            put!(mw.add(live), weights);
-            put!(mc.add(live), counts);
-            if exhaustive {
-                put!(ml.add(live), _mm256_loadu_pd(l.add(base)));
-            }
-            // The datasets' ids, packed the same way (even halves of the permutation).
-            let id = _mm256_add_epi32(
-                _mm256_permutevar8x32_epi32(lanes, pack),
-                _mm256_set1_epi32(base as i32),
-            );
-            let id = _mm256_permutevar8x32_epi32(id, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
-            _mm_storeu_si128(ids.add(live).cast(), _mm256_castsi256_si128(id));
-            live += mask.count_ones() as usize;
-        }
-        g.live = live;
-    }
-
-    /// One run's registers in [`members_run`] and [`members_run_pair`]: the members' counts,
-    /// and where their weights and sizes are read (from memory at every position, off the
-    /// counts' chain: registers are kept for the counts and errors).
-    struct Lanes<const V: usize> {
-        c: [__m256d; V],
-        weights: *const f64,
-        limits: *const f64,
-        floor: f64,
-        least: f64,
-        /// The next position, in `f64` (exact below 2**53), not converted from the `u64` at
-        /// every position: with the conversion in the loop, builds differing only in
-        /// unrelated code ran it at 17.5 or 10.5 ns a position (2 threads, 1e8 positions).
-        xf: f64,
-    }
-
-    #[allow(clippy::needless_range_loop)] // lane j of several vectors at once
-    impl<const V: usize> Lanes<V> {
-        /// The members' counts of `g` into registers (and into its copy for the samples).
-        #[inline(always)]
-        unsafe fn load(g: &mut Greedy, lowest: f64, start: u64) -> Self {
-            // `commit`'s tie buffer and its 64-bit mask of lanes hold at most MOST_LANES.
-            const { assert!(4 * V <= MOST_LANES && MOST_LANES <= 64) };
-            let mut c = [_mm256_setzero_pd(); V];
-            for (j, c) in c.iter_mut().enumerate() {
-                *c = _mm256_loadu_pd(g.member_counts.as_ptr().add(4 * j));
-                _mm256_storeu_pd(g.member_next.as_mut_ptr().add(4 * j), *c);
-            }
-            Lanes {
-                c,
-                weights: g.member_weights.as_ptr(),
-                limits: g.member_limits.as_ptr(),
-                floor: g.floor,
-                least: lowest,
-                xf: start as f64,
-            }
-        }
-
-        /// The errors at the next position and the largest of them, in every lane.
-        #[inline(always)]
-        unsafe fn errors(&self) -> ([__m256d; V], __m256d) {
-            let x = _mm256_set1_pd(self.xf);
-            let mut e = [_mm256_setzero_pd(); V];
-            for j in 0..V {
-                e[j] = _mm256_sub_pd(
-                    _mm256_mul_pd(_mm256_loadu_pd(self.weights.add(4 * j)), x),
-                    self.c[j],
-                );
-            }
-            let mut m = e;
-            let mut len = V;
-            while len > 1 {
-                let half = len.div_ceil(2);
-                for j in 0..len - half {
-                    m[j] = _mm256_max_pd(m[j], m[j + half]);
-                }
-                len = half;
-            }
-            let t = _mm256_max_pd(m[0], _mm256_permute2f128_pd::<1>(m[0], m[0]));
-            (e, _mm256_max_pd(t, _mm256_permute_pd::<0b0101>(t)))
-        }
-
-        /// The position goes to the first member whose error is the largest, `t`: the members'
-        /// counts and its outputs (position `at` of `blend`) move on.
-        #[inline(always)]
-        unsafe fn commit<const EXHAUSTIVE: bool>(
-            &mut self,
-            g: &mut Greedy,
-            e: &[__m256d; V],
-            t: __m256d,
-            blend: &mut Blend<'_>,
-            at: usize,
-        ) {
-            let one = _mm256_set1_pd(1.0);
-            let mut hits = 0u64;
-            for j in 0..V {
-                let hit = _mm256_cmp_pd::<_CMP_EQ_OQ>(e[j], t);
-                hits |= (_mm256_movemask_pd(hit) as u64) << (4 * j);
-                self.c[j] = _mm256_add_pd(self.c[j], _mm256_and_pd(hit, one));
-            }
-            let k = hits.trailing_zeros() as usize;
-            if hits & (hits - 1) != 0 {
-                let mut lanes = [0.0; MOST_LANES];
-                for j in 0..V {
-                    _mm256_storeu_pd(lanes.as_mut_ptr().add(4 * j), self.c[j]);
-                }
-                let mut others = hits & (hits - 1);
-                while others != 0 {
-                    lanes[others.trailing_zeros() as usize] -= 1.0;
-                    others &= others - 1;
-                }
-                for j in 0..V {
-                    self.c[j] = _mm256_loadu_pd(lanes.as_ptr().add(4 * j));
-                }
-            }
-            if EXHAUSTIVE {
-                let spent = _mm256_set1_pd(f64::INFINITY);
-                for j in 0..V {
-                    let full = _mm256_cmp_pd::<_CMP_EQ_OQ>(
-                        self.c[j],
-                        _mm256_loadu_pd(self.limits.add(4 * j)),
-                    );
-                    if _mm256_movemask_pd(full) != 0 {
-                        self.c[j] = _mm256_blendv_pd(self.c[j], spent, full);
-                    }
-                }
-            }
-            // The winner's sample: its count before this position, kept beside the registers.
-            let next = g.member_next.get_unchecked_mut(k);
-            *blend.out.get_unchecked_mut(at) = *g.members.get_unchecked(k) as u16;
-            // A finite whole count below 2**53 (a winner's error is not `-inf`).
-            *blend.samples.get_unchecked_mut(at) = next.to_int_unchecked::<i64>();
-            *next += 1.0;
-            self.xf += 1.0;
-        }
-
-        /// The counts back to `g`'s members, and the least largest error seen.
-        #[inline(always)]
-        unsafe fn store(&self, g: &mut Greedy, lowest: &mut f64) {
-            for j in 0..V {
-                _mm256_storeu_pd(g.member_counts.as_mut_ptr().add(4 * j), self.c[j]);
-            }
-            *lowest = self.least;
-        }
-    }
-
-    /// [`Greedy::members_run`] over `V` vectors of 4 members. A position's winner gets its 1
-    /// through the mask of lanes equal to the largest error, so the next position does not wait
-    /// for the winner's index; a tie (several such lanes) takes the 1 back from all but the
-    /// first, as megatron-core's first maximum wins.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn members_run<const V: usize, const EXHAUSTIVE: bool>(
-        g: &mut Greedy,
-        start: u64,
-        stop: u64,
-        blend: &mut Blend<'_>,
-        lowest: &mut f64,
-    ) -> u64 {
-        let mut r = Lanes::<V>::load(g, *lowest, start);
-        let mut reached = stop;
-        for i in start..stop {
-            let (e, t) = r.errors();
-            let top = _mm256_cvtsd_f64(t);
-            if top < r.floor {
-                reached = i;
-                break;
-            }
-            r.least = r.least.min(top);
-            r.commit::<EXHAUSTIVE>(g, &e, t, blend, (i - g.offset) as usize);
-        }
-        r.store(g, lowest);
-        reached
-    }
-
-    /// [`members_run`] of two runs at once, `steps` positions each from `a_start` and
-    /// `b_start` (one thread's two pieces of a parallel blend): each position's counts wait
-    /// for the position before, so the core computes one run's position while the other's
-    /// waits. Both stop at the first step where either misses its floor; returns the steps
-    /// both made.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn members_run_pair<const V: usize, const EXHAUSTIVE: bool>(
-        (a, a_blend, a_start, a_lowest): (&mut Greedy, &mut Blend<'_>, u64, &mut f64),
-        (b, b_blend, b_start, b_lowest): (&mut Greedy, &mut Blend<'_>, u64, &mut f64),
-        steps: u64,
-    ) -> u64 {
-        let mut ra = Lanes::<V>::load(a, *a_lowest, a_start);
-        let mut rb = Lanes::<V>::load(b, *b_lowest, b_start);
-        let (a_at, b_at) = ((a_start - a.offset) as usize, (b_start - b.offset) as usize);
-        let mut done = steps;
-        for s in 0..steps {
-            let (ea, ta) = ra.errors();
-            let (eb, tb) = rb.errors();
-            let (top_a, top_b) = (_mm256_cvtsd_f64(ta), _mm256_cvtsd_f64(tb));
-            if top_a < ra.floor || top_b < rb.floor {
-                done = s;
-                break;
-            }
-            ra.least = ra.least.min(top_a);
-            rb.least = rb.least.min(top_b);
-            ra.commit::<EXHAUSTIVE>(a, &ea, ta, a_blend, a_at + s as usize);
-            rb.commit::<EXHAUSTIVE>(b, &eb, tb, b_blend, b_at + s as usize);
-        }
-        ra.store(a, a_lowest);
-        rb.store(b, b_lowest);
-        done
     }
 }
 
@@ -1207,6 +1111,20 @@ mod tests {
         out
     }
 
+    /// [`blend`] with the kernels of `simd`.
+    fn blend_with(weights: &[f64], n: usize, simd: Simd) -> Vec<u16> {
+        let (mut out, mut samples) = (vec![0u16; n], vec![-1i64; n]);
+        let sum = weights.iter().sum();
+        let make = || Greedy::new(weights.to_vec(), None, n as u64, sum).with_simd(simd);
+        let blend = Blend {
+            out: &mut out,
+            samples: &mut samples,
+        };
+        parallel_blend(make, blend).unwrap();
+        assert_eq!(samples, samples_of(&out), "{weights:?} n={n} {simd:?}");
+        out
+    }
+
     #[test]
     fn blends_as_megatron_core_does() {
         let mut lcg = crate::testkit::Lcg::new(7);
@@ -1230,13 +1148,35 @@ mod tests {
         ];
         for weights in &cases {
             for n in [0, 1, 2, 3, 17, 5000, 40_000] {
-                assert_eq!(
-                    blend(weights, n),
-                    reference(weights, n),
-                    "{weights:?} n={n}"
-                );
+                let want = reference(weights, n);
+                assert_eq!(blend(weights, n), want, "{weights:?} n={n}");
+                for simd in Simd::available() {
+                    assert_eq!(
+                        blend_with(weights, n, simd),
+                        want,
+                        "{weights:?} n={n} {simd:?}"
+                    );
+                }
             }
         }
+    }
+
+    #[test]
+    fn this_cpu_runs_the_widest_kernels_it_has() {
+        let widest = *Simd::available().last().unwrap();
+        assert_eq!(Simd::best(false), widest);
+        let sized = if widest == Simd::Avx512 {
+            Simd::Avx2
+        } else {
+            widest
+        };
+        assert_eq!(Simd::best(true), sized);
+        assert_eq!(
+            Greedy::new(vec![1.0], Some(vec![1.0]), 1, 1.0)
+                .with_simd(widest)
+                .simd,
+            sized
+        );
     }
 
     #[test]
@@ -1285,10 +1225,14 @@ mod tests {
                     (true, &MEETINGS[..]),
                     (true, &[16, 256][..]),
                 ] {
-                    for pieces in [1u64, 2, 3, 7] {
+                    let levels = Simd::available().into_iter().cycle();
+                    for (pieces, simd) in [1u64, 2, 3, 7].into_iter().zip(levels) {
                         for guessed in [true, false] {
                             let (mut out, mut samples) = (vec![u16::MAX; n], vec![-1i64; n]);
-                            let make = || Greedy::new(w.clone(), None, n as u64, w.iter().sum());
+                            let make = || {
+                                Greedy::new(w.clone(), None, n as u64, w.iter().sum())
+                                    .with_simd(simd)
+                            };
                             let blend = Blend {
                                 out: &mut out,
                                 samples: &mut samples,
@@ -1307,7 +1251,8 @@ mod tests {
                                 blend_in_pieces(make, blend, pieces, far, pair, meetings).unwrap();
                             }
                             let case = format!(
-                                "{w:?} n={n} pieces={pieces} {guessed} {pair} {meetings:?}"
+                                "{w:?} n={n} pieces={pieces} {guessed} {pair} {meetings:?} \
+                                 {simd:?}"
                             );
                             assert_eq!(out, want, "{case}");
                             assert_eq!(samples, samples_of(&want), "{case}");
@@ -1322,11 +1267,16 @@ mod tests {
             let w: Vec<f64> = sizes.iter().map(|&s| s as f64 / total as f64).collect();
             let limits: Vec<f64> = sizes.iter().map(|&s| s as f64).collect();
             let cases = [(2u64, false), (5, false), (2, true), (5, true)];
-            for ((pieces, pair), guessed) in cases.into_iter().flat_map(|c| [(c, true), (c, false)])
+            let cases = cases.into_iter().flat_map(|c| [(c, true), (c, false)]);
+            for (((pieces, pair), guessed), simd) in
+                cases.zip(Simd::available().into_iter().cycle())
             {
                 let (mut out, mut samples) =
                     (vec![u16::MAX; total as usize], vec![-1; total as usize]);
-                let make = || Greedy::new(w.clone(), Some(limits.clone()), total, w.iter().sum());
+                let make = || {
+                    Greedy::new(w.clone(), Some(limits.clone()), total, w.iter().sum())
+                        .with_simd(simd)
+                };
                 let blend = Blend {
                     out: &mut out,
                     samples: &mut samples,
@@ -1337,7 +1287,10 @@ mod tests {
                     blend_in_pieces(make, blend, pieces, far, pair, &[16, 256])
                 }
                 .unwrap();
-                assert_eq!(out, want, "{sizes:?} pieces={pieces} {pair} {guessed}");
+                assert_eq!(
+                    out, want,
+                    "{sizes:?} pieces={pieces} {pair} {guessed} {simd:?}"
+                );
                 assert_eq!(
                     samples,
                     samples_of(&want),

@@ -268,7 +268,7 @@ pub fn legacy_shuffle<T: Send>(buf: &mut [T], mt: &mut Mt19937) {
 /// [`legacy_shuffle`] over the rows of `bytes`, `row` bytes each (numpy's shuffle of a
 /// C-contiguous array along its first axis): the same draws, whole rows swapped.
 pub fn legacy_shuffle_rows(bytes: &mut [u8], row: usize, mt: &mut Mt19937) {
-    assert!(row > 0 && bytes.len() % row == 0, "whole rows");
+    assert!(row > 0 && bytes.len().is_multiple_of(row), "whole rows");
     let n = bytes.len() / row;
     for s in 0..n.saturating_sub(1) {
         if s % CHECK_EVERY == 0 && cancelled() {

@@ -70,7 +70,7 @@ impl<T: Index, const K: usize> Combiner<T, K> {
     pub(crate) unsafe fn new(out: *mut T, from: [usize; K]) -> Self {
         const { assert!(K.is_power_of_two(), "a power-of-two number of runs") };
         debug_assert!(
-            (out as usize) % Self::SIZE == 0,
+            (out as usize).is_multiple_of(Self::SIZE),
             "out is aligned to its elements"
         );
         let skew = (out as usize % LINE_BYTES) / Self::SIZE;
@@ -107,7 +107,7 @@ impl<T: Index, const K: usize> Combiner<T, K> {
         };
         let off = off + Self::SIZE;
         self.fill[k] = off;
-        if off % LINE_BYTES == 0 {
+        if off.is_multiple_of(LINE_BYTES) {
             self.flush(k);
         }
     }

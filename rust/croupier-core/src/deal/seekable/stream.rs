@@ -274,7 +274,7 @@ impl<'p, T: Index> Dealer<'p, T> {
         self.buf.push(v);
         self.next += 1;
         let stripe = self.plan.keys.shape.stripe;
-        if self.next % stripe == 0 || self.next == self.plan.root.m {
+        if self.next.is_multiple_of(stripe) || self.next == self.plan.root.m {
             self.stripe_done();
         }
     }
