@@ -332,11 +332,13 @@ impl<'a> SlotTable<'a> {
             run += c;
         }
         starts.push(run);
-        // About four coarse cells per entry, so a lookup scans one or two entries.
+        // About 64 coarse cells per entry (at most 2**13), so a lookup mostly finds its
+        // entry in the cell's first or second.
         let bits = 64 - len.saturating_sub(1).leading_zeros();
-        let cells = (4 * counts.len() as u64)
+        let cells = (64 * counts.len() as u64)
             .next_power_of_two()
-            .clamp(1, 1 << bits);
+            .clamp(1, 1 << 13)
+            .min(1 << bits);
         let shift = bits - cells.trailing_zeros();
         let mut coarse = Vec::with_capacity(cells as usize);
         let mut e = 0usize;
@@ -359,6 +361,8 @@ impl<'a> SlotTable<'a> {
     #[inline]
     fn find(&self, s: u64) -> usize {
         let mut e = self.coarse[(s >> self.shift) as usize] as usize;
+        // Without a branch: most cells hold at most two entries.
+        e += usize::from(self.starts[e + 1] <= s);
         while self.starts[e + 1] <= s {
             e += 1;
         }
