@@ -359,13 +359,14 @@ struct Greedy {
     member_weights: Vec<f64>,
     member_counts: Vec<f64>,
     member_limits: Vec<f64>,
-    /// The AVX2 kernel's copy of the members' counts, for the samples: the counts themselves
-    /// stay in registers.
+    /// The vector kernels' copy of the members' counts, for the samples: the counts
+    /// themselves stay in registers.
     member_next: Vec<f64>,
     /// Real members (the rest is padding).
     live: usize,
-    /// Lanes in use: `live` rounded up to whole vectors of 4 (at most [`MOST_LANES`], the
-    /// kernels' reach; more members round up to [`LANES`] and take the portable loop).
+    /// Lanes in use: `live` rounded up to whole vectors of the kernels of `simd` (4 lanes,
+    /// then [`blend_width`] or [`exhaustive_width`]; 8 with AVX-512), at most [`MOST_LANES`],
+    /// the kernels' reach; more members round up to [`LANES`] and take the portable loop.
     lanes: usize,
     /// The level the largest error has stayed above recently.
     floor: f64,
@@ -387,7 +388,7 @@ enum Simd {
     Avx2,
     /// AVX-512: vectors of 8 lanes, for the blend with weights (the exhaustive blend's kernels
     /// stay AVX2's). With 32 registers a pair of runs keeps its counts and errors without
-    /// spilling: 8.0-9.3 -> 6.2-6.5 ns a position on 2 threads (`blend_timing`, 1e8).
+    /// spilling: 9.4-11.3 -> 6.1-7.5 ns a position on 2 threads (`blend_timing`, 1e8).
     Avx512,
 }
 
@@ -450,11 +451,12 @@ impl Course {
     }
 }
 
-/// Lanes a scan of every dataset handles at once (two 256-bit vectors of `f64`).
+/// Lanes a scan of every dataset handles at once (two 256-bit vectors of `f64`, or one of
+/// 512): the per-dataset arrays are padded to a multiple of it.
 const LANES: usize = 8;
-/// The most members a kernel holds (12 vectors of 4).
+/// The most members a kernel holds (12 AVX2 vectors of 4, 6 AVX-512 vectors of 8).
 const MOST_LANES: usize = 48;
-/// The vectors of 4 lanes the blend's kernels hold for `vectors` vectors of members (up to
+/// The vectors of 4 lanes the blend's AVX2 kernels hold for `vectors` vectors of members (up to
 /// 12): every count to 8, then 10 or 12 (fewer kernels, for the wheel's size).
 fn blend_width(vectors: usize) -> usize {
     match vectors {
@@ -463,7 +465,7 @@ fn blend_width(vectors: usize) -> usize {
     }
 }
 
-/// The vectors of 4 lanes an exhaustive blend's kernels hold for `vectors` vectors of members
+/// The vectors of 4 lanes an exhaustive blend's AVX2 kernels hold for `vectors` vectors of members
 /// (1 to 12): 1, 2, 4, 8 or 12 (its kernels come in fewer widths, for the wheel's size).
 fn exhaustive_width(vectors: usize) -> usize {
     match vectors {
@@ -797,10 +799,12 @@ impl Greedy {
     /// the positions left over to the largest remainders (a spent dataset's count infinite).
     /// A guess: [`parallel_blend`] checks it against the true run.
     fn guess_counts(&mut self, at: u64) {
+        // The real datasets, not the padding lanes (whose counts stay infinite): a padding
+        // lane counted 0 here would never let a guessed run meet the true one.
         let datasets = if self.limits.is_empty() {
             self.counts.iter().take_while(|c| c.is_finite()).count()
         } else {
-            self.limits.len()
+            self.limits.iter().take_while(|l| !l.is_nan()).count()
         };
         let x = at as f64;
         let mut rest: Vec<(f64, usize)> = Vec::with_capacity(datasets);
@@ -940,11 +944,11 @@ impl Greedy {
             // SAFETY: the caller enabled the instruction set of `simd`.
             Simd::Avx512 => {
                 unsafe { kernels::draw_members_avx512(self, x_last, level) };
-                return self.pad_members();
+                return self.pad_members(simd);
             }
             Simd::Avx2 => {
                 unsafe { kernels::draw_members_avx2(self, x_last, level) };
-                return self.pad_members();
+                return self.pad_members(simd);
             }
             Simd::Portable => {}
         }
@@ -964,7 +968,7 @@ impl Greedy {
             }
         }
         self.live = live;
-        self.pad_members();
+        self.pad_members(simd);
     }
 
     /// Dataset `d` as member `k` (its weight, count and size in lane `k`).
@@ -993,9 +997,9 @@ impl Greedy {
 
     /// The lanes after the `live` members, up to whole vectors, made padding.
     #[inline(always)]
-    fn pad_members(&mut self) {
+    fn pad_members(&mut self, simd: Simd) {
         self.lanes = match self.live {
-            0..=MOST_LANES if self.simd == Simd::Avx512 => 8 * self.live.div_ceil(8).max(1),
+            0..=MOST_LANES if simd == Simd::Avx512 => 8 * self.live.div_ceil(8).max(1),
             0..=MOST_LANES if self.limits.is_empty() => 4 * blend_width(self.live.div_ceil(4)),
             0..=MOST_LANES => 4 * exhaustive_width(self.live.div_ceil(4).max(1)),
             live => live.div_ceil(LANES) * LANES,
@@ -1300,6 +1304,81 @@ mod tests {
         }
     }
 
+    /// Random weights for [`the_pair_kernels_read_what_one_run_reads`]: `datasets` of a kind
+    /// (uniform, equal, some zero, small integers, a steep power).
+    fn random_weights(lcg: &mut crate::testkit::Lcg, datasets: usize, kind: u64) -> Vec<f64> {
+        let raw: Vec<f64> = (0..datasets)
+            .map(|_| match kind {
+                0 => lcg.unit() + 1e-3,
+                1 => 1.0,
+                2 => (lcg.below(3) > 0) as u8 as f64 * lcg.unit() + (datasets == 1) as u8 as f64,
+                3 => (1 + lcg.below(4)) as f64,
+                _ => lcg.unit().powi(4) + 1e-9,
+            })
+            .collect();
+        if raw.iter().all(|&w| w == 0.0) {
+            return normalized(&vec![1.0; datasets]);
+        }
+        normalized(&raw)
+    }
+
+    #[test]
+    fn the_pair_kernels_read_what_one_run_reads() {
+        // Two pieces on one thread side by side, their meetings early so that the pair
+        // kernel makes most positions: every kernel level, every width of its members (1 to
+        // 70 datasets), ties across vectors (equal weights of 16 to 48 datasets).
+        let mut lcg = crate::testkit::Lcg::new(11);
+        let mut cases: Vec<Vec<f64>> = [16usize, 24, 40, 48]
+            .iter()
+            .map(|&d| vec![1.0 / d as f64; d])
+            .collect();
+        for _ in 0..40 {
+            let datasets = 1 + lcg.below(70) as usize;
+            let kind = lcg.below(5);
+            cases.push(random_weights(&mut lcg, datasets, kind));
+        }
+        for (c, w) in cases.iter().enumerate() {
+            let n = 3_000 + (c * 997) % 9_000;
+            let want = reference(w, n);
+            for simd in Simd::available() {
+                let (mut out, mut samples) = (vec![u16::MAX; n], vec![-1i64; n]);
+                let make =
+                    || Greedy::new(w.clone(), None, n as u64, w.iter().sum()).with_simd(simd);
+                let blend = Blend {
+                    out: &mut out,
+                    samples: &mut samples,
+                };
+                blend_in_pieces(make, blend, 2, Greedy::guess_counts, true, &[16, 256]).unwrap();
+                assert_eq!(out, want, "{w:?} n={n} {simd:?}");
+                assert_eq!(samples, samples_of(&want), "{w:?} n={n} {simd:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_guess_leaves_the_padding_lanes_spent() {
+        // Three sizes, padded to 8 lanes: a guess counts the three, never the padding, so a
+        // guessed piece can meet the true run (whose padding counts are infinite).
+        let sizes = [1_000_000u64, 700_000, 900_000];
+        let total: u64 = sizes.iter().sum();
+        let w: Vec<f64> = sizes.iter().map(|&s| s as f64 / total as f64).collect();
+        let limits: Vec<f64> = sizes.iter().map(|&s| s as f64).collect();
+        let mut g = Greedy::new(w, Some(limits), total, 1.0);
+        assert_eq!(g.counts.len(), LANES);
+        g.guess_counts(1_000_000);
+        assert!(
+            g.counts[..3].iter().all(|c| c.is_finite()),
+            "{:?}",
+            g.counts
+        );
+        assert!(
+            g.counts[3..].iter().all(|c| c.is_infinite()),
+            "{:?}",
+            g.counts
+        );
+        assert_eq!(g.counts[..3].iter().sum::<f64>(), 1_000_000.0);
+    }
+
     #[test]
     fn a_long_blend_in_parallel_is_the_one_run() {
         // Over PIECE * 2 positions: the public entry point cuts it in pieces.
@@ -1310,8 +1389,11 @@ mod tests {
         );
         let n = 2 * PIECE as usize + 12_345;
         assert_eq!(blend(&w, n), reference(&w, n));
-        // Two pieces a thread from 2 * threads * PIECE positions: pairs side by side.
+        // Two pieces a thread from 2 * threads * PIECE positions: pairs side by side (with
+        // 20 datasets the members fit the pair kernels).
         let n = 2 * rayon::current_num_threads() * PIECE as usize + 777;
+        assert_eq!(blend(&w, n), reference(&w, n));
+        let w = normalized(&(1..=20).map(|d| d as f64).collect::<Vec<_>>());
         assert_eq!(blend(&w, n), reference(&w, n));
     }
 
