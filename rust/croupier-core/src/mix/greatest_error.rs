@@ -456,8 +456,8 @@ impl Course {
 const LANES: usize = 8;
 /// The most members a kernel holds (12 AVX2 vectors of 4, 6 AVX-512 vectors of 8).
 const MOST_LANES: usize = 48;
-/// The vectors of 4 lanes the blend's AVX2 kernels hold for `vectors` vectors of members (up to
-/// 12): every count to 8, then 10 or 12 (fewer kernels, for the wheel's size).
+/// The vectors of 4 lanes the blend's AVX2 kernels hold for `vectors` vectors of members
+/// (up to 12): every count to 8, then 10 or 12 (fewer kernels, for the wheel's size).
 fn blend_width(vectors: usize) -> usize {
     match vectors {
         0..=8 => vectors.max(1),
@@ -465,8 +465,9 @@ fn blend_width(vectors: usize) -> usize {
     }
 }
 
-/// The vectors of 4 lanes an exhaustive blend's AVX2 kernels hold for `vectors` vectors of members
-/// (1 to 12): 1, 2, 4, 8 or 12 (its kernels come in fewer widths, for the wheel's size).
+/// The vectors of 4 lanes an exhaustive blend's AVX2 kernels hold for `vectors` vectors of
+/// members (1 to 12): 1, 2, 4, 8 or 12 (its kernels come in fewer widths, for the wheel's
+/// size).
 fn exhaustive_width(vectors: usize) -> usize {
     match vectors {
         0..=2 => vectors.max(1),
