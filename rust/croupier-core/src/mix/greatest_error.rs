@@ -714,7 +714,8 @@ impl Greedy {
 
     /// The greedy over `out`, block by block. The same `f64` operations at every level of
     /// `simd`: the vector kernels only compute more lanes at once and keep the members'
-    /// counts in registers.
+    /// counts in registers. `simd` is passed down (not read from `self.simd`) so that it is
+    /// a constant in each `#[target_feature]` copy, which then holds only its own kernels.
     #[inline(always)]
     fn run_any(&mut self, blend: &mut Blend<'_>, simd: Simd) -> Result<()> {
         let mut course = self.begin(blend);
