@@ -59,6 +59,7 @@ mod index;
 pub mod mix;
 pub mod pack;
 pub mod shuffle;
+mod simd;
 mod stream;
 
 #[cfg(test)]

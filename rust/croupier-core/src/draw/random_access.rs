@@ -35,7 +35,10 @@ use rayon::prelude::*;
 
 use crate::cancel::cancelled;
 use crate::draw::cell_rng::CellRng;
+use crate::simd::Simd;
 use crate::stream::{Purpose, Stream};
+
+mod kernels;
 
 /// Feistel rounds (see the quality battery in `docs/design.md`).
 pub const ROUNDS: usize = 8;
@@ -311,6 +314,12 @@ impl RandomAccessPermutation {
                 p,
                 step: step % len,
             };
+            // A few positions go one by one in `fill_block` (a group costs about 16 of
+            // `at`'s walks).
+            if self.table.is_empty() && self.n <= kernels::MAX_N && block.len() >= WIDE / 2 {
+                kernels::fill(self, block, walk, if std::env::var("XS").is_ok() { Simd::Avx2 } else { Simd::best() });
+                return;
+            }
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU has AVX2 (checked just above).
@@ -407,6 +416,19 @@ impl RandomAccessPermutation {
                 }
             }
         }
+        self.settle(block, outside, encrypt);
+    }
+
+    /// The values `outside` set aside (each with its place in `block`, outside `[0, n)`)
+    /// encrypted again together, [`WIDE`] at a time by `encrypt`, until each is inside (cycle
+    /// walking), into `block`.
+    #[inline(always)]
+    fn settle<T: crate::Index>(
+        &self,
+        block: &mut [T],
+        mut outside: Vec<(usize, u64)>,
+        encrypt: impl Fn(&Self, &mut [u64; WIDE]),
+    ) {
         while !outside.is_empty() {
             let mut still = Vec::new();
             for part in outside.chunks(WIDE) {
@@ -600,7 +622,7 @@ mod avx2 {
 
     /// The round function of 8 lanes: `super::round`, lane by lane.
     #[inline(always)]
-    unsafe fn round8(x: __m256i, key: __m256i) -> __m256i {
+    pub(super) unsafe fn round8(x: __m256i, key: __m256i) -> __m256i {
         let c1 = _mm256_set1_epi32(0x85eb_ca6bu32 as i32);
         let c2 = _mm256_set1_epi32(0xc2b2_ae35u32 as i32);
         let mut z = _mm256_mullo_epi32(_mm256_xor_si256(x, key), c1);

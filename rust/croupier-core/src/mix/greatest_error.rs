@@ -22,6 +22,7 @@ use rayon::prelude::*;
 
 use crate::cancel::{cancelled, CHECK_EVERY};
 use crate::error::{Error, Result};
+use crate::simd::Simd;
 
 #[cfg(target_arch = "x86_64")]
 mod kernels;
@@ -378,50 +379,16 @@ struct Greedy {
     simd: Simd,
 }
 
-/// The instruction sets the greedy's kernels come in. Each computes the same `f64`
-/// operations; the wider ones compute more lanes at once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Simd {
-    /// Scalar code for any CPU (and for more members than a vector kernel holds).
-    Portable,
-    /// AVX2: vectors of 4 lanes.
-    Avx2,
-    /// AVX-512: vectors of 8 lanes, for the blend with weights (the exhaustive blend's kernels
-    /// stay AVX2's). With 32 registers a pair of runs keeps its counts and errors without
-    /// spilling: 9.4-11.3 -> 6.1-7.5 ns a position on 2 threads (`blend_timing`, 1e8).
-    Avx512,
-}
-
-impl Simd {
-    /// The widest level this CPU runs, for the blend with weights (`exhaustive`: with sizes).
-    fn best(exhaustive: bool) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if !exhaustive && std::arch::is_x86_feature_detected!("avx512f") {
-                return Simd::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2") {
-                return Simd::Avx2;
-            }
-        }
-        let _ = exhaustive;
-        Simd::Portable
-    }
-
-    /// Every level this CPU runs, for the tests.
-    #[cfg(test)]
-    fn available() -> Vec<Self> {
-        let mut levels = vec![Simd::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2") {
-                levels.push(Simd::Avx2);
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                levels.push(Simd::Avx512);
-            }
-        }
-        levels
+/// The greedy's kernel level for the blend with weights: the widest this CPU runs. With
+/// sizes (`exhaustive`), AVX2's at most: its kernels check sizes and come in no wider level.
+/// AVX-512's 32 registers keep a pair of runs' counts and errors without spilling: 9.4-11.3
+/// -> 6.1-7.5 ns a position on 2 threads (`blend_timing`, 1e8).
+fn level(exhaustive: bool) -> Simd {
+    let best = Simd::best();
+    if exhaustive {
+        best.min(Simd::Avx2)
+    } else {
+        best
     }
 }
 
@@ -512,7 +479,7 @@ impl Greedy {
             floor: 0.0,
             slack,
             offset: 0,
-            simd: Simd::best(exhaustive),
+            simd: level(exhaustive),
         }
     }
 
@@ -531,7 +498,7 @@ impl Greedy {
     fn run(&mut self, mut blend: Blend<'_>) -> Result<()> {
         #[cfg(target_arch = "x86_64")]
         match self.simd {
-            // SAFETY: `simd` is a level the CPU runs (`Simd::best`, or a test's pick among
+            // SAFETY: `simd` is a level the CPU runs (`level`, or a test's pick among
             // `Simd::available`).
             Simd::Avx512 => return unsafe { self.run_avx512(&mut blend) },
             Simd::Avx2 => return unsafe { self.run_avx2(&mut blend) },
@@ -1170,13 +1137,13 @@ mod tests {
     #[test]
     fn this_cpu_runs_the_widest_kernels_it_has() {
         let widest = *Simd::available().last().unwrap();
-        assert_eq!(Simd::best(false), widest);
+        assert_eq!(level(false), widest);
         let sized = if widest == Simd::Avx512 {
             Simd::Avx2
         } else {
             widest
         };
-        assert_eq!(Simd::best(true), sized);
+        assert_eq!(level(true), sized);
         assert_eq!(
             Greedy::new(vec![1.0], Some(vec![1.0]), 1, 1.0)
                 .with_simd(widest)
