@@ -22,6 +22,7 @@
 //! where the CPU has it (`vpmulld`, 8 lanes; the same integer results everywhere). Round keys
 //! come from the ChaCha8 stream `(seed, epoch, Purpose::GlobalOrder)`, so every rank and
 //! platform derives the same ones. Integer arithmetic only: the same permutation everywhere.
+//! Bulk fills of domains up to 2**31 keep every step in 32-bit vector lanes (`kernels`).
 //!
 //! **Small domains.** At most [`TABLE_MAX`] positions are a table shuffled by Fisher–Yates
 //! from the same keyed stream (exact uniformity, which a cipher on a few bits cannot have).
@@ -314,10 +315,10 @@ impl RandomAccessPermutation {
                 p,
                 step: step % len,
             };
-            // A few positions go one by one in `fill_block` (a group costs about 16 of
-            // `at`'s walks).
+            // Domains below 2**31 in 32-bit vector lanes throughout; a few positions one by
+            // one in `fill_block` (a vector group costs about 16 of `at`'s walks).
             if self.table.is_empty() && self.n <= kernels::MAX_N && block.len() >= WIDE / 2 {
-                kernels::fill(self, block, walk, if std::env::var("XS").is_ok() { Simd::Avx2 } else { Simd::best() });
+                kernels::fill(self, block, walk, Simd::best());
                 return;
             }
             #[cfg(target_arch = "x86_64")]
@@ -416,19 +417,6 @@ impl RandomAccessPermutation {
                 }
             }
         }
-        self.settle(block, outside, encrypt);
-    }
-
-    /// The values `outside` set aside (each with its place in `block`, outside `[0, n)`)
-    /// encrypted again together, [`WIDE`] at a time by `encrypt`, until each is inside (cycle
-    /// walking), into `block`.
-    #[inline(always)]
-    fn settle<T: crate::Index>(
-        &self,
-        block: &mut [T],
-        mut outside: Vec<(usize, u64)>,
-        encrypt: impl Fn(&Self, &mut [u64; WIDE]),
-    ) {
         while !outside.is_empty() {
             let mut still = Vec::new();
             for part in outside.chunks(WIDE) {

@@ -410,17 +410,33 @@ mod tests {
                 let first = lcg.below(len);
                 let count = [1, 63, 64, 65, 200, 1000][case as usize % 6];
                 let expected: Vec<u64> = {
-                    let mut walk = Walk { offset, len, p: first, step: step % len };
+                    let mut walk = Walk {
+                        offset,
+                        len,
+                        p: first,
+                        step: step % len,
+                    };
                     (0..count).map(|_| p.at(walk.next())).collect()
                 };
                 for simd in Simd::available() {
-                    let walk = Walk { offset, len, p: first, step: step % len };
+                    let walk = Walk {
+                        offset,
+                        len,
+                        p: first,
+                        step: step % len,
+                    };
                     let mut wide = vec![0u64; count];
                     fill(&p, &mut wide, walk, simd);
-                    assert_eq!(wide, expected, "{simd:?} n={n} {offset}+{len} from {first} by {step}");
+                    assert_eq!(
+                        wide, expected,
+                        "{simd:?} n={n} {offset}+{len} from {first} by {step}"
+                    );
                     let mut narrow = vec![0u32; count];
                     fill(&p, &mut narrow, walk, simd);
-                    assert!(narrow.iter().zip(&expected).all(|(&a, &b)| u64::from(a) == b));
+                    assert!(narrow
+                        .iter()
+                        .zip(&expected)
+                        .all(|(&a, &b)| u64::from(a) == b));
                 }
             }
         }
