@@ -5,7 +5,8 @@
 /// A kernel level: portable scalar code, AVX2 or AVX-512.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Simd {
-    /// Scalar code for any CPU.
+    /// Scalar code for any CPU (the blend also runs it for more members than a vector kernel
+    /// holds).
     Portable,
     /// AVX2: 256-bit vectors.
     Avx2,
@@ -14,11 +15,14 @@ pub(crate) enum Simd {
 }
 
 impl Simd {
-    /// The widest level this CPU runs.
+    /// The widest level this CPU runs (AVX-512 with AVX2 beside it: its kernels fall back
+    /// on AVX2's, and every level runs the ones below it).
     pub(crate) fn best() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx2")
+            {
                 return Simd::Avx512;
             }
             if std::arch::is_x86_feature_detected!("avx2") {

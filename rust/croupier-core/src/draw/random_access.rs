@@ -50,8 +50,10 @@ pub(crate) const TASK: usize = 1 << 14;
 /// Positions encrypted together, their multiply chains overlapping (two AVX2 registers of
 /// 32-bit halves).
 const LANES: usize = 16;
-/// Positions [`RandomAccessPermutation::fill_strided`] encrypts together: four vectors of
-/// eight 32-bit lanes a half with AVX2, four independent chains of rounds.
+/// Positions [`RandomAccessPermutation::fill_strided`] encrypts together above
+/// [`kernels::MAX_N`] (`u64` positions): four vectors of eight 32-bit lanes a half with AVX2,
+/// four independent chains of rounds. Blocks of fewer than half of it go position by position
+/// at every size (a vector group costs more there).
 const WIDE: usize = 32;
 
 /// The permutation of `[0, n)` keyed by `(seed, epoch)`: [`RandomAccessPermutation::at`] reads
@@ -315,10 +317,11 @@ impl RandomAccessPermutation {
                 p,
                 step: step % len,
             };
-            // Domains below 2**31 in 32-bit vector lanes throughout; a few positions one by
-            // one in `fill_block` (a vector group costs about 16 of `at`'s walks).
+            // Domains up to 2**31 in 32-bit vector lanes throughout; a few positions one by
+            // one in `fill_block`.
             if self.table.is_empty() && self.n <= kernels::MAX_N && block.len() >= WIDE / 2 {
-                kernels::fill(self, block, walk, Simd::best());
+                // SAFETY: `Simd::best` is a level this CPU runs.
+                unsafe { kernels::fill(self, block, walk, Simd::best()) };
                 return;
             }
             #[cfg(target_arch = "x86_64")]
@@ -611,8 +614,8 @@ mod avx2 {
     /// The round function of 8 lanes: `super::round`, lane by lane.
     #[inline(always)]
     pub(super) unsafe fn round8(x: __m256i, key: __m256i) -> __m256i {
-        let c1 = _mm256_set1_epi32(0x85eb_ca6bu32 as i32);
-        let c2 = _mm256_set1_epi32(0xc2b2_ae35u32 as i32);
+        let c1 = _mm256_set1_epi32(super::MIX1 as i32);
+        let c2 = _mm256_set1_epi32(super::MIX2 as i32);
         let mut z = _mm256_mullo_epi32(_mm256_xor_si256(x, key), c1);
         z = _mm256_xor_si256(z, _mm256_srli_epi32::<13>(z));
         z = _mm256_mullo_epi32(z, c2);
@@ -680,13 +683,17 @@ mod avx2 {
     }
 }
 
+/// The multipliers of murmur3's 32-bit finaliser (the round function's, in every kernel).
+const MIX1: u32 = 0x85eb_ca6b;
+const MIX2: u32 = 0xc2b2_ae35;
+
 /// The round function: murmur3's 32-bit finaliser of the half xor the round key, a bijection
 /// of 32 bits whose low bits depend on every input bit.
 #[inline(always)]
 fn round(x: u32, key: u32) -> u32 {
-    let mut z = (x ^ key).wrapping_mul(0x85eb_ca6b);
+    let mut z = (x ^ key).wrapping_mul(MIX1);
     z ^= z >> 13;
-    z = z.wrapping_mul(0xc2b2_ae35);
+    z = z.wrapping_mul(MIX2);
     z ^ (z >> 16)
 }
 
@@ -830,7 +837,8 @@ mod tests {
 
     #[test]
     fn the_portable_kernels_read_what_each_position_reads() {
-        // The paths a CPU without AVX2 takes (this machine's calls take the vector ones).
+        // The paths a CPU without AVX2 takes above 2**31 and for blocks under 16 positions
+        // (this machine's calls take the vector ones; `kernels` tests its portable level).
         for (k, n) in [(1u64 << 20) + 1, 3_000_001, 10_000, (1 << 40) + 3]
             .into_iter()
             .enumerate()
