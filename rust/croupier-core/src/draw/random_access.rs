@@ -22,7 +22,7 @@
 //! where the CPU has it (`vpmulld`, 8 lanes; the same integer results everywhere). Round keys
 //! come from the ChaCha8 stream `(seed, epoch, Purpose::GlobalOrder)`, so every rank and
 //! platform derives the same ones. Integer arithmetic only: the same permutation everywhere.
-//! Bulk fills of domains up to 2**31 keep every step in 32-bit vector lanes (`kernels`).
+//! Bulk fills of domains below 2**32 keep every step in 32-bit vector lanes (`kernels`).
 //!
 //! **Small domains.** At most [`TABLE_MAX`] positions are a table shuffled by Fisher–Yates
 //! from the same keyed stream (exact uniformity, which a cipher on a few bits cannot have).
@@ -317,7 +317,7 @@ impl RandomAccessPermutation {
                 p,
                 step: step % len,
             };
-            // Domains up to 2**31 in 32-bit vector lanes throughout; a few positions one by
+            // Domains below 2**32 in 32-bit vector lanes throughout; a few positions one by
             // one in `fill_block`.
             if self.table.is_empty() && self.n <= kernels::MAX_N && block.len() >= WIDE / 2 {
                 // SAFETY: `Simd::best` is a level this CPU runs.
@@ -837,7 +837,7 @@ mod tests {
 
     #[test]
     fn the_portable_kernels_read_what_each_position_reads() {
-        // The paths a CPU without AVX2 takes above 2**31 and for blocks under 16 positions
+        // The paths a CPU without AVX2 takes from 2**32 on and for blocks under 16 positions
         // (this machine's calls take the vector ones; `kernels` tests its portable level).
         for (k, n) in [(1u64 << 20) + 1, 3_000_001, 10_000, (1 << 40) + 3]
             .into_iter()

@@ -12,9 +12,9 @@ use super::{round, RandomAccessPermutation, Walk, MIX1, MIX2, ROUNDS};
 use crate::simd::Simd;
 use crate::Index;
 
-/// Domains up to this size take these kernels: every position and value fits 31 bits, and a
-/// lane's walk adds two positions below `2**31` without leaving 32 bits.
-pub(super) const MAX_N: u64 = 1 << 31;
+/// Domains up to this size take these kernels: every position, value and walk length fits a
+/// 32-bit lane (every index of a `u32` index buffer).
+pub(super) const MAX_N: u64 = u32::MAX as u64;
 
 /// Most lanes a group encrypts at once (`C` vectors of [`Lanes::WIDTH`] in [`fill_with`]).
 const MOST: usize = 64;
@@ -34,16 +34,16 @@ trait Lanes: Copy {
     /// Into the first [`Self::WIDTH`] values of `a`.
     unsafe fn store(self, a: &mut [u32]);
     unsafe fn add(self, o: Self) -> Self;
-    unsafe fn sub(self, o: Self) -> Self;
     unsafe fn and(self, o: Self) -> Self;
     unsafe fn or(self, o: Self) -> Self;
-    /// The unsigned minimum, lane by lane.
-    unsafe fn min(self, o: Self) -> Self;
+    /// `self + step` where `self` is below `back`, else `self - back` (unsigned): a walk's
+    /// step modulo its length (`back` = length - step).
+    unsafe fn wrap_add(self, step: Self, back: Self) -> Self;
     unsafe fn shr(self, bits: u32) -> Self;
     unsafe fn shl(self, bits: u32) -> Self;
     /// [`super::round`] of each lane under `key`.
     unsafe fn round(self, key: Self) -> Self;
-    /// Bit `j` set where lane `j` exceeds `o`'s (both below `2**31`).
+    /// Bit `j` set where lane `j` exceeds `o`'s (unsigned).
     unsafe fn above(self, o: Self) -> u64;
 }
 
@@ -72,17 +72,21 @@ impl Lanes for Portable {
     unsafe fn add(self, o: Self) -> Self {
         self.map2(o, u32::wrapping_add)
     }
-    unsafe fn sub(self, o: Self) -> Self {
-        self.map2(o, u32::wrapping_sub)
-    }
     unsafe fn and(self, o: Self) -> Self {
         self.map2(o, |a, b| a & b)
     }
     unsafe fn or(self, o: Self) -> Self {
         self.map2(o, |a, b| a | b)
     }
-    unsafe fn min(self, o: Self) -> Self {
-        self.map2(o, u32::min)
+    unsafe fn wrap_add(self, step: Self, back: Self) -> Self {
+        Portable(std::array::from_fn(|j| {
+            let a = self.0[j];
+            if a < back.0[j] {
+                a + step.0[j]
+            } else {
+                a - back.0[j]
+            }
+        }))
     }
     unsafe fn shr(self, bits: u32) -> Self {
         Portable(self.0.map(|a| a >> bits))
@@ -120,10 +124,6 @@ impl Lanes for __m256i {
         _mm256_add_epi32(self, o)
     }
     #[inline(always)]
-    unsafe fn sub(self, o: Self) -> Self {
-        _mm256_sub_epi32(self, o)
-    }
-    #[inline(always)]
     unsafe fn and(self, o: Self) -> Self {
         _mm256_and_si256(self, o)
     }
@@ -132,8 +132,13 @@ impl Lanes for __m256i {
         _mm256_or_si256(self, o)
     }
     #[inline(always)]
-    unsafe fn min(self, o: Self) -> Self {
-        _mm256_min_epu32(self, o)
+    unsafe fn wrap_add(self, step: Self, back: Self) -> Self {
+        let wraps = _mm256_cmpeq_epi32(_mm256_max_epu32(self, back), self); // self >= back
+        _mm256_blendv_epi8(
+            _mm256_add_epi32(self, step),
+            _mm256_sub_epi32(self, back),
+            wraps,
+        )
     }
     #[inline(always)]
     unsafe fn shr(self, bits: u32) -> Self {
@@ -149,7 +154,10 @@ impl Lanes for __m256i {
     }
     #[inline(always)]
     unsafe fn above(self, o: Self) -> u64 {
-        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(self, o))) as u32 as u64
+        // Unsigned through the signed compare: both with the sign bit flipped.
+        let flip = _mm256_set1_epi32(i32::MIN);
+        let gt = _mm256_cmpgt_epi32(_mm256_xor_si256(self, flip), _mm256_xor_si256(o, flip));
+        _mm256_movemask_ps(_mm256_castsi256_ps(gt)) as u32 as u64
     }
 }
 
@@ -175,10 +183,6 @@ impl Lanes for __m512i {
         _mm512_add_epi32(self, o)
     }
     #[inline(always)]
-    unsafe fn sub(self, o: Self) -> Self {
-        _mm512_sub_epi32(self, o)
-    }
-    #[inline(always)]
     unsafe fn and(self, o: Self) -> Self {
         _mm512_and_si512(self, o)
     }
@@ -187,8 +191,9 @@ impl Lanes for __m512i {
         _mm512_or_si512(self, o)
     }
     #[inline(always)]
-    unsafe fn min(self, o: Self) -> Self {
-        _mm512_min_epu32(self, o)
+    unsafe fn wrap_add(self, step: Self, back: Self) -> Self {
+        let wraps = _mm512_cmpge_epu32_mask(self, back);
+        _mm512_mask_sub_epi32(_mm512_add_epi32(self, step), wraps, self, back)
     }
     #[inline(always)]
     unsafe fn shr(self, bits: u32) -> Self {
@@ -207,7 +212,7 @@ impl Lanes for __m512i {
     }
     #[inline(always)]
     unsafe fn above(self, o: Self) -> u64 {
-        u64::from(_mm512_cmpgt_epi32_mask(self, o))
+        u64::from(_mm512_cmpgt_epu32_mask(self, o))
     }
 }
 
@@ -328,8 +333,7 @@ unsafe fn fill_with<V: Lanes, T: Index, const C: usize>(
     const { assert!(V::WIDTH * C <= MOST) };
     let cipher = Cipher::<V>::new(p);
     // Each lane's position in `[0, len)`, before the walk's offset: the group's first
-    // positions, each lane then advancing by a group's steps modulo `len` (two positions
-    // below 2**31 add up below 2**32, so the wrap is a subtraction kept where it is smaller).
+    // positions, each lane then advancing by a group's steps modulo `len`.
     let mut buf = [0u32; MOST];
     for v in &mut buf[..group] {
         *v = (walk.next() - walk.offset) as u32;
@@ -338,8 +342,11 @@ unsafe fn fill_with<V: Lanes, T: Index, const C: usize>(
     for (c, a) in at.iter_mut().enumerate() {
         *a = V::load(&buf[c * w..]);
     }
-    let len = V::splat(walk.len as u32);
-    let advance = V::splat(((group as u64 * walk.step) % walk.len) as u32);
+    let advance = (group as u64 * walk.step) % walk.len;
+    let (advance, back) = (
+        V::splat(advance as u32),
+        V::splat((walk.len - advance) as u32),
+    );
     let offset = V::splat(walk.offset as u32);
     // The values still outside the domain, and their places in `block`.
     let (mut values, mut places) = (Vec::<u32>::new(), Vec::<u32>::new());
@@ -347,8 +354,7 @@ unsafe fn fill_with<V: Lanes, T: Index, const C: usize>(
         let mut x = [V::splat(0); C];
         for c in 0..C {
             x[c] = at[c].add(offset);
-            let next = at[c].add(advance);
-            at[c] = next.min(next.sub(len));
+            at[c] = at[c].wrap_add(advance, back);
         }
         let mut outside = cipher.encrypt(x, &mut buf);
         for (slot, &v) in chunk.iter_mut().zip(&buf) {
@@ -395,7 +401,7 @@ mod tests {
     use super::*;
 
     /// Every level this CPU runs fills what each position reads alone, over domains with and
-    /// without cycle walking (up to [`MAX_N`], where the lanes' walk and values reach 31
+    /// without cycle walking (up to [`MAX_N`], where the lanes' walk and values fill 32
     /// bits), contiguous and strided walks with wrap-around, offsets, `u32` and `u64`
     /// outputs, and lengths that leave a short last group.
     #[test]
@@ -408,6 +414,10 @@ mod tests {
             (1 << 20) + 1,
             1_000_000,
             (1 << 30) + 7,
+            (1 << 31) - 1,
+            1 << 31,
+            (1 << 31) + 1,
+            3_000_000_019,
             MAX_N - 1,
             MAX_N,
         ];
