@@ -29,6 +29,7 @@ __all__ = [
     "exhaustive_greatest_error_blend",
     "greatest_error_blend",
     "index_range",
+    "index_tile",
     "layout",
     "legacy_shuffle",
     "micro_batches",
@@ -414,6 +415,10 @@ def exhaustive_greatest_error_blend(
 def index_range(total: int, wide: bool) -> npt.NDArray[Any]:
     """``[0, total)`` in a fresh array, ``uint32`` (``total`` at most 2**32) or, ``wide``,
     ``int64``, written by all threads (megatron-core's shuffle index starts from it)."""
+
+def index_tile(values: npt.NDArray[np.int32], times: int) -> npt.NDArray[np.int32]:
+    """``values`` (C-contiguous ``int32``) repeated ``times`` times in a fresh ``int32``
+    array, written by all threads (megatron-core's document index starts from it)."""
 
 def micro_batches(first: int, group: int, mbs: int, start: int, stop: int) -> npt.NDArray[np.int64]:
     """Megatron-LM's sequential sampler's micro-batches of groups ``[start, stop)``,

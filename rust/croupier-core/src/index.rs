@@ -251,6 +251,62 @@ pub fn range_par<T: Index>(n: u64) -> Result<Vec<T>> {
     Ok(v)
 }
 
+/// `values` repeated `times` times in a fresh buffer (advised onto huge pages: a shuffle reads
+/// it at random), written by all threads: numpy's `tile` copies on one thread, through an
+/// intermediate array, and pays the first touch there (a 245 MB document index: 0.53-0.87 s
+/// with `np.tile` against 0.24-0.26 s written so, on the 2-core VM).
+///
+/// # Errors
+///
+/// [`Error::Cancelled`] when cancelled, an allocation error when the values do not fit in
+/// memory.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(croupier_core::tile_par(&[7u32, 9], 3).unwrap(), [7, 9, 7, 9, 7, 9]);
+/// ```
+pub fn tile_par<T: Copy + Send + Sync>(values: &[T], times: u64) -> Result<Vec<T>> {
+    use rayon::prelude::*;
+    const PIECE: usize = 1 << 18;
+    let n = (values.len() as u64)
+        .checked_mul(times)
+        .ok_or(Error::Alloc {
+            what: "a tiled index",
+            bytes: values.len() as u128 * times as u128 * std::mem::size_of::<T>() as u128,
+        })?;
+    let mut v = try_with_capacity_huge::<T>("a tiled index", n)?;
+    if n > 0 {
+        v.spare_capacity_mut()[..n as usize]
+            .par_chunks_mut(PIECE)
+            .enumerate()
+            .for_each(|(p, piece)| {
+                if crate::cancel::cancelled() {
+                    return;
+                }
+                // The piece starts inside a repeat; it copies what is left of that one, then
+                // whole repeats, then the start of the last.
+                let mut from = (p * PIECE) % values.len();
+                let mut rest = piece;
+                while !rest.is_empty() {
+                    let take = (values.len() - from).min(rest.len());
+                    let (head, tail) = rest.split_at_mut(take);
+                    for (x, &value) in head.iter_mut().zip(&values[from..from + take]) {
+                        x.write(value);
+                    }
+                    rest = tail;
+                    from = 0;
+                }
+            });
+    }
+    if crate::cancel::cancelled() {
+        return Err(Error::Cancelled);
+    }
+    // SAFETY: the first n elements were all written just above (the call was not cancelled).
+    unsafe { v.set_len(n as usize) };
+    Ok(v)
+}
+
 /// `n` zeros in a fresh buffer (huge pages as [`try_with_capacity_huge`]), written by all
 /// threads, so that the page faults of first touch are spread over the cores instead of
 /// paid on one.
@@ -272,4 +328,30 @@ pub(crate) fn zeros_par<T: Index>(what: &'static str, n: u64) -> Result<Vec<T>> 
     // SAFETY: the first n elements were all written just above (the call was not cancelled).
     unsafe { v.set_len(n as usize) };
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tile_par;
+
+    #[test]
+    fn tile_par_repeats_the_values_across_pieces() {
+        // Lengths that put piece starts (every 2**18 values) in the middle of a repeat, at a
+        // repeat's start, and a single repeat longer than a piece.
+        for (len, times) in [
+            (1usize, 5u64),
+            (3, 200_000),
+            (1 << 18, 3),
+            (300_001, 4),
+            (7, 0),
+        ] {
+            let values: Vec<u32> = (0..len as u32).map(|v| v * 3 + 1).collect();
+            let tiled = tile_par(&values, times).unwrap();
+            assert_eq!(tiled.len() as u64, len as u64 * times);
+            for (k, &x) in tiled.iter().enumerate() {
+                assert_eq!(x, values[k % len], "len {len}, times {times}, position {k}");
+            }
+        }
+        assert!(tile_par::<u32>(&[], 9).unwrap().is_empty());
+    }
 }

@@ -176,6 +176,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(megatron::sample_index, m)?)?;
     m.add_function(wrap_pyfunction!(megatron::micro_batches, m)?)?;
     m.add_function(wrap_pyfunction!(megatron::index_range, m)?)?;
+    m.add_function(wrap_pyfunction!(megatron::index_tile, m)?)?;
     m.add("BLEND_MAX_DATASETS", croupier_core::BLEND_MAX_DATASETS)?;
     m.add(
         "BLEND_WEIGHT_SUM_TOLERANCE",

@@ -154,3 +154,19 @@ pub(crate) fn index_range(py: Python<'_>, total: u64, wide: bool) -> PyResult<Bo
         Ok(numpy::PyArray1::from_vec(py, v).into_any())
     }
 }
+
+/// `values` repeated `times` times in a fresh `int32` array, written by all threads
+/// (megatron-core's document index starts from it; numpy's `tile` copies on one thread).
+#[pyfunction]
+pub(crate) fn index_tile<'py>(
+    py: Python<'py>,
+    values: PyReadonlyArray1<'py, i32>,
+    times: u64,
+) -> PyResult<Bound<'py, numpy::PyArray1<i32>>> {
+    let values = readonly(&values, "values")?;
+    let total = (values.len() as u64).saturating_mul(times);
+    crate::runtime::check_memory(total.saturating_mul(4), "the tiled index")?;
+    let big = total as usize >= INTERRUPTIBLE_FROM;
+    let v = long(py, big, move || croupier_core::tile_par(values, times))?;
+    Ok(numpy::PyArray1::from_vec(py, v))
+}

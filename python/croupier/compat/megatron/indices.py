@@ -81,7 +81,7 @@ def build_document_index(
     epochs = _count(num_epochs, "num_epochs", 1)
     check_random_state(numpy_random_state, "numpy_random_state")
     docs = _int32_values(documents, "documents", "ids")
-    index = np.tile(docs, epochs)
+    index = _core.index_tile(docs, epochs)  # np.tile, written by all threads
     if separate_final_epoch and epochs > 1:
         cut = (epochs - 1) * len(docs)
         legacy_shuffle(index[:cut], numpy_random_state)
