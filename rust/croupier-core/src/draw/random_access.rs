@@ -512,15 +512,18 @@ fn at_many_with(
     }
     while active > 0 {
         rounds(&mut lanes);
+        // The lanes whose value is in their domain, found without a branch per lane (which
+        // way a lane goes is a coin toss at a walk rate near 40%), then only those visited.
+        let mut done = 0u32;
         for l in 0..MANY {
-            if lanes.slot[l] == usize::MAX {
-                continue;
-            }
-            let v = lanes.value(l);
-            if v < lanes.n[l] {
-                out[lanes.slot[l]] = v;
-                active -= usize::from(!take(&mut lanes, l, out));
-            }
+            let inside = (lanes.value(l) < lanes.n[l]) & (lanes.slot[l] != usize::MAX);
+            done |= u32::from(inside) << l;
+        }
+        while done != 0 {
+            let l = done.trailing_zeros() as usize;
+            done &= done - 1;
+            out[lanes.slot[l]] = lanes.value(l);
+            active -= usize::from(!take(&mut lanes, l, out));
         }
     }
 }

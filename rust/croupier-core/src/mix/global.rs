@@ -318,10 +318,17 @@ struct SlotTable<'a> {
     counts: &'a Counts,
     /// `starts[e]`: the first slot of entry `e` of `counts`.
     starts: Vec<u64>,
-    /// The entry holding slot `i << shift`.
-    coarse: Vec<u32>,
+    /// Cell `i` (slots from `i << shift`): its first slot's entry `e` in the low 32 bits, and
+    /// in the high 32 the first slot of entry `e + 1`, inside the cell or past it, or
+    /// [`MANY`] for a cell of more than two entries (where a lookup walks). Few enough cells
+    /// (16 a entry, at most 2**11: 16 KiB) to stay in the L1 cache. Empty for a leaf of
+    /// `u32::MAX` slots or more, where a lookup is a binary search.
+    cells: Vec<u64>,
     shift: u32,
 }
+
+/// A cell of a [`SlotTable`] whose slots fall in more than two entries.
+const MANY: u64 = u32::MAX as u64;
 
 impl<'a> SlotTable<'a> {
     fn new(counts: &'a Counts, len: u64) -> Self {
@@ -332,27 +339,34 @@ impl<'a> SlotTable<'a> {
             run += c;
         }
         starts.push(run);
-        // About 64 coarse cells per entry (at most 2**13), so a lookup mostly finds its
-        // entry in the cell's first or second.
         let bits = 64 - len.saturating_sub(1).leading_zeros();
-        let cells = (64 * counts.len() as u64)
+        let cells = (16 * counts.len() as u64)
             .next_power_of_two()
-            .clamp(1, 1 << 13)
+            .clamp(1, 1 << 11)
             .min(1 << bits);
         let shift = bits - cells.trailing_zeros();
-        let mut coarse = Vec::with_capacity(cells as usize);
-        let mut e = 0usize;
-        for i in 0..cells {
-            let slot = i << shift;
-            while e + 1 < counts.len() && starts[e + 1] <= slot {
-                e += 1;
+        let mut table = Vec::new();
+        if run.max(len) < MANY && !counts.is_empty() {
+            table.reserve_exact(cells as usize);
+            // The entry holding `slot`, walking on from entry `e`.
+            let walk = |mut e: usize, slot: u64| {
+                while e + 1 < counts.len() && starts[e + 1] <= slot {
+                    e += 1;
+                }
+                e
+            };
+            let mut e = 0usize;
+            for i in 0..cells {
+                e = walk(e, i << shift);
+                let last = walk(e, ((i + 1) << shift).min(run.max(1)) - 1);
+                let next = if last <= e + 1 { starts[e + 1] } else { MANY };
+                table.push(e as u64 | next << 32);
             }
-            coarse.push(e as u32);
         }
         SlotTable {
             counts,
             starts,
-            coarse,
+            cells: table,
             shift,
         }
     }
@@ -360,9 +374,13 @@ impl<'a> SlotTable<'a> {
     /// The entry (of the leaf's counts) holding slot `s`.
     #[inline]
     fn find(&self, s: u64) -> usize {
-        let mut e = self.coarse[(s >> self.shift) as usize] as usize;
-        // Without a branch: most cells hold at most two entries.
-        e += usize::from(self.starts[e + 1] <= s);
+        let Some(&cell) = self.cells.get((s >> self.shift) as usize) else {
+            return self.starts.partition_point(|&x| x <= s) - 1;
+        };
+        let (mut e, next) = (cell as u32 as usize, cell >> 32);
+        if next != MANY {
+            return e + usize::from(next <= s);
+        }
         while self.starts[e + 1] <= s {
             e += 1;
         }
@@ -378,6 +396,8 @@ impl<'a> SlotTable<'a> {
 
 /// Positions of a leaf [`rank_in_time`] counts per parallel block.
 const RANK_BLOCK: u64 = 1 << 15;
+/// Positions of a block [`rank_in_time`] reads at once (their slots and entries stay in L1).
+const RANK_CHUNK: usize = 1024;
 
 /// A block of [`rank_in_time`]: its counts per entry (then those before it), and per position
 /// of the progression in it, its entry and the occurrences of that entry before it there.
@@ -393,46 +413,24 @@ fn rank_in_time(
     perm: &RandomAccessPermutation,
     table: &SlotTable<'_>,
     used: u64,
-    (first, step): (u64, u64),
+    progression: (u64, u64),
 ) -> Vec<u32> {
-    let entries = table.counts.len();
-    let len = perm.len();
     let blocks = used.div_ceil(RANK_BLOCK);
-    let mut parts: Vec<RankedBlock> = (0..blocks)
-        .into_par_iter()
-        .map(|b| {
-            let (a, z) = (b * RANK_BLOCK, ((b + 1) * RANK_BLOCK).min(used));
-            let mut seen = vec![0u32; entries];
-            let mut mine = Vec::with_capacity(((z - a) / step + 1) as usize);
-            // The progression's first position at or after `a`.
-            let mut next = if a <= first {
-                first
-            } else {
-                first + (a - first).div_ceil(step) * step
-            };
-            let mut slots = [0u64; 1024];
-            let mut i = a;
-            while i < z {
-                if cancelled() {
-                    break;
-                }
-                let n = (z - i).min(slots.len() as u64) as usize;
-                perm.fill_strided(&mut slots[..n], 0, len, i, 1);
-                for &s in &slots[..n] {
-                    let e = table.find(s);
-                    if i == next {
-                        mine.push((e as u32, seen[e]));
-                        next += step;
-                    }
-                    seen[e] += 1;
-                    i += 1;
-                }
-            }
-            (seen, mine)
-        })
-        .collect();
+    let range = |b: u64| (b * RANK_BLOCK, ((b + 1) * RANK_BLOCK).min(used));
+    // Slots in 32-bit lanes where they fit (every leaf of fewer than 2**28 datasets).
+    let mut parts: Vec<RankedBlock> = if perm.len() <= 1 << 32 {
+        (0..blocks)
+            .into_par_iter()
+            .map(|b| rank_block::<u32>(perm, table, range(b), progression))
+            .collect()
+    } else {
+        (0..blocks)
+            .into_par_iter()
+            .map(|b| rank_block::<u64>(perm, table, range(b), progression))
+            .collect()
+    };
     // Each block's counts become the counts before it.
-    let mut run = vec![0u32; entries];
+    let mut run = vec![0u32; table.counts.len()];
     for (seen, _) in &mut parts {
         for (r, x) in run.iter_mut().zip(seen.iter_mut()) {
             (*r, *x) = (*r + *x, *r);
@@ -442,6 +440,58 @@ fn rank_in_time(
         .iter()
         .flat_map(|(before, mine)| mine.iter().map(|&(e, k)| before[e as usize] + k))
         .collect()
+}
+
+/// One block `[a, z)` of [`rank_in_time`]: its counts per entry, and the entry and the rank
+/// within the block of each of its positions in the progression. A chunk of slots at a time,
+/// counted up to each of the progression's positions in it, which is noted (no test per
+/// position).
+fn rank_block<S: Index + Default>(
+    perm: &RandomAccessPermutation,
+    table: &SlotTable<'_>,
+    (a, z): (u64, u64),
+    (first, step): (u64, u64),
+) -> RankedBlock {
+    let len = perm.len();
+    let mut seen = vec![0u32; table.counts.len()];
+    let mut mine = Vec::with_capacity(((z - a) / step + 1) as usize);
+    // The progression's first position at or after `a`.
+    let mut next = if a <= first {
+        first
+    } else {
+        first + (a - first).div_ceil(step) * step
+    };
+    let mut slots = [S::default(); RANK_CHUNK];
+    let mut found = [0u32; RANK_CHUNK];
+    let mut i = a;
+    while i < z {
+        if cancelled() {
+            break;
+        }
+        let n = (z - i).min(RANK_CHUNK as u64) as usize;
+        perm.fill_strided(&mut slots[..n], 0, len, i, 1);
+        // The entries first, in a loop of independent lookups; then the counts.
+        for (f, &s) in found[..n].iter_mut().zip(&slots[..n]) {
+            *f = table.find(s.to_u64()) as u32;
+        }
+        let mut k = 0;
+        while next < i + n as u64 {
+            let at = (next - i) as usize;
+            for &e in &found[k..at] {
+                seen[e as usize] += 1;
+            }
+            let e = found[at] as usize;
+            mine.push((e as u32, seen[e]));
+            seen[e] += 1;
+            k = at + 1;
+            next += step;
+        }
+        for &e in &found[k..n] {
+            seen[e as usize] += 1;
+        }
+        i += n as u64;
+    }
+    (seen, mine)
 }
 
 /// A leaf boundary of a balanced phase's sequence, as a checkpoint records it: the counts per
@@ -1010,21 +1060,25 @@ impl Global {
                 // Occurrences in time order for the datasets whose occurrences here cross a
                 // pass boundary ([`Global::marked`]); slot order for the others.
                 let timed = &input.timed[k];
+                // The ranks' progression holds this unit's positions here, consecutively
+                // from the first one's (no division per position).
+                let rank0 = match timed {
+                    Timed::Ranks { first, step, .. } => (p - lo - first) / step,
+                    _ => 0,
+                };
                 dj.clear();
                 dj.extend(
                     slots
                         .iter()
                         .zip((p - lo..).step_by(w as usize))
-                        .map(|(&s, i)| {
+                        .zip(rank0..)
+                        .map(|((&s, i), r)| {
                             let e = table.find(s);
                             let d = counts[e].0;
                             let within = match timed {
-                                Timed::Ranks {
-                                    first,
-                                    step,
-                                    ranks,
-                                    marked,
-                                } if marked[e] => u64::from(ranks[((i - first) / step) as usize]),
+                                Timed::Ranks { ranks, marked, .. } if marked[e] => {
+                                    u64::from(ranks[r as usize])
+                                }
                                 Timed::Sorted(lists) => match &lists[e] {
                                     Some(at) => at.partition_point(|&x| x < i) as u64,
                                     None => s - table.starts[e],
@@ -1627,7 +1681,10 @@ mod tests {
             .collect();
         let table = SlotTable::new(&counts, len);
         let perm = RandomAccessPermutation::new(len, 5, 1);
-        let entry: Vec<usize> = (0..len).map(|i| table.find(perm.at(i))).collect();
+        // The entry of a slot by binary search, not by the table's cells.
+        let entry: Vec<usize> = (0..len)
+            .map(|i| table.starts.partition_point(|&x| x <= perm.at(i)) - 1)
+            .collect();
         for (used, first, step) in [
             (len, 0, 1),
             (len, 3, 8),
@@ -1646,5 +1703,48 @@ mod tests {
             let got = rank_in_time(&perm, &table, used, (first, step));
             assert_eq!(got, want, "used {used}, first {first}, step {step}");
         }
+    }
+
+    #[test]
+    fn a_slot_table_finds_every_slots_entry() {
+        use super::SlotTable;
+        // Entries of every size against cells of 2**shift slots: runs of one slot (many entries
+        // in a cell), runs ending exactly at a cell's edge, one entry, a long last run.
+        let shapes: Vec<Vec<u64>> = vec![
+            vec![5],
+            vec![1; 300],
+            vec![1, 1, 1, 4_000, 1, 1, 2, 60_000],
+            vec![64, 64, 128, 1, 63, 4_096, 1, 1, 1, 9_999],
+            (1..200).map(|c| c * c % 97 + 1).collect(),
+            // Cells of 512 slots, one of them holding the eight short runs.
+            vec![500_000, 1, 1, 1, 2, 3, 1, 100, 7, 499_000, 7, 7],
+        ];
+        for sizes in shapes {
+            let counts: super::Counts = sizes
+                .iter()
+                .enumerate()
+                .map(|(d, &c)| (d as u32, c))
+                .collect();
+            let len: u64 = sizes.iter().sum();
+            let table = SlotTable::new(&counts, len);
+            let mut e = 0;
+            let mut end = sizes[0];
+            for s in 0..len {
+                while s >= end {
+                    e += 1;
+                    end += sizes[e];
+                }
+                assert_eq!(table.find(s), e, "slot {s} of sizes {sizes:?}");
+            }
+        }
+        // A leaf of 2**32 slots or more has no cells: a lookup is a binary search.
+        let counts: super::Counts = vec![(0, 1 << 32), (1, 3), (2, 1 << 33)];
+        let table = SlotTable::new(&counts, (3 << 32) + 3);
+        assert!(table.cells.is_empty());
+        for (s, e) in [(0, 0), ((1 << 32) - 1, 0), (1 << 32, 1), ((1 << 32) + 2, 1)] {
+            assert_eq!(table.find(s), e, "slot {s}");
+        }
+        assert_eq!(table.find((1 << 32) + 3), 2);
+        assert_eq!(table.find((3 << 32) + 2), 2);
     }
 }
