@@ -180,14 +180,14 @@ enum Timed {
     Nothing,
     /// Per entry of the leaf's counts, the sorted positions of its slots (`None`: slot order).
     Sorted(Vec<Option<Vec<u64>>>),
-    /// For the rank's positions of the leaf (`first`, `first + step`, …), each occurrence's
-    /// rank in time among its entry's (for the entries in `marked`; slot order for the
-    /// others).
+    /// For the rank's positions of the leaf (`first`, `first + step`, …), read on the way by
+    /// the ranking: each one's entry (low 32 bits) and its occurrence among its entry's in
+    /// the leaf (high 32 bits: its rank in time for a marked entry, its slot's place in the
+    /// entry's run for the others). Leaves of at most `2**32` slots.
     Ranks {
         first: u64,
         step: u64,
-        ranks: Vec<u32>,
-        marked: Vec<bool>,
+        ranked: Vec<u64>,
     },
 }
 
@@ -399,36 +399,33 @@ const RANK_BLOCK: u64 = 1 << 15;
 /// Positions of a block [`rank_in_time`] reads at once (their slots and entries stay in L1).
 const RANK_CHUNK: usize = 1024;
 
-/// A block of [`rank_in_time`]: its counts per entry (then those before it), and per position
-/// of the progression in it, its entry and the occurrences of that entry before it there.
-type RankedBlock = (Vec<u32>, Vec<(u32, u32)>);
+/// A block of [`rank_in_time`]: its counts per entry (then those before it), and its
+/// positions of the progression (see [`rank_block`]).
+type RankedBlock = (Vec<u32>, Vec<u64>);
 
-/// For the positions `first, first + step, …` below `used` of a leaf permuted by `perm`
-/// (slots' entries in `table`): the rank in time of each one's occurrence among its entry's
-/// (how many positions before it hold a slot of the same entry). Three steps: per block (in
-/// parallel) its counts per entry and the progression's ranks within it, then the counts
-/// before each block, then the ranks. No buffer of the leaf's size: the slots are read a
-/// small block at a time.
+/// For the positions `first, first + step, …` below `used` of a leaf permuted by `perm`, of at
+/// most `2**32` slots (slots' entries in `table`): each one's entry (low 32 bits) and its
+/// occurrence among its entry's (high 32 bits): for an entry in `marked`, its rank in time
+/// (how many positions before it hold a slot of the same entry); for the others, its slot's
+/// place in the entry's run. Three steps: per block (in parallel) its counts per entry and
+/// the progression's entries and values within it, then the counts before each block, then
+/// the ranks. No buffer of the leaf's size: the slots are read a small block at a time.
 fn rank_in_time(
     perm: &RandomAccessPermutation,
     table: &SlotTable<'_>,
+    marked: &[bool],
     used: u64,
     progression: (u64, u64),
-) -> Vec<u32> {
+) -> Vec<u64> {
+    debug_assert!(perm.len() <= 1 << 32);
     let blocks = used.div_ceil(RANK_BLOCK);
-    let range = |b: u64| (b * RANK_BLOCK, ((b + 1) * RANK_BLOCK).min(used));
-    // Slots in 32-bit lanes where they fit (every leaf of fewer than 2**28 datasets).
-    let mut parts: Vec<RankedBlock> = if perm.len() <= 1 << 32 {
-        (0..blocks)
-            .into_par_iter()
-            .map(|b| rank_block::<u32>(perm, table, range(b), progression))
-            .collect()
-    } else {
-        (0..blocks)
-            .into_par_iter()
-            .map(|b| rank_block::<u64>(perm, table, range(b), progression))
-            .collect()
-    };
+    let mut parts: Vec<RankedBlock> = (0..blocks)
+        .into_par_iter()
+        .map(|b| {
+            let range = (b * RANK_BLOCK, ((b + 1) * RANK_BLOCK).min(used));
+            rank_block(perm, table, marked, range, progression)
+        })
+        .collect();
     // Each block's counts become the counts before it.
     let mut run = vec![0u32; table.counts.len()];
     for (seen, _) in &mut parts {
@@ -436,19 +433,29 @@ fn rank_in_time(
             (*r, *x) = (*r + *x, *r);
         }
     }
-    parts
-        .iter()
-        .flat_map(|(before, mine)| mine.iter().map(|&(e, k)| before[e as usize] + k))
-        .collect()
+    let mut ranked = Vec::with_capacity(parts.iter().map(|(_, mine)| mine.len()).sum());
+    for (before, mine) in &parts {
+        ranked.extend(mine.iter().map(|&x| {
+            let e = x as u32 as usize;
+            if marked[e] {
+                x + (u64::from(before[e]) << 32)
+            } else {
+                x
+            }
+        }));
+    }
+    ranked
 }
 
-/// One block `[a, z)` of [`rank_in_time`]: its counts per entry, and the entry and the rank
-/// within the block of each of its positions in the progression. A chunk of slots at a time,
-/// counted up to each of the progression's positions in it, which is noted (no test per
-/// position).
-fn rank_block<S: Index + Default>(
+/// One block `[a, z)` of [`rank_in_time`]: its counts per entry, and each of its positions in
+/// the progression, packed as [`rank_in_time`] returns them (for a marked entry, the
+/// occurrences of that entry before it in the block). A chunk of slots at a time: their
+/// entries, then the counts up to each of the progression's positions, which is noted (no
+/// test per position).
+fn rank_block(
     perm: &RandomAccessPermutation,
     table: &SlotTable<'_>,
+    marked: &[bool],
     (a, z): (u64, u64),
     (first, step): (u64, u64),
 ) -> RankedBlock {
@@ -461,7 +468,7 @@ fn rank_block<S: Index + Default>(
     } else {
         first + (a - first).div_ceil(step) * step
     };
-    let mut slots = [S::default(); RANK_CHUNK];
+    let mut slots = [0u32; RANK_CHUNK];
     let mut found = [0u32; RANK_CHUNK];
     let mut i = a;
     while i < z {
@@ -472,7 +479,7 @@ fn rank_block<S: Index + Default>(
         perm.fill_strided(&mut slots[..n], 0, len, i, 1);
         // The entries first, in a loop of independent lookups; then the counts.
         for (f, &s) in found[..n].iter_mut().zip(&slots[..n]) {
-            *f = table.find(s.to_u64()) as u32;
+            *f = table.find(u64::from(s)) as u32;
         }
         let mut k = 0;
         while next < i + n as u64 {
@@ -481,7 +488,12 @@ fn rank_block<S: Index + Default>(
                 seen[e as usize] += 1;
             }
             let e = found[at] as usize;
-            mine.push((e as u32, seen[e]));
+            let v = if marked[e] {
+                u64::from(seen[e])
+            } else {
+                u64::from(slots[at]) - table.starts[e]
+            };
+            mine.push(e as u64 | v << 32);
             seen[e] += 1;
             k = at + 1;
             next += step;
@@ -905,14 +917,14 @@ impl Global {
         }
         let perm = il.leaf_perm(l);
         let used = (ph.end - ph.start).min(hi).min(end).saturating_sub(lo);
-        if slots_marked * 16 > used {
+        // A leaf of more than 2**32 slots (2**28 datasets) is left to the sorted lists.
+        if slots_marked * 16 > used && hi - lo <= 1 << 32 {
             let first = (anchor % w + w - lo % w) % w;
-            let ranks = rank_in_time(&perm, &table, used, (first, w));
+            let ranked = rank_in_time(&perm, &table, &marked, used, (first, w));
             return Timed::Ranks {
                 first,
                 step: w,
-                ranks,
-                marked,
+                ranked,
             };
         }
         let lists = marked
@@ -1052,42 +1064,48 @@ impl Global {
             let (lo, hi) = il.leaf_range(l);
             if done < out.len() && p < hi {
                 let here = ((hi - p).div_ceil(w) as usize).min(out.len() - done);
-                slots.clear();
-                slots.resize(here, 0);
-                let perm = il.leaf_perm(l);
-                perm.fill_strided(&mut slots, 0, hi - lo, p - lo, w);
-                let table = SlotTable::new(counts, hi - lo);
                 // Occurrences in time order for the datasets whose occurrences here cross a
                 // pass boundary ([`Global::marked`]); slot order for the others.
-                let timed = &input.timed[k];
-                // The ranks' progression holds this unit's positions here, consecutively
-                // from the first one's (no division per position).
-                let rank0 = match timed {
-                    Timed::Ranks { first, step, .. } => (p - lo - first) / step,
-                    _ => 0,
-                };
                 dj.clear();
-                dj.extend(
-                    slots
-                        .iter()
-                        .zip((p - lo..).step_by(w as usize))
-                        .zip(rank0..)
-                        .map(|((&s, i), r)| {
-                            let e = table.find(s);
-                            let d = counts[e].0;
-                            let within = match timed {
-                                Timed::Ranks { ranks, marked, .. } if marked[e] => {
-                                    u64::from(ranks[r as usize])
-                                }
-                                Timed::Sorted(lists) => match &lists[e] {
-                                    Some(at) => at.partition_point(|&x| x < i) as u64,
-                                    None => s - table.starts[e],
-                                },
-                                _ => s - table.starts[e],
-                            };
-                            (d, before[d as usize] + within)
-                        }),
-                );
+                match &input.timed[k] {
+                    // The ranking read these positions: their entries and occurrences,
+                    // consecutive in its progression from this unit's first one here.
+                    Timed::Ranks {
+                        first,
+                        step,
+                        ranked,
+                    } => {
+                        // Every position of the run is below `end`, so the progression,
+                        // ranked up to there, holds them all.
+                        let r = ((p - lo - first) / step) as usize;
+                        debug_assert!(r + here <= ranked.len());
+                        dj.extend(ranked[r..r + here].iter().map(|&x| {
+                            let d = counts[x as u32 as usize].0;
+                            (d, before[d as usize] + (x >> 32))
+                        }));
+                    }
+                    timed => {
+                        slots.clear();
+                        slots.resize(here, 0);
+                        let perm = il.leaf_perm(l);
+                        perm.fill_strided(&mut slots, 0, hi - lo, p - lo, w);
+                        let table = SlotTable::new(counts, hi - lo);
+                        dj.extend(slots.iter().zip((p - lo..).step_by(w as usize)).map(
+                            |(&s, i)| {
+                                let e = table.find(s);
+                                let d = counts[e].0;
+                                let within = match timed {
+                                    Timed::Sorted(lists) => match &lists[e] {
+                                        Some(at) => at.partition_point(|&x| x < i) as u64,
+                                        None => s - table.starts[e],
+                                    },
+                                    _ => s - table.starts[e],
+                                };
+                                (d, before[d as usize] + within)
+                            },
+                        ));
+                    }
+                }
                 passes.write_all(&dj, &mut out[done..done + here]);
                 done += here;
                 p += here as u64 * w;
@@ -1692,16 +1710,32 @@ mod tests {
             (RANK_BLOCK + 5, 2, 3),
             (7, 6, 4),
         ] {
-            let mut seen = vec![0u32; counts.len()];
-            let mut want = Vec::new();
-            for (i, &e) in entry[..used as usize].iter().enumerate() {
-                if i as u64 >= first && (i as u64 - first).is_multiple_of(step) {
-                    want.push(seen[e]);
+            // Every entry marked, none, and every other one.
+            for marked in [
+                vec![true; 5],
+                vec![false; 5],
+                vec![true, false, true, false, true],
+            ] {
+                let mut seen = vec![0u64; counts.len()];
+                let (mut want_entries, mut want_within) = (Vec::new(), Vec::new());
+                for (i, &e) in entry[..used as usize].iter().enumerate() {
+                    if i as u64 >= first && (i as u64 - first).is_multiple_of(step) {
+                        want_entries.push(e as u32);
+                        want_within.push(if marked[e] {
+                            seen[e]
+                        } else {
+                            perm.at(i as u64) - table.starts[e]
+                        });
+                    }
+                    seen[e] += 1;
                 }
-                seen[e] += 1;
+                let ranked = rank_in_time(&perm, &table, &marked, used, (first, step));
+                let case = format!("used {used}, first {first}, step {step}, marked {marked:?}");
+                let entries: Vec<u32> = ranked.iter().map(|&x| x as u32).collect();
+                let within: Vec<u64> = ranked.iter().map(|&x| x >> 32).collect();
+                assert_eq!(entries, want_entries, "{case}");
+                assert_eq!(within, want_within, "{case}");
             }
-            let got = rank_in_time(&perm, &table, used, (first, step));
-            assert_eq!(got, want, "used {used}, first {first}, step {step}");
         }
     }
 
