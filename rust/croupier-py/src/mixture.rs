@@ -6,7 +6,7 @@ use pyo3::types::PyDict;
 
 use crate::config::{config, Config};
 use crate::order::Order;
-use crate::runtime::{core, sized_long, to_numpy};
+use crate::runtime::{bounded_long, core, sized_long, to_numpy};
 use croupier_core::mix::Interleaving;
 
 /// One phase of a mixture as Python passes it: `(start, nominal_length, weights,
@@ -183,7 +183,11 @@ impl Mixture {
         // 1e9), and a mixture of many datasets walks their trees: interruptible whatever the
         // size.
         let long = long || self.balanced();
-        let out = sized_long(py, bytes, "this rank's mixture indices", long, move || {
+        // The global order's estimate holds whole leaves whatever the range: the output's
+        // size and `is_long` decide whether the call is interruptible.
+        let out_bytes = stop.saturating_sub(start).saturating_mul(8);
+        let what = "this rank's mixture indices";
+        let out = bounded_long(py, (bytes, out_bytes), what, long, move || {
             mixture.range(epoch, start, stop)
         })?;
         Ok(to_numpy(py, out))

@@ -138,6 +138,23 @@ pub(crate) fn sized_long<T: Send>(
     long(py, long_anyway || bytes >= INTERRUPTIBLE_FROM, work)
 }
 
+/// [`sized_long`] for a call whose `bytes` bound its scratch without measuring its time (a
+/// global mixture's leaves, held whatever the range's length): `bytes` is checked against
+/// the memory available, but only the output's `out_bytes` and `long_anyway` make the call
+/// interruptible. A short call then runs on the process's threads, without the call's own
+/// thread and pool (starting them cost a rank's whole mixture share at 1e6 a fifth of its
+/// time, their memory arenas returned and faulted in again at every call).
+pub(crate) fn bounded_long<T: Send>(
+    py: Python<'_>,
+    (bytes, out_bytes): (u64, u64),
+    what: &str,
+    long_anyway: bool,
+    work: impl FnOnce() -> Result<T, Error> + Send,
+) -> PyResult<T> {
+    check_memory(bytes, what)?;
+    long(py, long_anyway || out_bytes >= INTERRUPTIBLE_FROM, work)
+}
+
 /// [`detached`] for a call that holds no large buffer but may run long (a bucket plan built
 /// over millions of lengths, a whole epoch's plan, a balanced mixture's replay, a shuffle of
 /// a numpy array in place): with `long`, interruptible as [`sized`]'s large calls are (a

@@ -602,19 +602,30 @@ impl Mixture {
 
     /// Whether a range `[start, stop)` may take long (a tenth of a second or more) while its
     /// buffers are small: many positions, or many datasets (whose interleave trees cost a
-    /// draw per dataset and node). The bindings run such calls interruptibly.
+    /// draw per dataset and node), or in the global order a range spread over many leaves
+    /// (each leaf it meets is ranked whole: `2**22` global positions, about 15 ms a thread).
+    /// The bindings run such calls interruptibly.
     ///
     /// # Examples
     ///
     /// ```
-    /// use croupier_core::{Mixture, MixtureConfig, PhaseSpec};
+    /// use croupier_core::{Deal, Mixture, MixtureConfig, PhaseSpec};
     ///
     /// let phase = PhaseSpec { start: 0, length: 150, weights: vec![2.0, 1.0], temperature: 1.0 };
     /// let m = Mixture::new(&[100, 50], &[phase], &MixtureConfig::default()).unwrap();
     /// assert!(!m.is_long(0, m.len()));
+    /// // A rank's 2**19 positions of 8 ranks' global order read leaves of 2**22 positions.
+    /// let deal = Deal { num_replicas: 8, rank: 3, drop_last: true };
+    /// let config = MixtureConfig { deal, ..MixtureConfig::default() };
+    /// let phase = PhaseSpec { start: 0, length: 1 << 22, weights: vec![1.0, 1.0], temperature: 1.0 };
+    /// let m = Mixture::new(&[1 << 21, 1 << 21], &[phase], &config).unwrap();
+    /// assert!(m.is_long(0, m.len()) && !m.is_long(0, m.len() / 2));
     /// ```
     pub fn is_long(&self, start: u64, stop: u64) -> bool {
-        stop.saturating_sub(start) >= 1 << 20 || self.datasets() >= 1 << 12
+        let n = stop.saturating_sub(start);
+        n >= 1 << 20
+            || self.datasets() >= 1 << 12
+            || (self.global.is_some() && n.saturating_mul(self.num_replicas) >= 1 << 22)
     }
 
     /// Bytes a [`Mixture::elastic_range`] of `[start, stop)` holds at its peak: the output
