@@ -183,13 +183,17 @@ impl Mixture {
         // 1e9), and a mixture of many datasets walks their trees: interruptible whatever the
         // size.
         let long = long || self.balanced();
-        // The global order's estimate holds whole leaves whatever the range: the output's
-        // size and `is_long` decide whether the call is interruptible.
-        let out_bytes = stop.saturating_sub(start).saturating_mul(8);
         let what = "this rank's mixture indices";
-        let out = bounded_long(py, (bytes, out_bytes), what, long, move || {
-            mixture.range(epoch, start, stop)
-        })?;
+        let work = move || mixture.range(epoch, start, stop);
+        let out = if self.mixture.global_len().is_some() {
+            // The global order's estimate holds whole leaves whatever the range: the output's
+            // size and `is_long` decide whether the call is interruptible.
+            let out_bytes = stop.saturating_sub(start).saturating_mul(8);
+            bounded_long(py, (bytes, out_bytes), what, long, work)?
+        } else {
+            // The per-rank order's estimate grows with the blocks of passes it deals.
+            sized_long(py, bytes, what, long, work)?
+        };
         Ok(to_numpy(py, out))
     }
 

@@ -183,7 +183,7 @@ enum Timed {
     /// For the rank's positions of the leaf (`first`, `first + step`, …), read on the way by
     /// the ranking: each one's entry (low 32 bits) and its occurrence among its entry's in
     /// the leaf (high 32 bits: its rank in time for a marked entry, its slot's place in the
-    /// entry's run for the others). Leaves of at most `2**32` slots.
+    /// entry's run for the others). Leaves of fewer than `2**32` slots.
     Ranks {
         first: u64,
         step: u64,
@@ -403,8 +403,8 @@ const RANK_CHUNK: usize = 1024;
 /// positions of the progression (see [`rank_block`]).
 type RankedBlock = (Vec<u32>, Vec<u64>);
 
-/// For the positions `first, first + step, …` below `used` of a leaf permuted by `perm`, of at
-/// most `2**32` slots (slots' entries in `table`): each one's entry (low 32 bits) and its
+/// For the positions `first, first + step, …` below `used` of a leaf permuted by `perm`, of
+/// fewer than `2**32` slots (slots' entries in `table`): each one's entry (low 32 bits) and its
 /// occurrence among its entry's (high 32 bits): for an entry in `marked`, its rank in time
 /// (how many positions before it hold a slot of the same entry); for the others, its slot's
 /// place in the entry's run. Three steps: per block (in parallel) its counts per entry and
@@ -417,7 +417,7 @@ fn rank_in_time(
     used: u64,
     progression: (u64, u64),
 ) -> Vec<u64> {
-    debug_assert!(perm.len() <= 1 << 32);
+    debug_assert!(perm.len() < 1 << 32);
     let blocks = used.div_ceil(RANK_BLOCK);
     let mut parts: Vec<RankedBlock> = (0..blocks)
         .into_par_iter()
@@ -917,8 +917,8 @@ impl Global {
         }
         let perm = il.leaf_perm(l);
         let used = (ph.end - ph.start).min(hi).min(end).saturating_sub(lo);
-        // A leaf of more than 2**32 slots (2**28 datasets) is left to the sorted lists.
-        if slots_marked * 16 > used && hi - lo <= 1 << 32 {
+        // A leaf of 2**32 slots or more (2**28 datasets) is left to the sorted lists.
+        if slots_marked * 16 > used && hi - lo < 1 << 32 {
             let first = (anchor % w + w - lo % w) % w;
             let ranked = rank_in_time(&perm, &table, &marked, used, (first, w));
             return Timed::Ranks {
@@ -1143,7 +1143,7 @@ impl Global {
         // A call meets at most one leaf per position.
         let touched = WINDOW_LEAVES.min(count.max(1));
         let window =
-            touched * (d * 24 + leaf * 4) + threads.min(touched) * leaf * 16 + levels * d * 32;
+            touched * (d * 24 + leaf * 8) + threads.min(touched) * leaf * 16 + levels * d * 32;
         let pass = std::mem::size_of::<RandomAccessPermutation>() as u64 + 8;
         let unit = UNIT.min(count.max(1));
         let scratch = if boundaries > 0 { leaf * 12 } else { unit * 32 };
