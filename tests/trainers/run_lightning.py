@@ -67,3 +67,10 @@ elif a.stage == "part2":
     L.Trainer(enable_checkpointing=False, **common).fit(Model(), ckpt_path=path)
 else:
     L.Trainer(enable_checkpointing=False, **common).fit(Model())
+
+# Tear the process group down while the interpreter is whole: Lightning leaves it to an
+# atexit hook, and on a loaded machine gloo's threads then lost a race with the interpreter's
+# teardown once ("terminate called without an active exception", exit -6, after a finished
+# fit; pytorch/pytorch#179291 describes the race). A training script should do this anyway.
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
