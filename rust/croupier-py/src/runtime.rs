@@ -134,8 +134,7 @@ pub(crate) fn sized_long<T: Send>(
     long_anyway: bool,
     work: impl FnOnce() -> Result<T, Error> + Send,
 ) -> PyResult<T> {
-    check_memory(bytes, what)?;
-    long(py, long_anyway || bytes >= INTERRUPTIBLE_FROM, work)
+    bounded_long(py, (bytes, bytes), what, long_anyway, work)
 }
 
 /// [`sized_long`] for a call whose `bytes` bound its scratch without measuring its time (a
