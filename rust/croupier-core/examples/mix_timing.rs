@@ -5,6 +5,8 @@
 //! position, the median of `reps` calls.
 use croupier_core::{Deal, Mixture, MixtureConfig, Order, PhaseSpec};
 
+thread_local! { static POOL: rayon::ThreadPool = rayon::ThreadPoolBuilder::new().build().unwrap(); }
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let n: u64 = args.get(1).map_or(1e6, |s| s.parse::<f64>().unwrap()) as u64;
@@ -58,7 +60,11 @@ fn main() {
     for epoch in 0..reps as u64 {
         let m = Mixture::new(&sizes, std::slice::from_ref(&phase), &config).unwrap();
         let t = std::time::Instant::now();
-        let out = m.range(epoch, 0, m.len()).unwrap();
+        let out = if std::env::var("POOL").is_ok() {
+            POOL.with(|p| p.install(|| m.range(epoch, 0, m.len()).unwrap()))
+        } else {
+            m.range(epoch, 0, m.len()).unwrap()
+        };
         times.push(t.elapsed().as_secs_f64() * 1e3);
         std::hint::black_box(out);
     }

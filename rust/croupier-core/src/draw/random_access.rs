@@ -442,20 +442,127 @@ impl RandomAccessPermutation {
 /// Lanes of [`at_many`]: positions read together, each under its own permutation.
 pub(crate) const MANY: usize = 16;
 
+/// Positions of one permutation in an [`AtMany`] call from which they are read by its own
+/// vector kernel ([`kernels::fill_at`]) rather than in the keyed lanes: below it a group's
+/// unfilled lanes cost more than the keyed lanes' bookkeeping.
+const GROUP_FROM: usize = 8;
+
 /// `out[i] = perms[which[i]].at(pos[i])` for every `i`: positions under different
-/// permutations (a mixture's passes) in [`MANY`] lanes, each lane with its own permutation's
-/// keys, their rounds side by side (in explicit AVX2 vectors where the CPU has it). A lane
-/// whose value lands in its domain hands it out and takes the next position at once; one
-/// still outside encrypts again with the others, so each position costs the encryptions it
-/// needs (1.6 on average over a domain of 10,000, whose walk rate is 39%), where a group that
-/// waited for its slowest lane cost about five. The same values as
-/// [`RandomAccessPermutation::at`].
+/// permutations (a mixture's passes), with scratch kept from call to call (a fresh buffer
+/// of a few hundred kilobytes costs its page faults at every call).
+///
+/// Where every permutation has at most 2**32 positions, the positions are grouped by
+/// permutation (a counting sort of `which`, each position written to its group's place, so
+/// nothing is read back at random); a table is looked up, and a group of at least
+/// [`GROUP_FROM`] positions is read by its permutation's own 32-bit vector kernel
+/// ([`kernels::fill_at`], 1-2 ns a position on one AVX2 thread) into its place, from which
+/// each value is written to its own. Smaller groups, and every position when a domain is
+/// larger, go through [`at_many_keyed`]. The same values as [`RandomAccessPermutation::at`].
+#[derive(Default)]
+pub(crate) struct AtMany {
+    starts: Vec<u32>,
+    grouped: Vec<u32>,
+    back: Vec<u32>,
+    vals: Vec<u64>,
+    rest: Vec<u32>,
+}
+
+impl AtMany {
+    pub(crate) fn read(
+        &mut self,
+        perms: &[RandomAccessPermutation],
+        which: &[u32],
+        pos: &[u64],
+        out: &mut [u64],
+    ) {
+        debug_assert!(which.len() == pos.len() && pos.len() == out.len());
+        if which.len() < GROUP_FROM || perms.iter().any(|p| p.n > kernels::MAX_N) {
+            return at_many_keyed(perms, which, pos, out);
+        }
+        // Each permutation's places: `[starts[a], starts[a + 1])` once placed.
+        let starts = &mut self.starts;
+        starts.clear();
+        starts.resize(perms.len() + 1, 0);
+        for &a in which {
+            starts[a as usize + 1] += 1;
+        }
+        for a in 0..perms.len() {
+            starts[a + 1] += starts[a];
+        }
+        let n = which.len();
+        let (grouped, back, vals) = (&mut self.grouped, &mut self.back, &mut self.vals);
+        grouped.resize(n, 0);
+        back.resize(n, 0);
+        vals.resize(n, 0);
+        // Each position to the next place of its group (`starts[a]` moves to the group's end).
+        for (i, (&a, &p)) in which.iter().zip(pos).enumerate() {
+            let at = &mut starts[a as usize];
+            grouped[*at as usize] = p as u32;
+            back[*at as usize] = i as u32;
+            *at += 1;
+        }
+        let simd = crate::simd::Simd::best();
+        self.rest.clear();
+        let mut from = 0usize;
+        for (a, p) in perms.iter().enumerate() {
+            let to = starts[a] as usize;
+            let (at, got) = (&grouped[from..to], &mut vals[from..to]);
+            if !p.table.is_empty() {
+                for (v, &x) in got.iter_mut().zip(at) {
+                    *v = u64::from(p.table[x as usize]);
+                }
+            } else if at.len() >= GROUP_FROM {
+                // SAFETY: `Simd::best` is a level this CPU runs; `n <= MAX_N` (checked
+                // above) and the positions are below `n` (the caller's promise, as `at`'s).
+                unsafe { kernels::fill_at(p, at, got, simd) };
+            } else {
+                self.rest.extend(from as u32..to as u32);
+            }
+            from = to;
+        }
+        for (&i, &v) in back[..n].iter().zip(&vals[..n]) {
+            out[i as usize] = v;
+        }
+        if !self.rest.is_empty() {
+            // The small groups, in the keyed lanes (their places' values overwritten above).
+            let which: Vec<u32> = self
+                .rest
+                .iter()
+                .map(|&s| which[back[s as usize] as usize])
+                .collect();
+            let pos: Vec<u64> = self
+                .rest
+                .iter()
+                .map(|&s| u64::from(grouped[s as usize]))
+                .collect();
+            let mut got = vec![0u64; self.rest.len()];
+            at_many_keyed(perms, &which, &pos, &mut got);
+            for (&s, v) in self.rest.iter().zip(got) {
+                out[back[s as usize] as usize] = v;
+            }
+        }
+    }
+}
+
+/// [`AtMany::read`] with fresh scratch.
+#[cfg(test)]
 pub(crate) fn at_many(
     perms: &[RandomAccessPermutation],
     which: &[u32],
     pos: &[u64],
     out: &mut [u64],
 ) {
+    AtMany::default().read(perms, which, pos, out);
+}
+
+/// [`at_many`] in [`MANY`] lanes, each lane with its own permutation's keys, their rounds side
+/// by side (in explicit AVX2 vectors where the CPU has it): for positions spread over many
+/// permutations, a few each, or domains above 2**32. A lane whose value lands in its domain
+/// hands it out and takes the next position at once; one still outside encrypts again with
+/// the others, so each position costs the encryptions it needs (1.6 on average over a domain
+/// of 10,000, whose walk rate is 39%), where a group that waited for its slowest lane cost
+/// about five.
+fn at_many_keyed(perms: &[RandomAccessPermutation], which: &[u32], pos: &[u64], out: &mut [u64]) {
     debug_assert!(which.len() == pos.len() && pos.len() == out.len());
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
@@ -528,7 +635,7 @@ fn at_many_with(
     }
 }
 
-/// [`MANY`] lanes, each encrypting under its own permutation ([`at_many`]).
+/// [`MANY`] lanes, each encrypting under its own permutation ([`at_many_keyed`]).
 #[derive(Default)]
 struct KeyedLanes {
     keys: [[u32; MANY]; ROUNDS],
@@ -749,6 +856,45 @@ mod tests {
             at_many(&perms, &which[..len], &pos[..len], &mut out);
             for ((&w, &p), &o) in which.iter().zip(&pos).zip(&out) {
                 assert_eq!(o, perms[w as usize].at(p));
+            }
+        }
+    }
+
+    /// The grouped reads (every domain at most 2**32): tables, groups read by their own
+    /// kernel and groups too small for it (left to the keyed lanes) in one call, positions of
+    /// different permutations interleaved, a scratch reused by calls of other sizes.
+    #[test]
+    fn grouped_reads_read_what_each_position_reads() {
+        let sizes = [5u64, 1024, 1025, 10_000, 3_000_001, u32::MAX as u64];
+        let perms: Vec<RandomAccessPermutation> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| RandomAccessPermutation::new(n, 4, i as u64))
+            .collect();
+        let mut lcg = crate::testkit::Lcg::new(3);
+        let mut reads = AtMany::default();
+        for len in [0usize, 1, 7, 8, 9, 50, 300, 5_000, 17] {
+            // Permutation 0 and 5 rarely (groups below GROUP_FROM at these lengths), the
+            // others often.
+            let which: Vec<u32> = (0..len)
+                .map(|_| match lcg.below(40) {
+                    0 => 0,
+                    1 => 5,
+                    x => 1 + (x % 4) as u32,
+                })
+                .collect();
+            let pos: Vec<u64> = which
+                .iter()
+                .map(|&w| lcg.below(perms[w as usize].len()))
+                .collect();
+            let mut out = vec![u64::MAX; len];
+            reads.read(&perms, &which, &pos, &mut out);
+            for (i, ((&w, &p), &o)) in which.iter().zip(&pos).zip(&out).enumerate() {
+                assert_eq!(
+                    o,
+                    perms[w as usize].at(p),
+                    "len {len}, read {i} of perm {w}"
+                );
             }
         }
     }

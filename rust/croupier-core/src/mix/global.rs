@@ -43,7 +43,7 @@
 use rayon::prelude::*;
 
 use crate::cancel::cancelled;
-use crate::draw::random_access::{at_many, RandomAccessPermutation};
+use crate::draw::random_access::{AtMany, RandomAccessPermutation};
 use crate::error::Result;
 use crate::index::{index_bytes, try_with_capacity_huge, zeros_par, Index};
 use crate::mix::balanced::Balanced;
@@ -191,6 +191,10 @@ enum Timed {
     },
 }
 
+/// Draws a unit writes at a time: a piece's draws, their passes' positions and values stay
+/// in cache, and the call looks at its cancellation between pieces.
+const WRITE_STEP: usize = 1 << 14;
+
 /// The permutations of the passes a unit reads, built when first met, and the scratch of
 /// the batched reads.
 struct Passes<'a> {
@@ -206,9 +210,13 @@ struct Passes<'a> {
     /// oversampled dataset alternates between two), so every pass met stays at hand.
     first_pass: Vec<u64>,
     by_pass: Vec<Vec<u32>>,
+    /// Per dataset: the occurrences `[start, end)` of the pass read last, and its arena place
+    /// (a leaf's draws of a dataset mostly read one pass: no division for them).
+    last: Vec<(u64, u64, u32)>,
     which: Vec<u32>,
     pos: Vec<u64>,
     vals: Vec<u64>,
+    reads: AtMany,
 }
 
 impl<'a> Passes<'a> {
@@ -229,9 +237,11 @@ impl<'a> Passes<'a> {
             arena_offset: Vec::new(),
             first_pass,
             by_pass: vec![Vec::new(); global.sizes.len()],
+            last: vec![(1, 0, 0); global.sizes.len()], // an empty range: none read yet
             which: Vec::new(),
             pos: Vec::new(),
             vals: Vec::new(),
+            reads: AtMany::default(),
         }
     }
 
@@ -258,12 +268,11 @@ impl<'a> Passes<'a> {
         at
     }
 
-    /// [`Passes::write`] a few thousand at a time, stopping early once the call is cancelled
-    /// (a draw of an oversampled dataset often builds its pass's permutation: a unit can take
-    /// a tenth of a second).
+    /// [`Passes::write`] a piece of [`WRITE_STEP`] draws at a time, stopping early once the
+    /// call is cancelled (a draw of an oversampled dataset often builds its pass's
+    /// permutation: a unit can take a tenth of a second).
     fn write_all<T: Index>(&mut self, dv: &[(u32, u64)], out: &mut [T]) {
-        const STEP: usize = 4096;
-        for (dv, out) in dv.chunks(STEP).zip(out.chunks_mut(STEP)) {
+        for (dv, out) in dv.chunks(WRITE_STEP).zip(out.chunks_mut(WRITE_STEP)) {
             if cancelled() {
                 return;
             }
@@ -293,13 +302,21 @@ impl<'a> Passes<'a> {
         for &(d, v) in dv {
             let n = g.sizes[d as usize];
             let j = at.occurrence(d as usize, v);
-            let (pass, within) = (j / n, j % n);
-            which.push(self.permutation(d, pass));
-            pos.push(within);
+            let (start, end, a) = self.last[d as usize];
+            if start <= j && j < end {
+                which.push(a);
+                pos.push(j - start);
+            } else {
+                let pass = j / n;
+                let a = self.permutation(d, pass);
+                self.last[d as usize] = (pass * n, pass * n + n, a);
+                which.push(a);
+                pos.push(j % n);
+            }
         }
         vals.clear();
         vals.resize(dv.len(), 0);
-        at_many(&self.arena, &which, &pos, &mut vals);
+        self.reads.read(&self.arena, &which, &pos, &mut vals);
         for ((o, &v), &a) in out.iter_mut().zip(&vals).zip(&which) {
             *o = T::from_u64(self.arena_offset[a as usize] + v);
         }
@@ -399,69 +416,84 @@ const RANK_BLOCK: u64 = 1 << 15;
 /// Positions of a block [`rank_in_time`] reads at once (their slots and entries stay in L1).
 const RANK_CHUNK: usize = 1024;
 
-/// A block of [`rank_in_time`]: its counts per entry (then those before it), and its
-/// positions of the progression (see [`rank_block`]).
-type RankedBlock = (Vec<u32>, Vec<u64>);
-
 /// For the positions `first, first + step, …` below `used` of a leaf permuted by `perm`, of
 /// fewer than `2**32` slots (slots' entries in `table`): each one's entry (low 32 bits) and its
 /// occurrence among its entry's (high 32 bits): for an entry in `marked`, its rank in time
 /// (how many positions before it hold a slot of the same entry); for the others, its slot's
 /// place in the entry's run. Three steps: per block (in parallel) its counts per entry and
-/// the progression's entries and values within it, then the counts before each block, then
-/// the ranks. No buffer of the leaf's size: the slots are read a small block at a time.
+/// the progression's entries and values within it, written to the block's part of the
+/// result; then the counts before each block; then (in parallel) each block's marked values
+/// raised by them. No buffer of the leaf's size: the slots are read a small block at a time.
 fn rank_in_time(
     perm: &RandomAccessPermutation,
     table: &SlotTable<'_>,
     marked: &[bool],
     used: u64,
-    progression: (u64, u64),
+    (first, step): (u64, u64),
 ) -> Vec<u64> {
     debug_assert!(perm.len() < 1 << 32);
+    // How many of the progression's positions lie below `x`.
+    let below = |x: u64| {
+        if x <= first {
+            0
+        } else {
+            (x - first - 1) / step + 1
+        }
+    };
     let blocks = used.div_ceil(RANK_BLOCK);
-    let mut parts: Vec<RankedBlock> = (0..blocks)
-        .into_par_iter()
-        .map(|b| {
-            let range = (b * RANK_BLOCK, ((b + 1) * RANK_BLOCK).min(used));
-            rank_block(perm, table, marked, range, progression)
+    let mut ranked = vec![0u64; below(used) as usize];
+    let mut parts: Vec<(u64, &mut [u64])> = Vec::with_capacity(blocks as usize);
+    let mut rest = &mut ranked[..];
+    for b in 0..blocks {
+        let z = ((b + 1) * RANK_BLOCK).min(used);
+        let (part, tail) = rest.split_at_mut((below(z) - below(b * RANK_BLOCK)) as usize);
+        parts.push((b, part));
+        rest = tail;
+    }
+    let mut seen: Vec<Vec<u32>> = parts
+        .par_iter_mut()
+        .map(|(b, part)| {
+            let range = (*b * RANK_BLOCK, ((*b + 1) * RANK_BLOCK).min(used));
+            rank_block(perm, table, marked, range, (first, step), part)
         })
         .collect();
     // Each block's counts become the counts before it.
     let mut run = vec![0u32; table.counts.len()];
-    for (seen, _) in &mut parts {
-        for (r, x) in run.iter_mut().zip(seen.iter_mut()) {
+    for block in &mut seen {
+        for (r, x) in run.iter_mut().zip(block.iter_mut()) {
             (*r, *x) = (*r + *x, *r);
         }
     }
-    let mut ranked = Vec::with_capacity(parts.iter().map(|(_, mine)| mine.len()).sum());
-    for (before, mine) in &parts {
-        ranked.extend(mine.iter().map(|&x| {
-            let e = x as u32 as usize;
-            if marked[e] {
-                x + (u64::from(before[e]) << 32)
-            } else {
-                x
+    parts
+        .into_par_iter()
+        .zip(&seen)
+        .skip(1) // nothing before the first block
+        .for_each(|((_, part), before)| {
+            for x in part.iter_mut() {
+                let e = *x as u32 as usize;
+                if marked[e] {
+                    *x += u64::from(before[e]) << 32;
+                }
             }
-        }));
-    }
+        });
     ranked
 }
 
 /// One block `[a, z)` of [`rank_in_time`]: its counts per entry, and each of its positions in
-/// the progression, packed as [`rank_in_time`] returns them (for a marked entry, the
-/// occurrences of that entry before it in the block). A chunk of slots at a time: their
-/// entries, then the counts up to each of the progression's positions, which is noted (no
-/// test per position).
+/// the progression written to `mine`, packed as [`rank_in_time`] returns them (for a marked
+/// entry, the occurrences of that entry before it in the block). A chunk of slots at a time:
+/// each slot's entry counted, the progression's positions noted on the way (no test per
+/// position).
 fn rank_block(
     perm: &RandomAccessPermutation,
     table: &SlotTable<'_>,
     marked: &[bool],
     (a, z): (u64, u64),
     (first, step): (u64, u64),
-) -> RankedBlock {
+    mine: &mut [u64],
+) -> Vec<u32> {
     let len = perm.len();
     let mut seen = vec![0u32; table.counts.len()];
-    let mut mine = Vec::with_capacity(((z - a) / step + 1) as usize);
     // The progression's first position at or after `a`.
     let mut next = if a <= first {
         first
@@ -469,7 +501,8 @@ fn rank_block(
         first + (a - first).div_ceil(step) * step
     };
     let mut slots = [0u32; RANK_CHUNK];
-    let mut found = [0u32; RANK_CHUNK];
+    let entries = seen.len();
+    let mut noted = 0;
     let mut i = a;
     while i < z {
         if cancelled() {
@@ -477,33 +510,37 @@ fn rank_block(
         }
         let n = (z - i).min(RANK_CHUNK as u64) as usize;
         perm.fill_strided(&mut slots[..n], 0, len, i, 1);
-        // The entries first, in a loop of independent lookups; then the counts.
-        for (f, &s) in found[..n].iter_mut().zip(&slots[..n]) {
-            *f = table.find(u64::from(s)) as u32;
-        }
+        // Each slot's entry counted, and at each of the progression's positions (one in
+        // `step`) its entry and occurrence noted first.
+        let count = |seen: &mut [u32], slots: &[u32]| {
+            for &s in slots {
+                let e = table.find(u64::from(s));
+                debug_assert!(e < entries);
+                seen[e] += 1;
+            }
+        };
         let mut k = 0;
         while next < i + n as u64 {
             let at = (next - i) as usize;
-            for &e in &found[k..at] {
-                seen[e as usize] += 1;
-            }
-            let e = found[at] as usize;
+            count(&mut seen, &slots[k..at]);
+            let s = u64::from(slots[at]);
+            let e = table.find(s);
             let v = if marked[e] {
                 u64::from(seen[e])
             } else {
-                u64::from(slots[at]) - table.starts[e]
+                s - table.starts[e]
             };
-            mine.push(e as u64 | v << 32);
+            mine[noted] = e as u64 | v << 32;
+            noted += 1;
             seen[e] += 1;
             k = at + 1;
             next += step;
         }
-        for &e in &found[k..n] {
-            seen[e as usize] += 1;
-        }
+        count(&mut seen, &slots[k..n]);
         i += n as u64;
     }
-    (seen, mine)
+    debug_assert!(noted == mine.len() || cancelled());
+    seen
 }
 
 /// A leaf boundary of a balanced phase's sequence, as a checkpoint records it: the counts per
@@ -1065,48 +1102,62 @@ impl Global {
             if done < out.len() && p < hi {
                 let here = ((hi - p).div_ceil(w) as usize).min(out.len() - done);
                 // Occurrences in time order for the datasets whose occurrences here cross a
-                // pass boundary ([`Global::marked`]); slot order for the others.
-                dj.clear();
-                match &input.timed[k] {
-                    // The ranking read these positions: their entries and occurrences,
-                    // consecutive in its progression from this unit's first one here.
-                    Timed::Ranks {
-                        first,
-                        step,
-                        ranked,
-                    } => {
-                        // Every position of the run is below `end`, so the progression,
-                        // ranked up to there, holds them all.
-                        let r = ((p - lo - first) / step) as usize;
-                        debug_assert!(r + here <= ranked.len());
-                        dj.extend(ranked[r..r + here].iter().map(|&x| {
-                            let d = counts[x as u32 as usize].0;
-                            (d, before[d as usize] + (x >> 32))
-                        }));
+                // pass boundary ([`Global::marked`]); slot order for the others. The leaf's
+                // positions a piece at a time (the draws of a piece stay in cache).
+                let slotted = match &input.timed[k] {
+                    Timed::Ranks { .. } => None,
+                    _ => Some((il.leaf_perm(l), SlotTable::new(counts, hi - lo))),
+                };
+                for from in (0..here).step_by(WRITE_STEP) {
+                    if cancelled() {
+                        return;
                     }
-                    timed => {
-                        slots.clear();
-                        slots.resize(here, 0);
-                        let perm = il.leaf_perm(l);
-                        perm.fill_strided(&mut slots, 0, hi - lo, p - lo, w);
-                        let table = SlotTable::new(counts, hi - lo);
-                        dj.extend(slots.iter().zip((p - lo..).step_by(w as usize)).map(
-                            |(&s, i)| {
-                                let e = table.find(s);
-                                let d = counts[e].0;
-                                let within = match timed {
-                                    Timed::Sorted(lists) => match &lists[e] {
-                                        Some(at) => at.partition_point(|&x| x < i) as u64,
-                                        None => s - table.starts[e],
-                                    },
-                                    _ => s - table.starts[e],
-                                };
-                                (d, before[d as usize] + within)
+                    let m = (here - from).min(WRITE_STEP);
+                    let q = p + from as u64 * w; // the piece's first position
+                    dj.clear();
+                    match (&input.timed[k], &slotted) {
+                        // The ranking read these positions: their entries and occurrences,
+                        // consecutive in its progression from this unit's first one here.
+                        (
+                            Timed::Ranks {
+                                first,
+                                step,
+                                ranked,
                             },
-                        ));
+                            _,
+                        ) => {
+                            // Every position of the run is below `end`, so the progression,
+                            // ranked up to there, holds them all.
+                            let r = ((q - lo - first) / step) as usize;
+                            debug_assert!(r + m <= ranked.len());
+                            dj.extend(ranked[r..r + m].iter().map(|&x| {
+                                let d = counts[x as u32 as usize].0;
+                                (d, before[d as usize] + (x >> 32))
+                            }));
+                        }
+                        (timed, Some((perm, table))) => {
+                            slots.clear();
+                            slots.resize(m, 0);
+                            perm.fill_strided(&mut slots, 0, hi - lo, q - lo, w);
+                            dj.extend(slots.iter().zip((q - lo..).step_by(w as usize)).map(
+                                |(&s, i)| {
+                                    let e = table.find(s);
+                                    let d = counts[e].0;
+                                    let within = match timed {
+                                        Timed::Sorted(lists) => match &lists[e] {
+                                            Some(at) => at.partition_point(|&x| x < i) as u64,
+                                            None => s - table.starts[e],
+                                        },
+                                        _ => s - table.starts[e],
+                                    };
+                                    (d, before[d as usize] + within)
+                                },
+                            ));
+                        }
+                        (_, None) => unreachable!("a leaf read in slot order has its table"),
                     }
+                    passes.write(&dj, &mut out[done + from..done + from + m]);
                 }
-                passes.write_all(&dj, &mut out[done..done + here]);
                 done += here;
                 p += here as u64 * w;
             }

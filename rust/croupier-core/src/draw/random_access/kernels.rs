@@ -348,57 +348,252 @@ unsafe fn fill_with<V: Lanes, T: Index, const C: usize>(
         V::splat((walk.len - advance) as u32),
     );
     let offset = V::splat(walk.offset as u32);
-    // The values still outside the domain, and their places in `block`.
-    let (mut values, mut places) = (Vec::<u32>::new(), Vec::<u32>::new());
-    for (g, chunk) in block.chunks_mut(group).enumerate() {
+    let mut outside = Outside::new();
+    for first in (0..block.len()).step_by(group) {
         let mut x = [V::splat(0); C];
         for c in 0..C {
             x[c] = at[c].add(offset);
             at[c] = at[c].wrap_add(advance, back);
         }
-        let mut outside = cipher.encrypt(x, &mut buf);
-        for (slot, &v) in chunk.iter_mut().zip(&buf) {
-            *slot = T::from_u64(u64::from(v));
-        }
-        if chunk.len() < group {
-            outside &= (1u64 << chunk.len()) - 1;
-        }
-        while outside != 0 {
-            let j = outside.trailing_zeros() as usize;
-            values.push(buf[j]);
-            places.push((g * group + j) as u32);
-            outside &= outside - 1;
-        }
+        let bits = cipher.encrypt(x, &mut buf);
+        let len = group.min(block.len() - first);
+        outside.keep::<V, T, C>(&cipher, block, (&buf, bits), (first, len));
     }
-    // Each walk writes every value to its place and keeps the ones still outside, without a
-    // branch per value (a value outside is overwritten once its walk ends).
-    let (mut still, mut still_places) = (vec![0u32; values.len()], vec![0u32; values.len()]);
-    while !values.is_empty() {
-        let mut kept = 0;
-        for (vals, places) in values.chunks(group).zip(places.chunks(group)) {
-            buf[..vals.len()].copy_from_slice(vals);
-            let mut x = [V::splat(0); C];
+    outside.finish::<V, T, C>(&cipher, block);
+}
+
+/// `block[j]` = the value at position `positions[j]`, for a permutation of at most [`MAX_N`]
+/// positions and no table, with the kernels of `simd`: [`fill`] for positions in any order
+/// (a mixture's draws of one pass, gathered from among the other passes').
+///
+/// # Safety
+///
+/// `simd` is a level this CPU runs, and every position is below the permutation's `n`.
+pub(super) unsafe fn fill_at<T: Index>(
+    p: &RandomAccessPermutation,
+    positions: &[u32],
+    block: &mut [T],
+    simd: Simd,
+) {
+    debug_assert!(p.table.is_empty() && p.n <= MAX_N && positions.len() == block.len());
+    debug_assert!(positions.iter().all(|&x| u64::from(x) < p.n));
+    debug_assert!(simd <= Simd::best());
+    match simd {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `simd` is a level this CPU runs (the caller's promise).
+        Simd::Avx512 => unsafe { fill_at_avx512(p, positions, block) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Simd::Avx2 => unsafe { fill_at_avx2(p, positions, block) },
+        // SAFETY: `Portable`'s operations are plain Rust.
+        _ => unsafe { fill_at_with::<Portable, T, 4>(p, positions, block) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn fill_at_avx2<T: Index>(p: &RandomAccessPermutation, positions: &[u32], block: &mut [T]) {
+    // Fewer chains for few positions: a group's lanes past them are encrypted for nothing.
+    match block.len() {
+        0..16 => fill_at_with::<__m256i, T, 1>(p, positions, block),
+        16..32 => fill_at_with::<__m256i, T, 2>(p, positions, block),
+        _ => fill_at_with::<__m256i, T, 4>(p, positions, block),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fill_at_avx512<T: Index>(
+    p: &RandomAccessPermutation,
+    positions: &[u32],
+    block: &mut [T],
+) {
+    match block.len() {
+        0..32 => fill_at_with::<__m512i, T, 1>(p, positions, block),
+        32..64 => fill_at_with::<__m512i, T, 2>(p, positions, block),
+        _ => fill_at_with::<__m512i, T, CH512>(p, positions, block),
+    }
+}
+
+/// [`fill_at`] with `C` vectors of `V` at a time, as [`fill_with`] encrypts a walk's.
+///
+/// # Safety
+///
+/// The CPU runs `V`'s instructions.
+#[inline(always)]
+unsafe fn fill_at_with<V: Lanes, T: Index, const C: usize>(
+    p: &RandomAccessPermutation,
+    positions: &[u32],
+    block: &mut [T],
+) {
+    let w = V::WIDTH;
+    let group = w * C;
+    const { assert!(V::WIDTH * C <= MOST) };
+    let cipher = Cipher::<V>::new(p);
+    let mut buf = [0u32; MOST];
+    let mut outside = Outside::new();
+    for (first, at) in (0..).step_by(group).zip(positions.chunks(group)) {
+        let mut x = [V::splat(0); C];
+        if at.len() == group {
+            for (c, x) in x.iter_mut().enumerate() {
+                *x = V::load(&at[c * w..]);
+            }
+        } else {
+            // A short last group: its lanes past the positions encrypt position 0, dropped.
+            buf[..at.len()].copy_from_slice(at);
+            buf[at.len()..group].fill(0);
             for (c, x) in x.iter_mut().enumerate() {
                 *x = V::load(&buf[c * w..]);
             }
-            let outside = cipher.encrypt(x, &mut buf);
-            for (j, &at) in places.iter().enumerate() {
-                block[at as usize] = T::from_u64(u64::from(buf[j]));
-                still[kept] = buf[j];
-                still_places[kept] = at;
-                kept += (outside >> j & 1) as usize;
-            }
         }
-        values.clear();
-        values.extend_from_slice(&still[..kept]);
-        places.clear();
-        places.extend_from_slice(&still_places[..kept]);
+        let bits = cipher.encrypt(x, &mut buf);
+        outside.keep::<V, T, C>(&cipher, block, (&buf, bits), (first, at.len()));
+    }
+    outside.finish::<V, T, C>(&cipher, block);
+}
+
+/// The values of a fill still outside `[0, n)` after an encryption, and their places in the
+/// block: encrypted again a whole group at a time as soon as a group's worth is waiting, and
+/// the last few at the end, until inside (cycle walking). On the stack: a fill of a thousand
+/// positions allocates nothing.
+struct Outside {
+    values: [u32; 2 * MOST],
+    places: [u32; 2 * MOST],
+    len: usize,
+}
+
+impl Outside {
+    fn new() -> Self {
+        Outside {
+            values: [0; 2 * MOST],
+            places: [0; 2 * MOST],
+            len: 0,
+        }
+    }
+
+    /// A group's values `buf` (its first `chunk.len()` lanes) into `chunk`, at `first` in the
+    /// block; those whose bit is set in `bits` set aside, and a group's worth of them
+    /// encrypted again at once.
+    ///
+    /// # Safety
+    ///
+    /// The CPU runs `V`'s instructions.
+    #[inline(always)]
+    unsafe fn keep<V: Lanes, T: Index, const C: usize>(
+        &mut self,
+        cipher: &Cipher<V>,
+        block: &mut [T],
+        (buf, mut bits): (&[u32; MOST], u64),
+        (first, len): (usize, usize),
+    ) {
+        for (slot, &v) in block[first..first + len].iter_mut().zip(buf) {
+            *slot = T::from_u64(u64::from(v));
+        }
+        if len < 64 {
+            bits &= (1u64 << len) - 1;
+        }
+        while bits != 0 {
+            let j = bits.trailing_zeros() as usize;
+            self.values[self.len] = buf[j];
+            self.places[self.len] = (first + j) as u32;
+            self.len += 1;
+            bits &= bits - 1;
+        }
+        if self.len >= V::WIDTH * C {
+            // SAFETY: the caller's.
+            unsafe { self.again::<V, T, C>(cipher, block) };
+        }
+    }
+
+    /// Encrypts the first group of the values set aside (at most a group's worth; its lanes
+    /// past them encrypt 0, dropped), writes each to its place, and keeps those still
+    /// outside.
+    ///
+    /// # Safety
+    ///
+    /// The CPU runs `V`'s instructions.
+    #[inline(always)]
+    unsafe fn again<V: Lanes, T: Index, const C: usize>(
+        &mut self,
+        cipher: &Cipher<V>,
+        block: &mut [T],
+    ) {
+        let (w, group) = (V::WIDTH, V::WIDTH * C);
+        let take = self.len.min(group);
+        let mut buf = [0u32; MOST];
+        buf[..take].copy_from_slice(&self.values[..take]);
+        let mut x = [V::splat(0); C];
+        for (c, x) in x.iter_mut().enumerate() {
+            *x = V::load(&buf[c * w..]);
+        }
+        let outside = cipher.encrypt(x, &mut buf);
+        // Each value to its place, the ones still outside kept at the front without a
+        // branch per value (a value outside is overwritten once its walk ends).
+        let mut kept = 0;
+        for (j, &v) in buf[..take].iter().enumerate() {
+            let at = self.places[j];
+            block[at as usize] = T::from_u64(u64::from(v));
+            self.values[kept] = v;
+            self.places[kept] = at;
+            kept += (outside >> j & 1) as usize;
+        }
+        // Then the values waiting behind the group.
+        self.values.copy_within(take..self.len, kept);
+        self.places.copy_within(take..self.len, kept);
+        self.len = kept + self.len - take;
+    }
+
+    /// Encrypts the values set aside until each is inside.
+    ///
+    /// # Safety
+    ///
+    /// The CPU runs `V`'s instructions.
+    #[inline(always)]
+    unsafe fn finish<V: Lanes, T: Index, const C: usize>(
+        mut self,
+        cipher: &Cipher<V>,
+        block: &mut [T],
+    ) {
+        while self.len > 0 {
+            // SAFETY: the caller's.
+            unsafe { self.again::<V, T, C>(cipher, block) };
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every level this CPU runs reads, at positions in any order (repeats included), what
+    /// each position reads alone: domains with high and low walk rates, up to [`MAX_N`],
+    /// `u32` and `u64` outputs, and every length from none to a few groups (short last groups,
+    /// the fewer chains of short fills, values set aside and encrypted again mid-fill).
+    #[test]
+    fn reads_at_any_positions_are_each_positions() {
+        let mut lcg = crate::testkit::Lcg::new(23);
+        for (k, &n) in [1025, 1 << 11, 10_000, 1_000_003, (1 << 31) + 1, MAX_N]
+            .iter()
+            .enumerate()
+        {
+            let p = RandomAccessPermutation::new(n, 9, k as u64);
+            for len in (0..70).chain([127, 128, 129, 1000]) {
+                let positions: Vec<u32> = (0..len).map(|_| lcg.below(n) as u32).collect();
+                let expected: Vec<u64> = positions.iter().map(|&x| p.at(u64::from(x))).collect();
+                for simd in Simd::available() {
+                    let mut wide = vec![0u64; len];
+                    // SAFETY: `simd` is a level this CPU runs; the positions are below `n`.
+                    unsafe { fill_at(&p, &positions, &mut wide, simd) };
+                    assert_eq!(wide, expected, "{simd:?} n={n} len={len}");
+                    let mut narrow = vec![0u32; len];
+                    // SAFETY: as above.
+                    unsafe { fill_at(&p, &positions, &mut narrow, simd) };
+                    let narrow: Vec<u64> = narrow.into_iter().map(u64::from).collect();
+                    assert_eq!(narrow, expected, "{simd:?} n={n} len={len}, u32");
+                }
+            }
+        }
+    }
 
     /// Every level this CPU runs fills what each position reads alone, over domains with and
     /// without cycle walking (up to [`MAX_N`], where the lanes' walk and values fill 32
