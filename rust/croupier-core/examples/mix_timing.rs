@@ -2,10 +2,14 @@
 //! (rank 3 of 8) of the bench's mixture (100 near-equal datasets of N samples in all, weights
 //! 1 to 100), the median of `reps` epochs in ms. `-- N perm [reps]`: the keyed permutation's
 //! `fill_strided` of N consecutive positions (the global orders' random access), in ns a
-//! position, the median of `reps` calls.
+//! position, the median of `reps` calls. With `POOL` set in the environment each call runs
+//! inside a thread pool's `install`, as the Python bindings run it (its own allocations then
+//! come from the pool's threads).
 use croupier_core::{Deal, Mixture, MixtureConfig, Order, PhaseSpec};
 
-thread_local! { static POOL: rayon::ThreadPool = rayon::ThreadPoolBuilder::new().build().unwrap(); }
+thread_local! {
+    static POOL: rayon::ThreadPool = rayon::ThreadPoolBuilder::new().build().unwrap();
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -195,9 +195,44 @@ enum Timed {
 /// in cache, and the call looks at its cancellation between pieces.
 const WRITE_STEP: usize = 1 << 14;
 
+/// A worker's buffers for the units it fills, kept from unit to unit and from call to call:
+/// fresh buffers of a few hundred kilobytes at every unit cost their page faults, and
+/// a thread's heap trimmed after every call faulted them in again at the next.
+#[derive(Default)]
+struct Scratch {
+    reads: ReadScratch,
+    /// A piece's draws (dataset, draw).
+    dj: Vec<(u32, u64)>,
+    /// A piece's slots of its leaf.
+    slots: Vec<u64>,
+}
+
+/// The buffers of [`Passes::write`]'s batched reads.
+#[derive(Default)]
+struct ReadScratch {
+    which: Vec<u32>,
+    pos: Vec<u64>,
+    vals: Vec<u64>,
+    many: AtMany,
+}
+
+thread_local! {
+    /// This thread's [`Scratch`].
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// `f` with this thread's [`Scratch`] (a fresh one where it is already in use: a thread
+/// that waits inside a unit may run another unit meanwhile).
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
+
 /// The permutations of the passes a unit reads, built when first met, and the scratch of
 /// the batched reads.
-struct Passes<'a> {
+struct Passes<'a, 's> {
     global: &'a Global,
     epoch: u64,
     /// Where the phase's streams start.
@@ -213,16 +248,18 @@ struct Passes<'a> {
     /// Per dataset: the occurrences `[start, end)` of the pass read last, and its arena place
     /// (a leaf's draws of a dataset mostly read one pass: no division for them).
     last: Vec<(u64, u64, u32)>,
-    which: Vec<u32>,
-    pos: Vec<u64>,
-    vals: Vec<u64>,
-    reads: AtMany,
+    reads: &'s mut ReadScratch,
 }
 
-impl<'a> Passes<'a> {
+impl<'a, 's> Passes<'a, 's> {
     /// The passes of a unit of a phase whose streams start at `at`, the unit's first draws
-    /// being `before` (virtual: no occurrence it reads is earlier).
-    fn new(global: &'a Global, epoch: u64, at: &'a StreamAt, before: &[u64]) -> Self {
+    /// being `before` (virtual: no occurrence it reads is earlier), read with `reads`.
+    fn new(
+        global: &'a Global,
+        epoch: u64,
+        (at, before): (&'a StreamAt, &[u64]),
+        reads: &'s mut ReadScratch,
+    ) -> Self {
         let first_pass = before
             .iter()
             .zip(&global.sizes)
@@ -238,10 +275,7 @@ impl<'a> Passes<'a> {
             first_pass,
             by_pass: vec![Vec::new(); global.sizes.len()],
             last: vec![(1, 0, 0); global.sizes.len()], // an empty range: none read yet
-            which: Vec::new(),
-            pos: Vec::new(),
-            vals: Vec::new(),
-            reads: AtMany::default(),
+            reads,
         }
     }
 
@@ -293,9 +327,9 @@ impl<'a> Passes<'a> {
             return;
         }
         let (mut which, mut pos, mut vals) = (
-            std::mem::take(&mut self.which),
-            std::mem::take(&mut self.pos),
-            std::mem::take(&mut self.vals),
+            std::mem::take(&mut self.reads.which),
+            std::mem::take(&mut self.reads.pos),
+            std::mem::take(&mut self.reads.vals),
         );
         which.clear();
         pos.clear();
@@ -316,11 +350,11 @@ impl<'a> Passes<'a> {
         }
         vals.clear();
         vals.resize(dv.len(), 0);
-        self.reads.read(&self.arena, &which, &pos, &mut vals);
+        self.reads.many.read(&self.arena, &which, &pos, &mut vals);
         for ((o, &v), &a) in out.iter_mut().zip(&vals).zip(&which) {
             *o = T::from_u64(self.arena_offset[a as usize] + v);
         }
-        (self.which, self.pos, self.vals) = (which, pos, vals);
+        (self.reads.which, self.reads.pos, self.reads.vals) = (which, pos, vals);
     }
 }
 
@@ -814,7 +848,9 @@ impl Global {
     ) {
         let work = |(u, piece): (&Unit, &mut [T])| {
             if !cancelled() {
-                self.fill_unit(epoch, u, w, (at, &input_of(u)), piece);
+                with_scratch(|scratch| {
+                    self.fill_unit(epoch, u, w, (at, &input_of(u)), piece, scratch);
+                });
             }
         };
         if units.len() == 1 {
@@ -1045,14 +1081,15 @@ impl Global {
         w: u64,
         (at, input): (&StreamAt, &UnitInput<'_>),
         out: &mut [T],
+        scratch: &mut Scratch,
     ) {
         let stream_at = &input.before;
         let ph = &self.phases[u.phase];
-        let mut passes = Passes::new(self, epoch, at, input.before);
+        let Scratch { reads, dj, slots } = scratch;
+        let mut passes = Passes::new(self, epoch, (at, input.before), reads);
         if let Some(b) = &ph.balanced {
             let leaf = b.leaf();
             let mut done = 0usize;
-            let mut dj = Vec::new();
             let mut p = u.g0 - ph.start;
             for l in u.leaves.0..u.leaves.1 {
                 let hi = (l + 1) * leaf;
@@ -1067,7 +1104,7 @@ impl Global {
                     dj.push((d, stream_at[d as usize] + occ[i]));
                     p += w;
                 }
-                passes.write_all(&dj, &mut out[done..done + dj.len()]);
+                passes.write_all(dj, &mut out[done..done + dj.len()]);
                 done += dj.len();
             }
             return;
@@ -1081,21 +1118,18 @@ impl Global {
                 run += c;
             }
             starts.push(run);
-            let dj: Vec<(u32, u64)> = (0..out.len() as u64)
-                .map(|i| {
-                    let p = u.g0 - ph.start + i * w;
-                    let d = starts.partition_point(|&s| s <= p) - 1;
-                    (d as u32, stream_at[d] + p - starts[d])
-                })
-                .collect();
-            passes.write_all(&dj, out);
+            dj.clear();
+            dj.extend((0..out.len() as u64).map(|i| {
+                let p = u.g0 - ph.start + i * w;
+                let d = starts.partition_point(|&s| s <= p) - 1;
+                (d as u32, stream_at[d] + p - starts[d])
+            }));
+            passes.write_all(dj, out);
             return;
         }
         let il = self.interleave(epoch, ph);
         let mut before = stream_at.to_vec();
         let leaves = input.leaves;
-        let mut slots: Vec<u64> = Vec::new();
-        let mut dj: Vec<(u32, u64)> = Vec::new();
         let (mut done, mut p) = (0usize, u.g0 - ph.start);
         for (k, (counts, l)) in leaves.iter().zip(u.leaves.0..).enumerate() {
             let (lo, hi) = il.leaf_range(l);
@@ -1138,7 +1172,7 @@ impl Global {
                         (timed, Some((perm, table))) => {
                             slots.clear();
                             slots.resize(m, 0);
-                            perm.fill_strided(&mut slots, 0, hi - lo, q - lo, w);
+                            perm.fill_strided(slots, 0, hi - lo, q - lo, w);
                             dj.extend(slots.iter().zip((q - lo..).step_by(w as usize)).map(
                                 |(&s, i)| {
                                     let e = table.find(s);
@@ -1156,7 +1190,7 @@ impl Global {
                         }
                         (_, None) => unreachable!("a leaf read in slot order has its table"),
                     }
-                    passes.write(&dj, &mut out[done + from..done + from + m]);
+                    passes.write(dj, &mut out[done + from..done + from + m]);
                 }
                 done += here;
                 p += here as u64 * w;
