@@ -499,7 +499,8 @@ impl Outside {
             self.len += 1;
             bits &= bits - 1;
         }
-        if self.len >= V::WIDTH * C {
+        // Fewer than a group's worth left waiting, so the next group's fit.
+        while self.len >= V::WIDTH * C {
             // SAFETY: the caller's.
             unsafe { self.again::<V, T, C>(cipher, block) };
         }
@@ -591,6 +592,36 @@ mod tests {
                     let narrow: Vec<u64> = narrow.into_iter().map(u64::from).collect();
                     assert_eq!(narrow, expected, "{simd:?} n={n} len={len}, u32");
                 }
+            }
+        }
+    }
+
+    /// Long fills over domains that walk about half their values (`2**k + 1` positions): many
+    /// values wait to be encrypted again at once, group after group, in the strided and the
+    /// any-order fills of every level.
+    #[test]
+    fn long_fills_of_domains_that_walk_half_their_values() {
+        let mut lcg = crate::testkit::Lcg::new(5);
+        for (k, &n) in [(1u64 << 12) + 1, (1 << 20) + 1].iter().enumerate() {
+            let p = RandomAccessPermutation::new(n, 2, k as u64);
+            let count = 100_000usize;
+            let walk = Walk {
+                offset: 0,
+                len: n,
+                p: 0,
+                step: 1,
+            };
+            let expected: Vec<u64> = (0..count as u64).map(|i| p.at(i % n)).collect();
+            let positions: Vec<u32> = (0..count).map(|_| lcg.below(n) as u32).collect();
+            let at: Vec<u64> = positions.iter().map(|&x| p.at(u64::from(x))).collect();
+            for simd in Simd::available() {
+                let mut out = vec![0u64; count];
+                // SAFETY: `simd` is a level this CPU runs.
+                unsafe { fill(&p, &mut out, walk, simd) };
+                assert_eq!(out, expected, "{simd:?} n={n}, strided");
+                // SAFETY: as above; the positions are below `n`.
+                unsafe { fill_at(&p, &positions, &mut out, simd) };
+                assert_eq!(out, at, "{simd:?} n={n}, any order");
             }
         }
     }
