@@ -439,7 +439,7 @@ impl RandomAccessPermutation {
     }
 }
 
-/// Lanes of [`at_many`]: positions read together, each under its own permutation.
+/// Lanes of [`at_many_keyed`]: positions read together, each under its own permutation.
 pub(crate) const MANY: usize = 16;
 
 /// Positions of one permutation in an [`AtMany`] call from which they are read by its own
@@ -555,9 +555,9 @@ pub(crate) fn at_many(
     AtMany::default().read(perms, which, pos, out);
 }
 
-/// [`at_many`] in [`MANY`] lanes, each lane with its own permutation's keys, their rounds side
-/// by side (in explicit AVX2 vectors where the CPU has it): for positions spread over many
-/// permutations, a few each, or domains above 2**32. A lane whose value lands in its domain
+/// [`AtMany::read`] in [`MANY`] lanes, each lane with its own permutation's keys, their
+/// rounds side by side (in explicit AVX2 vectors where the CPU has it): for positions spread
+/// over many permutations, a few each, or domains above 2**32. A lane whose value lands in its domain
 /// hands it out and takes the next position at once; one still outside encrypts again with
 /// the others, so each position costs the encryptions it needs (1.6 on average over a domain
 /// of 10,000, whose walk rate is 39%), where a group that waited for its slowest lane cost
@@ -587,7 +587,7 @@ unsafe fn at_many_avx2(
     });
 }
 
-/// [`at_many`] with `rounds` encrypting every lane once.
+/// [`at_many_keyed`] with `rounds` encrypting every lane once.
 #[inline(always)]
 fn at_many_with(
     perms: &[RandomAccessPermutation],
