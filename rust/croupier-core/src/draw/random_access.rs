@@ -451,11 +451,11 @@ const GROUP_FROM: usize = 8;
 /// permutations (a mixture's passes), with scratch kept from call to call (a fresh buffer
 /// of a few hundred kilobytes costs its page faults at every call).
 ///
-/// Where every permutation has at most 2**32 positions, the positions are grouped by
-/// permutation (a counting sort of `which`, each position written to its group's place, so
-/// nothing is read back at random); a table is looked up, and a group of at least
-/// [`GROUP_FROM`] positions is read by its permutation's own 32-bit vector kernel
-/// ([`kernels::fill_at`], 1-2 ns a position on one AVX2 thread) into its place, from which
+/// Where every permutation of `perms` (all of them, not only those `which` names) has at
+/// most `2**32 - 1` positions, the positions are grouped by permutation (a counting sort of
+/// `which`, each position written to its group's place, so nothing is read back at random); a
+/// table is looked up, and a group of at least [`GROUP_FROM`] positions is read by its
+/// permutation's own 32-bit vector kernel ([`kernels::fill_at`]) into its place, from which
 /// each value is written to its own. Smaller groups, and every position when a domain is
 /// larger, go through [`at_many_keyed`]. The same values as [`RandomAccessPermutation::at`].
 #[derive(Default)]
@@ -874,8 +874,8 @@ mod tests {
         let mut lcg = crate::testkit::Lcg::new(3);
         let mut reads = AtMany::default();
         for len in [0usize, 1, 7, 8, 9, 50, 300, 5_000, 17] {
-            // Permutation 0 and 5 rarely (groups below GROUP_FROM at these lengths), the
-            // others often.
+            // Permutations 0 and 5 rarely (groups below GROUP_FROM up to a few hundred
+            // reads, read by the kernel at 5,000), the others often.
             let which: Vec<u32> = (0..len)
                 .map(|_| match lcg.below(40) {
                     0 => 0,

@@ -195,9 +195,11 @@ enum Timed {
 /// in cache, and the call looks at its cancellation between pieces.
 const WRITE_STEP: usize = 1 << 14;
 
-/// A worker's buffers for the units it fills, kept from unit to unit and from call to call:
-/// fresh buffers of a few hundred kilobytes at every unit cost their page faults, and
-/// a thread's heap trimmed after every call faulted them in again at the next.
+/// A worker's buffers for the units it fills, kept by its thread from unit to unit and, on
+/// a thread that outlives the call (the bindings' process pool serves the short calls), from
+/// call to call: fresh buffers of a few hundred kilobytes at every unit cost their page
+/// faults. They stay with the thread: about 1-3 MiB, the most its largest unit needed (a
+/// piece of [`WRITE_STEP`] draws; a whole unit's in the balanced and unshuffled orders).
 #[derive(Default)]
 struct Scratch {
     reads: ReadScratch,
