@@ -451,20 +451,24 @@ const GROUP_FROM: usize = 8;
 /// permutations (a mixture's passes), with scratch kept from call to call (a fresh buffer
 /// of a few hundred kilobytes costs its page faults at every call).
 ///
-/// Where every permutation of `perms` (all of them, not only those `which` names) has at
-/// most `2**32 - 1` positions, the positions are grouped by permutation (a counting sort of
-/// `which`, each position written to its group's place, so nothing is read back at random); a
-/// table is looked up, and a group of at least [`GROUP_FROM`] positions is read by its
-/// permutation's own 32-bit vector kernel ([`kernels::fill_at`]) into its place, from which
-/// each value is written to its own. Smaller groups, and every position when a domain is
-/// larger, go through [`at_many_keyed`]. The same values as [`RandomAccessPermutation::at`].
+/// The positions are grouped by permutation (a counting sort of `which`, each position
+/// written to its group's place, so nothing is read back at random); a table is looked up,
+/// and a group of at least [`GROUP_FROM`] positions of a permutation of at most `2**32 - 1`
+/// positions is read by that permutation's own 32-bit vector kernel ([`kernels::fill_at`])
+/// into its place, from which each value is written to its own. Smaller groups, and the groups
+/// of larger domains, go through [`at_many_keyed`] together. The same values as
+/// [`RandomAccessPermutation::at`].
 #[derive(Default)]
 pub(crate) struct AtMany {
     starts: Vec<u32>,
     grouped: Vec<u32>,
     back: Vec<u32>,
     vals: Vec<u64>,
+    /// The places left to the keyed lanes, and their permutations, positions and values.
     rest: Vec<u32>,
+    rest_which: Vec<u32>,
+    rest_pos: Vec<u64>,
+    rest_got: Vec<u64>,
 }
 
 impl AtMany {
@@ -476,7 +480,7 @@ impl AtMany {
         out: &mut [u64],
     ) {
         debug_assert!(which.len() == pos.len() && pos.len() == out.len());
-        if which.len() < GROUP_FROM || perms.iter().any(|p| p.n > kernels::MAX_N) {
+        if which.len() < GROUP_FROM {
             return at_many_keyed(perms, which, pos, out);
         }
         // Each permutation's places: `[starts[a], starts[a + 1])` once placed.
@@ -494,7 +498,8 @@ impl AtMany {
         grouped.resize(n, 0);
         back.resize(n, 0);
         vals.resize(n, 0);
-        // Each position to the next place of its group (`starts[a]` moves to the group's end).
+        // Each position to the next place of its group (`starts[a]` moves to the group's end);
+        // a position of a domain above 2**32 is cut short here and read from `pos` instead.
         for (i, (&a, &p)) in which.iter().zip(pos).enumerate() {
             let at = &mut starts[a as usize];
             grouped[*at as usize] = p as u32;
@@ -511,9 +516,9 @@ impl AtMany {
                 for (v, &x) in got.iter_mut().zip(at) {
                     *v = u64::from(p.table[x as usize]);
                 }
-            } else if at.len() >= GROUP_FROM {
+            } else if at.len() >= GROUP_FROM && p.n <= kernels::MAX_N {
                 // SAFETY: `Simd::best` is a level this CPU runs; `n <= MAX_N` (checked
-                // above) and the positions are below `n` (the caller's promise, as `at`'s).
+                // here) and the positions are below `n` (the caller's promise, as `at`'s).
                 unsafe { kernels::fill_at(p, at, got, simd) };
             } else {
                 self.rest.extend(from as u32..to as u32);
@@ -524,20 +529,19 @@ impl AtMany {
             out[i as usize] = v;
         }
         if !self.rest.is_empty() {
-            // The small groups, in the keyed lanes (their places' values overwritten above).
-            let which: Vec<u32> = self
-                .rest
-                .iter()
-                .map(|&s| which[back[s as usize] as usize])
-                .collect();
-            let pos: Vec<u64> = self
-                .rest
-                .iter()
-                .map(|&s| u64::from(grouped[s as usize]))
-                .collect();
-            let mut got = vec![0u64; self.rest.len()];
-            at_many_keyed(perms, &which, &pos, &mut got);
-            for (&s, v) in self.rest.iter().zip(got) {
+            // The rest, in the keyed lanes (their places' values overwritten above).
+            let (rw, rp, rg) = (&mut self.rest_which, &mut self.rest_pos, &mut self.rest_got);
+            rw.clear();
+            rp.clear();
+            for &s in &self.rest {
+                let i = back[s as usize] as usize;
+                rw.push(which[i]);
+                rp.push(pos[i]);
+            }
+            rg.clear();
+            rg.resize(rw.len(), 0);
+            at_many_keyed(perms, rw, rp, rg);
+            for (&s, &v) in self.rest.iter().zip(rg.iter()) {
                 out[back[s as usize] as usize] = v;
             }
         }

@@ -192,8 +192,9 @@ enum Timed {
 }
 
 /// Draws a unit writes at a time: a piece's draws, their passes' positions and values stay
-/// in cache, and the call looks at its cancellation between pieces.
-const WRITE_STEP: usize = 1 << 14;
+/// in cache, and the call looks at its cancellation between pieces. (Smaller in the tests,
+/// whose units are small: their units then go in several pieces too.)
+const WRITE_STEP: usize = if cfg!(test) { 1 << 9 } else { 1 << 14 };
 
 /// A worker's buffers for the units it fills, kept by its thread from unit to unit and, on
 /// a thread that outlives the call (the bindings' process pool serves the short calls), from
