@@ -1797,6 +1797,9 @@ mod tests {
             (len - 999, RANK_BLOCK - 1, 1000),
             (RANK_BLOCK + 5, 2, 3),
             (7, 6, 4),
+            // Blocks that hold none of the rank's positions (a world larger than a block).
+            (len, 5, 2 * RANK_BLOCK + 1),
+            (len, len - 1, len),
         ] {
             // Every entry marked, none, and every other one.
             for marked in [
