@@ -1774,6 +1774,23 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_busy_with_its_scratch_gets_a_fresh_one_and_keeps_its_own() {
+        use super::with_scratch;
+        // A unit run inside another on the same thread (a worker that waits and steals).
+        with_scratch(|outer| {
+            outer.slots.push(7);
+            let inner = with_scratch(|inner| {
+                inner.slots.push(9);
+                inner.slots.clone()
+            });
+            assert_eq!(inner, [9], "the inner unit got a fresh scratch");
+            assert_eq!(outer.slots, [7], "the outer unit's scratch is untouched");
+        });
+        // The thread's own scratch stays for its next unit (each unit clears what it uses).
+        with_scratch(|again| assert_eq!(again.slots, [7]));
+    }
+
+    #[test]
     fn ranks_in_time_are_the_counts_of_earlier_positions() {
         use super::{rank_in_time, SlotTable, RANK_BLOCK};
         use crate::draw::random_access::RandomAccessPermutation;
