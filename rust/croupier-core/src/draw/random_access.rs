@@ -864,6 +864,51 @@ mod tests {
         }
     }
 
+    /// Grouped reads beside the groups of domains above 2**32, with positions above 2**32
+    /// there (a copy of them cut to `u32` on the way to the keyed lanes reads other
+    /// positions), a scratch reused by larger and smaller calls.
+    #[test]
+    fn grouped_reads_beside_domains_above_2_32() {
+        let sizes = [
+            5u64,
+            1000,
+            1025,
+            3_000_001,
+            u32::MAX as u64,
+            1 << 32,
+            (1 << 40) + 3,
+            (1 << 62) + 5,
+        ];
+        let perms: Vec<RandomAccessPermutation> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| RandomAccessPermutation::new(n, 11, i as u64))
+            .collect();
+        let mut lcg = crate::testkit::Lcg::new(7);
+        let mut reads = AtMany::default();
+        for len in [0usize, 7, 8, 40, 3_000, 200, 9, 1_000] {
+            let which: Vec<u32> = (0..len)
+                .map(|_| lcg.below(sizes.len() as u64) as u32)
+                .collect();
+            let pos: Vec<u64> = which
+                .iter()
+                .map(|&w| {
+                    let n = perms[w as usize].len();
+                    if n > 1 << 33 {
+                        (1 << 32) + lcg.next_u64() % (n - (1 << 32))
+                    } else {
+                        lcg.next_u64() % n
+                    }
+                })
+                .collect();
+            let mut out = vec![u64::MAX; len];
+            reads.read(&perms, &which, &pos, &mut out);
+            for (i, ((&w, &p), &o)) in which.iter().zip(&pos).zip(&out).enumerate() {
+                assert_eq!(o, perms[w as usize].at(p), "len {len}, read {i}, perm {w}");
+            }
+        }
+    }
+
     /// The grouped reads (every domain at most 2**32): tables, groups read by their own
     /// kernel and groups too small for it (left to the keyed lanes) in one call, positions of
     /// different permutations interleaved, a scratch reused by calls of other sizes.
