@@ -464,7 +464,8 @@ pub(crate) struct AtMany {
     grouped: Vec<u32>,
     back: Vec<u32>,
     vals: Vec<u64>,
-    /// The places left to the keyed lanes, and their permutations, positions and values.
+    /// The draws left to the keyed lanes (their indices in `which`), and their
+    /// permutations, positions and values.
     rest: Vec<u32>,
     rest_which: Vec<u32>,
     rest_pos: Vec<u64>,
@@ -521,7 +522,7 @@ impl AtMany {
                 // here) and the positions are below `n` (the caller's promise, as `at`'s).
                 unsafe { kernels::fill_at(p, at, got, simd) };
             } else {
-                self.rest.extend(from as u32..to as u32);
+                self.rest.extend_from_slice(&back[from..to]);
             }
             from = to;
         }
@@ -533,16 +534,16 @@ impl AtMany {
             let (rw, rp, rg) = (&mut self.rest_which, &mut self.rest_pos, &mut self.rest_got);
             rw.clear();
             rp.clear();
-            for &s in &self.rest {
-                let i = back[s as usize] as usize;
+            for &i in &self.rest {
+                let i = i as usize;
                 rw.push(which[i]);
                 rp.push(pos[i]);
             }
             rg.clear();
             rg.resize(rw.len(), 0);
             at_many_keyed(perms, rw, rp, rg);
-            for (&s, &v) in self.rest.iter().zip(rg.iter()) {
-                out[back[s as usize] as usize] = v;
+            for (&i, &v) in self.rest.iter().zip(rg.iter()) {
+                out[i as usize] = v;
             }
         }
     }
