@@ -210,6 +210,20 @@ def _arrays(size=4):
             "document_index",
         ),
         (
+            lambda: cm.build_sample_idx(
+                np.array([3, -1], np.int32), np.array([0, 1], np.int32), 2, 1, 3
+            ),
+            ValueError,
+            "sizes",
+        ),
+        (
+            lambda: cm.build_sample_idx(
+                np.array([3], np.int32), np.array([0, -1], np.int32), 2, 1, 3
+            ),
+            ValueError,
+            "document_index",
+        ),
+        (
             lambda: cm.build_sample_idx(np.array([3.0]), np.array([0], np.int32), 2, 1, 3),
             TypeError,
             "sizes",
