@@ -42,11 +42,11 @@
 //! generators of different ids as good as independent, and xoshiro256++ is integer-only, so
 //! the output is the same on every platform.
 
-use crate::cancel::cancelled;
+use crate::cancel::{cancelled, CHECK_EVERY};
 use crate::draw::keyed::keyed_xoshiro;
 use crate::error::Result;
 use crate::index::{check_len, try_with_capacity_huge, Index, Indices, U32_MAX_LEN};
-use crate::shuffle::fisher_yates::{fisher_yates, swaps_with_lookahead};
+use crate::shuffle::fisher_yates::{fisher_yates, prefetch as prefetch_line};
 use crate::shuffle::write_combine::Combiner;
 use crate::stream::{fold, lemire_u32, Purpose, Stream};
 use rand_core::Rng;
@@ -296,17 +296,55 @@ pub(crate) fn fisher_yates_fast<T: Index>(
         }
         return;
     }
-    // The lookahead asks for one draw at a time, so the pending high half is carried.
-    let mut pending = None;
-    let draw = |s: usize| {
-        let half = pending.take().unwrap_or_else(|| {
-            let word = rng.next_u64();
-            pending = Some((word >> 32) as u32);
-            word as u32
-        });
-        below(half, bound(s), rng)
-    };
-    swaps_with_lookahead::<_, LEAF_LOOKAHEAD>(buf, swaps, |s| n - 1 - s, draw);
+    // The targets of swaps s .. s + LEAF_LOOKAHEAD wait in a ring, each prefetched when
+    // drawn; a step makes two swaps and draws the two targets of one word (a loop drawing one
+    // target at a time, carrying the word's other half, was slower: `docs/performance.md`).
+    const A: usize = LEAF_LOOKAHEAD;
+    const { assert!(A.is_multiple_of(2) && CHECK_EVERY.is_multiple_of(2)) };
+    let mut ring = [0u32; A];
+    let first = A.min(swaps);
+    let mut s = 0;
+    while s < first {
+        let word = rng.next_u64();
+        ring[s] = below(word as u32, bound(s), rng) as u32;
+        prefetch_line(buf.as_ptr().wrapping_add(ring[s] as usize));
+        if s + 1 < first {
+            ring[s + 1] = below((word >> 32) as u32, bound(s + 1), rng) as u32;
+            prefetch_line(buf.as_ptr().wrapping_add(ring[s + 1] as usize));
+        } // else: the last swap's word, its high half dropped
+        s += 2;
+    }
+    // s even: swap s's target sits at slot s % A, and the draws for s + A and s + A + 1 take
+    // the low and high halves of one word, as in the loop without prefetching.
+    s = 0;
+    while s + A + 1 < swaps {
+        if s.is_multiple_of(CHECK_EVERY) && cancelled() {
+            return; // the caller discards the buffer
+        }
+        let slot = s % A;
+        let (t0, t1) = (ring[slot] as usize, ring[slot + 1] as usize);
+        let word = rng.next_u64();
+        let d0 = below(word as u32, bound(s + A), rng) as u32;
+        let d1 = below((word >> 32) as u32, bound(s + A + 1), rng) as u32;
+        ring[slot] = d0;
+        ring[slot + 1] = d1;
+        prefetch_line(buf.as_ptr().wrapping_add(d0 as usize));
+        prefetch_line(buf.as_ptr().wrapping_add(d1 as usize));
+        buf.swap(n - 1 - s, t0);
+        buf.swap(n - 2 - s, t1);
+        s += 2;
+    }
+    // At most A + 1 swaps left, their targets in the ring but for one when A + 1 are left
+    // (an even draw: a fresh word's low half, the high half dropped).
+    let extra = (s + A < swaps).then(|| below(rng.next_u64() as u32, bound(s + A), rng));
+    for k in s..swaps {
+        let target = if k < s + A {
+            ring[k % A] as usize
+        } else {
+            extra.expect("drawn above")
+        };
+        buf.swap(n - 1 - k, target);
+    }
 }
 
 /// The inside-out Fisher–Yates from `src` into `dst` (equal lengths, below 2**32): for
@@ -921,7 +959,23 @@ mod tests {
     #[test]
     fn prefetching_makes_the_same_swaps() {
         let edge = LEAF_LOOKAHEAD;
-        for n in [0usize, 1, 2, 3, edge - 1, edge, edge + 1, 1000, 100_001] {
+        for n in [
+            0usize,
+            1,
+            2,
+            3,
+            edge - 1,
+            edge,
+            edge + 1,
+            edge + 2,
+            edge + 3,
+            edge + 4,
+            2 * edge + 1,
+            2 * edge + 2,
+            1000,
+            100_001,
+            100_002,
+        ] {
             let run = |prefetch| {
                 let mut v: Vec<u32> = (0..n as u32).collect();
                 let mut rng = Namer::permutation(4, 5).generator(NODE_LEAF | n as u64);
