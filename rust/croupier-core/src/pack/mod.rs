@@ -170,7 +170,7 @@ fn sample_index_in_windows<T: SampleIndexValue>(
     // at 2e8 documents the two checks read 1.6 GB, over a second on a slow VM, and a Ctrl-C
     // there waited for them.
     let bad_size = first_at_least(sizes, 1 << 31); // a negative length, as u32
-    let bad_id = first_at_least(document_index, sizes.len().min(1 << 31) as u32);
+    let bad_id = first_at_least(document_index, id_limit(sizes.len()));
     if cancelled() {
         return Err(Error::Cancelled);
     }
@@ -244,11 +244,13 @@ fn sample_index_in_windows<T: SampleIndexValue>(
             let mut before = first;
             let at = p * piece;
             let lengths = &lengths[at..(at + piece).min(lengths.len())];
-            // Without a branch on the data: each document writes its candidate row into the
-            // next row's place and moves on by one row when a sample starts in it (here
-            // about one document in four, at random: a branch on it mispredicted about once
-            // a row). A later document's candidate overwrites a row that was not taken; the
-            // share holds no row past its last start, so none is left unwritten.
+            // No branch on whether a sample starts in a document: each document writes its
+            // candidate row into the next row's place and moves on by one row when a sample
+            // starts in it (here about one document in four, at random: a branch on it
+            // mispredicted about once a row). A later document's candidate overwrites a row
+            // that was not taken; the share holds no row past its last start, so none is
+            // left unwritten. (The loop for a second start in one document is a branch, but
+            // one that is almost never taken while documents are shorter than a sample.)
             let open = share.len() / 2;
             let mut next = 0;
             for (j, &length) in lengths.iter().enumerate() {
@@ -288,6 +290,12 @@ fn sample_index_in_windows<T: SampleIndexValue>(
 
 /// Inputs checked per parallel piece (each piece looks at the call's cancellation first).
 const CHECK_PIECE: usize = 1 << 20;
+
+/// The bound of valid document ids as a `u32`, for `ids` documents: `ids`, at most `2**31`
+/// (an `i32` id is below that; a negative one, read as `u32`, is at least that).
+fn id_limit(ids: usize) -> u32 {
+    ids.min(1 << 31) as u32
+}
 
 /// The place of the first value of `values` at least `limit` as a `u32` (a negative value is
 /// at least `2**31`), or `None`; checked in parallel pieces of [`CHECK_PIECE`] values, each
@@ -443,6 +451,23 @@ mod tests {
         values[CHECK_PIECE + 9] = 5000;
         assert_eq!(first_at_least(&values, 1000), Some(CHECK_PIECE + 9));
         assert_eq!(first_at_least(&[], 0), None);
+    }
+
+    #[test]
+    fn ids_are_limited_below_2_31_whatever_the_sizes() {
+        assert_eq!(id_limit(0), 0);
+        assert_eq!(id_limit(5), 5);
+        assert_eq!(id_limit(1 << 31), 1 << 31);
+        assert_eq!(id_limit((1 << 31) + 7), 1 << 31); // i32::MIN still refused
+        assert_eq!(id_limit((1 << 32) + 3), 1 << 31); // not 3
+        assert_eq!(
+            first_at_least(&[5, i32::MIN], id_limit((1 << 31) + 7)),
+            Some(1)
+        );
+        assert_eq!(
+            first_at_least(&[5, i32::MAX], id_limit((1 << 31) + 7)),
+            None
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::stream::Stream;
 /// last-level cache where every swap is a cache miss: drawing targets this far ahead lets those
 /// misses overlap. The draws are made in exactly the same order as without lookahead, so the
 /// result is unchanged. (The leaves of the parallel permutation, which fit the last-level
-/// cache, pass their own distance: [`crate::shuffle::parallel`].)
+/// cache, have a loop and a distance of their own: [`crate::shuffle::parallel`].)
 pub(crate) const LOOKAHEAD: usize = 32;
 
 #[inline(always)]

@@ -957,6 +957,40 @@ mod tests {
     }
 
     #[test]
+    fn prefetching_makes_the_same_swaps_and_draws_at_every_small_length() {
+        // Every length through three rings, under 8 generators each (the last swaps' draws
+        // have bounds of 2 and 3: one generator alone would let a wrong half pass by luck),
+        // and the generator's next word after the shuffle: the same words drawn, none more.
+        for n in 0..=3 * LEAF_LOOKAHEAD + 5 {
+            for epoch in 0..8u64 {
+                let run = |prefetch| {
+                    let mut v: Vec<u32> = (0..n as u32).collect();
+                    let mut rng = Namer::permutation(6, epoch).generator(NODE_LEAF | n as u64);
+                    fisher_yates_fast(&mut v, &mut rng, prefetch);
+                    (v, rng.next_u64())
+                };
+                assert_eq!(run(true), run(false), "n = {n}, epoch = {epoch}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_raised_flag_stops_a_prefetching_leaf_before_its_first_swap() {
+        let cancel = crate::Cancel::new();
+        cancel.attach();
+        cancel.raise();
+        let n = 2 * LEAF_LOOKAHEAD + 2; // long enough for the loop that looks at the flag
+        let mut v: Vec<u32> = (0..n as u32).collect();
+        fisher_yates_fast(
+            &mut v,
+            &mut Namer::permutation(1, 2).generator(NODE_LEAF),
+            true,
+        );
+        crate::Cancel::detach();
+        assert!(v.iter().enumerate().all(|(i, &x)| x == i as u32));
+    }
+
+    #[test]
     fn prefetching_makes_the_same_swaps() {
         let edge = LEAF_LOOKAHEAD;
         for n in [
