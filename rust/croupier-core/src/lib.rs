@@ -43,6 +43,8 @@
 //! - `error`: the one error type, [`Error`].
 //! - `cancel`: cooperative cancellation of long calls ([`Cancel`]), looked at by every long
 //!   loop.
+//! - `prefault`: a helper thread that faults a caller's fresh output in ahead of the threads
+//!   writing it.
 //!
 //! Folders depend on the root; `deal` also uses `shuffle` (Fisher–Yates, torch's `randperm`,
 //! the bucket kernels of the parallel permutation); `shuffle` uses nothing in `deal`.
@@ -58,6 +60,7 @@ mod error;
 mod index;
 pub mod mix;
 pub mod pack;
+mod prefault;
 pub mod shuffle;
 mod simd;
 mod stream;

@@ -22,6 +22,7 @@ use rayon::prelude::*;
 
 use crate::cancel::{cancelled, CHECK_EVERY};
 use crate::error::{Error, Result};
+use crate::prefault::{writing_ahead, Stream};
 use crate::simd::Simd;
 
 #[cfg(target_arch = "x86_64")]
@@ -193,7 +194,21 @@ fn parallel_blend<F: Fn() -> Greedy + Sync>(make: F, blend: Blend<'_>) -> Result
     if pieces < 2 {
         return make().run(blend);
     }
-    blend_in_pieces(make, blend, pieces, Greedy::guess_counts, pair, &MEETINGS)
+    // The caller's arrays are often fresh memory (megatron-core's np.zeros): a helper faults
+    // their pages in ahead of the pieces, each piece's part of both arrays in step.
+    let size = n.div_ceil(pieces) as usize;
+    let streams: Vec<Stream> = (0..pieces as usize)
+        .flat_map(|k| {
+            let (from, to) = (k * size, ((k + 1) * size).min(n as usize));
+            [
+                Stream::of(&blend.out[from..to]),
+                Stream::of(&blend.samples[from..to]),
+            ]
+        })
+        .collect();
+    writing_ahead(&streams, || {
+        blend_in_pieces(make, blend, pieces, Greedy::guess_counts, pair, &MEETINGS)
+    })
 }
 
 /// [`parallel_blend`] in `pieces` pieces, each after the first starting from `guess`'s counts
@@ -1363,6 +1378,10 @@ mod tests {
         let n = 2 * rayon::current_num_threads() * PIECE as usize + 777;
         assert_eq!(blend(&w, n), reference(&w, n));
         let w = normalized(&(1..=20).map(|d| d as f64).collect::<Vec<_>>());
+        assert_eq!(blend(&w, n), reference(&w, n));
+        // Arrays large enough for the helper that faults them in while the pieces write
+        // (10 bytes a position): the same run.
+        let n = crate::prefault::WRITING_AHEAD_FROM / 10 + 777;
         assert_eq!(blend(&w, n), reference(&w, n));
     }
 
