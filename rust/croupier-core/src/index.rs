@@ -192,26 +192,32 @@ pub(crate) const HUGE_PAGE_BYTES: usize = 2 << 20;
 /// ```
 pub fn try_with_capacity_huge<T>(what: &'static str, n: u64) -> Result<Vec<T>> {
     let v = try_with_capacity::<T>(what, n)?;
+    advise_huge(v.as_ptr() as usize, v.capacity() * std::mem::size_of::<T>());
+    Ok(v)
+}
+
+/// Advises the kernel to back the whole 2 MiB pages of `[start, start + bytes)` with
+/// transparent huge pages (Linux; a hint only, ignored where refused). Memory already
+/// touched keeps its pages until the kernel collapses them.
+pub(crate) fn advise_huge(start: usize, bytes: usize) {
     #[cfg(target_os = "linux")]
-    {
-        let bytes = v.capacity() * std::mem::size_of::<T>();
-        if bytes >= HUGE_PAGE_BYTES {
-            let start = v.as_ptr() as usize;
-            let aligned = start.next_multiple_of(HUGE_PAGE_BYTES);
-            let end = (start + bytes) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
-            if end > aligned {
-                // SAFETY: [aligned, end) lies inside the allocation; madvise only sets a hint.
-                unsafe {
-                    libc::madvise(
-                        aligned as *mut libc::c_void,
-                        end - aligned,
-                        libc::MADV_HUGEPAGE,
-                    );
-                }
+    if bytes >= HUGE_PAGE_BYTES {
+        let aligned = start.next_multiple_of(HUGE_PAGE_BYTES);
+        let end = (start + bytes) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
+        if end > aligned {
+            // SAFETY: [aligned, end) lies inside the caller's allocation; madvise only sets a
+            // hint.
+            unsafe {
+                libc::madvise(
+                    aligned as *mut libc::c_void,
+                    end - aligned,
+                    libc::MADV_HUGEPAGE,
+                );
             }
         }
     }
-    Ok(v)
+    #[cfg(not(target_os = "linux"))]
+    let _ = (start, bytes);
 }
 
 /// `[0, n)` in order in a fresh buffer (advised onto huge pages: a shuffle reads it at

@@ -20,7 +20,7 @@ use crate::cancel::cancelled;
 
 /// Outputs smaller than this (in bytes, all streams together) are left to their writers: the
 /// helper thread would cost more than it saves.
-pub(crate) const WRITING_AHEAD_FROM: usize = 64 << 20;
+pub(crate) const WRITING_AHEAD_FROM: usize = 16 << 20;
 
 /// Bytes the helper populates between two looks at whether the work is done or cancelled
 /// (a step of fresh memory took about 12 ms on the slow VM, 1.5 s a GiB).
