@@ -192,14 +192,29 @@ pub(crate) const HUGE_PAGE_BYTES: usize = 2 << 20;
 /// ```
 pub fn try_with_capacity_huge<T>(what: &'static str, n: u64) -> Result<Vec<T>> {
     let v = try_with_capacity::<T>(what, n)?;
-    advise_huge(v.as_ptr() as usize, v.capacity() * std::mem::size_of::<T>());
+    advise_huge_range(v.as_ptr() as usize, v.capacity() * std::mem::size_of::<T>());
     Ok(v)
 }
 
-/// Advises the kernel to back the whole 2 MiB pages of `[start, start + bytes)` with
-/// transparent huge pages (Linux; a hint only, ignored where refused). Memory already
-/// touched keeps its pages until the kernel collapses them.
-pub(crate) fn advise_huge(start: usize, bytes: usize) {
+/// Advises the kernel to back `buffer` with transparent huge pages where it is not yet
+/// touched (Linux, `madvise(MADV_HUGEPAGE)` on its whole 2 MiB blocks): for a fresh, zeroed
+/// buffer from a large `vec![0; n]`, which the allocator takes from the kernel untouched. A
+/// hint that lasts as long as the mapping; it changes speed only, never contents, and where it
+/// is refused nothing changes.
+///
+/// # Examples
+///
+/// ```
+/// let v = vec![0u32; 1 << 22];
+/// croupier_core::advise_huge(&v);
+/// assert!(v.iter().all(|&x| x == 0));
+/// ```
+pub fn advise_huge<T>(buffer: &[T]) {
+    advise_huge_range(buffer.as_ptr() as usize, std::mem::size_of_val(buffer));
+}
+
+/// [`advise_huge`] over `[start, start + bytes)`.
+fn advise_huge_range(start: usize, bytes: usize) {
     #[cfg(target_os = "linux")]
     if bytes >= HUGE_PAGE_BYTES {
         let aligned = start.next_multiple_of(HUGE_PAGE_BYTES);

@@ -76,7 +76,8 @@ pub use deal::{
 pub use draw::random_access::RandomAccessPermutation;
 pub use error::{Error, Result};
 pub use index::{
-    index_bytes, range_par, tile_par, try_with_capacity_huge, Index, Indices, MAX_LEN, U32_MAX_LEN,
+    advise_huge, index_bytes, range_par, tile_par, try_with_capacity_huge, Index, Indices, MAX_LEN,
+    U32_MAX_LEN,
 };
 pub use mix::{
     exhaustive_greatest_error_blend, greatest_error_blend, BalancedBoundary, Interleaving, Mixture,

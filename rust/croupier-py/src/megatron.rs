@@ -119,7 +119,10 @@ pub(crate) fn sample_index<'py>(
             "the sample index",
         )?;
         let flat = long(py, big, move || {
+            // Zeroed memory taken untouched from the kernel: onto huge pages before the walk
+            // (and the core's prefault helper) first touches it.
             let mut flat = vec![T::of(0); 2 * rows];
+            croupier_core::advise_huge(&flat);
             croupier_core::sample_index(sizes, docs, &spec, &mut flat)?;
             Ok(flat)
         })?;

@@ -1365,7 +1365,10 @@ mod tests {
 
     #[test]
     fn a_long_blend_in_parallel_is_the_one_run() {
-        // Over PIECE * 2 positions: the public entry point cuts it in pieces.
+        // Over PIECE * 2 positions: the public entry point cuts it in pieces. Its arrays (10
+        // bytes a position) are past the prefault helper's threshold: the helper faults them
+        // in while the pieces write.
+        assert!(20 * PIECE as usize > crate::prefault::WRITING_AHEAD_FROM);
         let w = normalized(
             &(0..100)
                 .map(|d| ((d * 37 % 101) + 1) as f64)
@@ -1378,10 +1381,6 @@ mod tests {
         let n = 2 * rayon::current_num_threads() * PIECE as usize + 777;
         assert_eq!(blend(&w, n), reference(&w, n));
         let w = normalized(&(1..=20).map(|d| d as f64).collect::<Vec<_>>());
-        assert_eq!(blend(&w, n), reference(&w, n));
-        // Arrays large enough for the helper that faults them in while the pieces write
-        // (10 bytes a position): the same run.
-        let n = crate::prefault::WRITING_AHEAD_FROM / 10 + 777;
         assert_eq!(blend(&w, n), reference(&w, n));
     }
 

@@ -142,10 +142,8 @@ pub fn sample_index<T: SampleIndexValue>(
     out: &mut [T],
 ) -> Result<()> {
     // `out` is often fresh memory (the binding's zeroed buffer, tens of megabytes for a large
-    // dataset, not yet touched): it is advised onto huge pages, and a helper thread faults it
-    // in ahead of the walk, so the threads gathering the lengths do not wait on its faults.
-    let bytes = std::mem::size_of_val(out);
-    crate::index::advise_huge(out.as_ptr() as usize, bytes);
+    // dataset, not yet touched): a helper thread faults it in ahead of the walk, so the
+    // threads gathering the lengths do not wait on its faults.
     let stream = [Stream::of(out)];
     writing_ahead(&stream, || {
         sample_index_in_windows(sizes, document_index, spec, out, WINDOW)
