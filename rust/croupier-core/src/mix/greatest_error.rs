@@ -194,21 +194,7 @@ fn parallel_blend<F: Fn() -> Greedy + Sync>(make: F, blend: Blend<'_>) -> Result
     if pieces < 2 {
         return make().run(blend);
     }
-    // The caller's arrays are often fresh memory (megatron-core's np.zeros): a helper faults
-    // their pages in ahead of the pieces, each piece's part of both arrays in step.
-    let size = n.div_ceil(pieces) as usize;
-    let streams: Vec<Stream> = (0..pieces as usize)
-        .flat_map(|k| {
-            let (from, to) = (k * size, ((k + 1) * size).min(n as usize));
-            [
-                Stream::of(&blend.out[from..to]),
-                Stream::of(&blend.samples[from..to]),
-            ]
-        })
-        .collect();
-    writing_ahead(&streams, || {
-        blend_in_pieces(make, blend, pieces, Greedy::guess_counts, pair, &MEETINGS)
-    })
+    blend_in_pieces(make, blend, pieces, Greedy::guess_counts, pair, &MEETINGS)
 }
 
 /// [`parallel_blend`] in `pieces` pieces, each after the first starting from `guess`'s counts
@@ -255,54 +241,64 @@ where
         g.offset = at;
         Ok((met, (at - start) as usize))
     };
-    let results: Vec<Result<Vec<Piece>>> = blend
+    // The caller's arrays are often fresh memory (megatron-core's np.zeros): a helper faults
+    // their pages in ahead of the pieces, each piece's part of both arrays in step.
+    let streams: Vec<Stream> = blend
         .out
-        .par_chunks_mut((per_task * size) as usize)
-        .zip(blend.samples.par_chunks_mut((per_task * size) as usize))
-        .enumerate()
-        .map(|(t, (out, samples))| {
-            let first = (out.len() as u64).min(size) as usize;
-            let (out_a, out_b) = out.split_at_mut(first);
-            let (samples_a, samples_b) = samples.split_at_mut(first);
-            let mut a = Blend {
-                out: out_a,
-                samples: samples_a,
-            };
-            let mut b = Blend {
-                out: out_b,
-                samples: samples_b,
-            };
-            let k = t * per_task as usize;
-            let (mut ga, mut gb) = (make(), make());
-            let (met_a, from_a) = prepare(&mut ga, k, &mut a)?;
-            let len_a = a.out.len();
-            if b.out.is_empty() {
-                ga.run(a.part(from_a, len_a))?;
-                return Ok(vec![Piece {
-                    meetings: met_a,
-                    end: ga.counts,
-                }]);
-            }
-            let (met_b, from_b) = prepare(&mut gb, k + 1, &mut b)?;
-            let len_b = b.out.len();
-            Greedy::run_pair(
-                &mut ga,
-                a.part(from_a, len_a),
-                &mut gb,
-                b.part(from_b, len_b),
-            )?;
-            Ok(vec![
-                Piece {
-                    meetings: met_a,
-                    end: ga.counts,
-                },
-                Piece {
-                    meetings: met_b,
-                    end: gb.counts,
-                },
-            ])
-        })
+        .chunks(size as usize)
+        .zip(blend.samples.chunks(size as usize))
+        .flat_map(|(out, samples)| [Stream::of(out), Stream::of(samples)])
         .collect();
+    let results: Vec<Result<Vec<Piece>>> = writing_ahead(&streams, || {
+        blend
+            .out
+            .par_chunks_mut((per_task * size) as usize)
+            .zip(blend.samples.par_chunks_mut((per_task * size) as usize))
+            .enumerate()
+            .map(|(t, (out, samples))| {
+                let first = (out.len() as u64).min(size) as usize;
+                let (out_a, out_b) = out.split_at_mut(first);
+                let (samples_a, samples_b) = samples.split_at_mut(first);
+                let mut a = Blend {
+                    out: out_a,
+                    samples: samples_a,
+                };
+                let mut b = Blend {
+                    out: out_b,
+                    samples: samples_b,
+                };
+                let k = t * per_task as usize;
+                let (mut ga, mut gb) = (make(), make());
+                let (met_a, from_a) = prepare(&mut ga, k, &mut a)?;
+                let len_a = a.out.len();
+                if b.out.is_empty() {
+                    ga.run(a.part(from_a, len_a))?;
+                    return Ok(vec![Piece {
+                        meetings: met_a,
+                        end: ga.counts,
+                    }]);
+                }
+                let (met_b, from_b) = prepare(&mut gb, k + 1, &mut b)?;
+                let len_b = b.out.len();
+                Greedy::run_pair(
+                    &mut ga,
+                    a.part(from_a, len_a),
+                    &mut gb,
+                    b.part(from_b, len_b),
+                )?;
+                Ok(vec![
+                    Piece {
+                        meetings: met_a,
+                        end: ga.counts,
+                    },
+                    Piece {
+                        meetings: met_b,
+                        end: gb.counts,
+                    },
+                ])
+            })
+            .collect()
+    });
     let mut pieces_done = Vec::with_capacity(pieces as usize);
     for r in results {
         pieces_done.extend(r?);

@@ -477,12 +477,18 @@ mod tests {
         );
     }
 
-    #[test]
-    fn windows_and_pieces_agree_with_one_walk() {
-        let sizes: Vec<i32> = (0..5000i64).map(|i| (i * 7919 % 300) as i32).collect();
-        let docs: Vec<i32> = (0..400_000)
+    /// 5,000 documents of 0 to 299 tokens, and a document index of 400,000 of them.
+    fn many_documents() -> (Vec<i32>, Vec<i32>) {
+        let sizes = (0..5000i64).map(|i| (i * 7919 % 300) as i32).collect();
+        let docs = (0..400_000)
             .map(|j| ((j as u64 * 2654435761) % 5000) as i32)
             .collect();
+        (sizes, docs)
+    }
+
+    #[test]
+    fn windows_and_pieces_agree_with_one_walk() {
+        let (sizes, docs) = many_documents();
         let tokens: i64 = docs.iter().map(|&d| sizes[d as usize] as i64).sum();
         // All the documents, and a third of them (the walk stops once every sample is placed,
         // windows before the index's end).
@@ -510,10 +516,7 @@ mod tests {
     fn an_index_faulted_in_by_the_helper_has_the_same_rows() {
         // Samples of 16 tokens: about 3.7e6 rows, an output past WRITING_AHEAD_FROM, fresh
         // zeroed memory that the helper faults in while the walk writes it.
-        let sizes: Vec<i32> = (0..5000i64).map(|i| (i * 7919 % 300) as i32).collect();
-        let docs: Vec<i32> = (0..400_000)
-            .map(|j| ((j as u64 * 2654435761) % 5000) as i32)
-            .collect();
+        let (sizes, docs) = many_documents();
         let tokens: i64 = docs.iter().map(|&d| sizes[d as usize] as i64).sum();
         let spec = SampleIndexSpec {
             seq_length: 16,
