@@ -207,7 +207,7 @@ def _arrays(size=4):
         (
             lambda: cm.build_sample_idx(np.array([3], np.int32), np.array([1], np.int32), 2, 1, 3),
             ValueError,
-            "document_index",
+            r"^document_indices must be ids in \[0, 1\), got document_indices\[0\] = 1",
         ),
         (
             lambda: cm.build_sample_idx(
@@ -221,7 +221,22 @@ def _arrays(size=4):
                 np.array([3], np.int32), np.array([0, -1], np.int32), 2, 1, 3
             ),
             ValueError,
-            "document_index",
+            r"^document_indices must be ids in \[0, 1\), got document_indices\[1\] = -1",
+        ),
+        (
+            lambda: cm.build_blending_indices(*_arrays(), ["0.5", "x"], 2, 4, False),
+            TypeError,
+            "weights must be a 1-D array of numbers",
+        ),
+        (
+            lambda: cm.build_exhaustive_blending_indices(*_arrays(), [[1], [1, 2]], 2),
+            TypeError,
+            "sizes must be a 1-D array of integers",
+        ),
+        (
+            lambda: cm.build_sample_idx([[3], [3, 4]], np.array([0], np.int32), 2, 1, 3),
+            TypeError,
+            "sizes must be a 1-D array of integers",
         ),
         (
             lambda: cm.build_sample_idx(np.array([3.0]), np.array([0], np.int32), 2, 1, 3),

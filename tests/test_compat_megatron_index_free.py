@@ -167,11 +167,15 @@ def test_positions_near_1e10_are_read_at_once():
         (lambda: IndexFreeBlend([1, 2**1100], 10, seed=0), ValueError, "positive and finite"),
         (lambda: IndexFreeBlend([1e308, 1e308], 10, seed=0), ValueError, "finite sum"),
         (
-            lambda: IndexFreeBlend([1.0], 2**63, seed=0),
+            lambda: IndexFreeBlend([1.0], 2**53 + 1, seed=0),
             ValueError,
-            r"size must be in \[1, 9223372036854775807\]",
+            r"size must be in \[1, 9007199254740992\], got 9007199254740993",
         ),
-        (lambda: IndexFreeBlend([2**62, 2**62], None, seed=0), ValueError, "sum below 2"),
+        (
+            lambda: IndexFreeBlend([2**52, 2**52 + 1], None, seed=0),
+            ValueError,
+            r"sum to at most 2\*\*53, got 9007199254740993",
+        ),
         (lambda: IndexFreeBlend([1.0], 10, seed=0)[0:2], TypeError, "slice blend.dataset_index"),
         (lambda: IndexFreeShuffle(2**63, 2**63, seed=0), ValueError, "num_samples must be"),
         (lambda: IndexFreeBlend([1.0] * 32768, 10, seed=0), ValueError, "int16"),
@@ -206,6 +210,28 @@ def test_positions_near_1e10_are_read_at_once():
 def test_bad_input_is_refused(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [[1 / 3] * 3, [0.6, 0.3, 0.1], [0.5, 0.25, 0.125, 0.125], [1.0, 2.0, 3.0, 4.0, 5.0]],
+)
+@pytest.mark.parametrize("size", [2**53, 2**53 - 1, 10**15 + 7])
+def test_blends_up_to_2_53_positions_take_largest_remainder_counts(weights, size):
+    # Up to 2**53 positions the blend's second rounding (float64 shares) gives back the
+    # counts; above it, it did not, and sizes past 2**53 are refused.
+    blend = IndexFreeBlend(weights, size, seed=1)
+    from fractions import Fraction
+
+    total = sum(weights)
+    shares = [Fraction(w / total) * size for w in weights]  # the normalized weights' shares
+    assert int(blend.counts.sum()) == size
+    assert all(abs(int(c) - s) < 1.001 for c, s in zip(blend.counts, shares, strict=True))
+
+
+def test_an_exhaustive_blend_of_2_53_samples_takes_them_all():
+    blend = IndexFreeBlend([2**52, 2**52], None, seed=3)
+    assert blend.counts.tolist() == [2**52, 2**52]
 
 
 with warnings.catch_warnings():

@@ -121,6 +121,7 @@ def test_the_global_random_state_works_too():
         (np.arange(5), np.random.default_rng(0), TypeError, "numpy.random.RandomState"),
         (np.arange(5), np.random.RandomState(np.random.PCG64(0)), TypeError, "PCG64"),
         (np.arange(5), 3, TypeError, "got int"),
+        (np.ma.masked_array(np.arange(8)), np.random.RandomState(0), TypeError, "MaskedArray"),
     ],
 )
 def test_bad_input_is_refused_before_any_work(x, state, error, match):
@@ -138,8 +139,78 @@ def test_bad_input_is_refused_before_any_work(x, state, error, match):
     assert snapshot() == saved
 
 
+def test_a_matrix_is_refused_and_its_asarray_view_shuffles_its_rows():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        m = np.matrix(np.arange(8).reshape(4, 2))
+    state = np.random.RandomState(0)
+    with pytest.raises(TypeError, match="subclass matrix"):
+        legacy_shuffle(m, state)
+    assert state.get_state()[2] == 624  # nothing drawn
+    want = np.arange(8).reshape(4, 2)
+    np.random.RandomState(0).shuffle(want)
+    legacy_shuffle(np.asarray(m), state)
+    assert np.array_equal(np.asarray(m), want)
+
+
 def test_a_read_only_array_is_refused():
     x = np.arange(10)
     x.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         legacy_shuffle(x, np.random.RandomState(0))
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((5,), np.dtype([])), ((2,), "V0"), ((700,), "V0"), ((7, 3), np.dtype([])), ((5, 0), "i4")],
+)
+@pytest.mark.parametrize("seed", [0, 1, 2**32 - 1])
+def test_elements_of_no_bytes_draw_as_numpy_draws(shape, dtype, seed):
+    # numpy swaps nothing there but draws as for any rows (none where the rows are empty).
+    ours, numpys = _pair(seed, 3, False)
+    numpys.shuffle(np.empty(shape, dtype))
+    legacy_shuffle(np.empty(shape, dtype), ours)
+    assert _states_equal(ours, numpys)
+
+
+def test_a_memmap_is_shuffled_in_place(tmp_path):
+    want = np.arange(1000, dtype=np.int32)
+    np.random.RandomState(4).shuffle(want)
+    x = np.memmap(tmp_path / "x.bin", dtype=np.int32, mode="w+", shape=(1000,))
+    x[:] = np.arange(1000)
+    legacy_shuffle(x, np.random.RandomState(4))
+    x.flush()
+    assert np.array_equal(np.fromfile(tmp_path / "x.bin", dtype=np.int32), want)
+
+
+def test_threads_sharing_one_state_take_turns_as_with_numpy():
+    # The shuffle holds the state's lock (its core runs without the GIL): two threads
+    # shuffling with one RandomState get numpy's two shuffles one after the other, in either
+    # order, and leave the state both shuffles leave. Without the lock both read one state
+    # and get the same permutation.
+    import threading
+
+    n = 4_000_000
+    shared = np.random.RandomState(21)
+    arrays = [np.arange(n, dtype=np.int32), np.arange(n, dtype=np.int32)]
+    start = threading.Barrier(2)
+
+    def shuffle(x):
+        start.wait()
+        legacy_shuffle(x, shared)
+
+    threads = [threading.Thread(target=shuffle, args=(x,)) for x in arrays]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    reference = np.random.RandomState(21)
+    first, second = np.arange(n, dtype=np.int32), np.arange(n, dtype=np.int32)
+    reference.shuffle(first)
+    reference.shuffle(second)
+    in_order = np.array_equal(arrays[0], first) and np.array_equal(arrays[1], second)
+    swapped = np.array_equal(arrays[0], second) and np.array_equal(arrays[1], first)
+    assert in_order or swapped
+    assert _states_equal(shared, reference)

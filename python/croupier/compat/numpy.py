@@ -39,15 +39,19 @@ def legacy_shuffle(x: np.ndarray, random_state: np.random.RandomState) -> None:
     """Shuffles ``x`` in place along its first axis exactly as ``random_state.shuffle(x)``
     does, and advances ``random_state`` as that call would.
 
-    ``x`` is a writable, C-contiguous numpy array of any non-object dtype (a 1-D array's
-    elements, or an N-D array's rows, are reordered); ``random_state`` a
-    ``numpy.random.RandomState`` over the Mersenne Twister (the default one and
-    ``numpy.random.RandomState(seed)``). If interrupted (Ctrl-C), ``x`` is left partly
-    shuffled and ``random_state`` unchanged.
+    ``x`` is a writable, C-contiguous numpy array (``numpy.ndarray`` or ``numpy.memmap``) of
+    any non-object dtype (a 1-D array's elements, or an N-D array's rows, are reordered);
+    ``random_state`` a ``numpy.random.RandomState`` over the Mersenne Twister (the default
+    one and ``numpy.random.RandomState(seed)``). The shuffle holds ``random_state``'s lock, as
+    numpy's does: another thread drawing from it, or shuffling with it, waits and then
+    continues from the state this shuffle leaves. If interrupted (Ctrl-C), ``x`` is left
+    partly shuffled and ``random_state`` unchanged.
 
     Raises:
-        TypeError: ``x`` is not a numpy array with at least one dimension, or holds Python
-            objects; ``random_state`` is not a legacy ``RandomState`` over MT19937.
+        TypeError: ``x`` is not a numpy array with at least one dimension, is another
+            subclass of it (``numpy.ma.MaskedArray``, ``numpy.matrix``: pass
+            ``numpy.asarray(x)`` to shuffle the data alone), or holds Python objects;
+            ``random_state`` is not a legacy ``RandomState`` over MT19937.
         ValueError: ``x`` is read-only or not C-contiguous.
 
     Example:
@@ -63,6 +67,11 @@ def legacy_shuffle(x: np.ndarray, random_state: np.random.RandomState) -> None:
     check_random_state(random_state)
     if not isinstance(x, np.ndarray):
         raise TypeError(f"x must be a numpy array, got {type(x).__name__}")
+    if type(x) is not np.ndarray and not isinstance(x, np.memmap):
+        raise TypeError(
+            f"x must be a numpy.ndarray or numpy.memmap, got the subclass {type(x).__name__} "
+            "(numpy.asarray(x) shuffles its data alone)"
+        )
     if x.ndim == 0:
         raise TypeError("x must have at least one dimension, got a 0-d array")
     if x.dtype.hasobject:
@@ -74,9 +83,17 @@ def legacy_shuffle(x: np.ndarray, random_state: np.random.RandomState) -> None:
     n = len(x)
     if n < 2 or x.size == 0:
         return  # numpy draws nothing (rows of no elements included)
-    data, row = x.reshape(-1).view(np.uint8), x.nbytes // n
-    # ("MT19937", key, pos, has_gauss, cached_gaussian): checked to be MT19937 above.
-    legacy = cast("tuple[Any, ...]", random_state.get_state(legacy=True))
-    key = np.array(legacy[1], dtype=np.uint32)
-    pos = _core.legacy_shuffle(data, row, key, int(legacy[2]))
-    random_state.set_state((legacy[0], key, pos, legacy[3], legacy[4]))
+    if x.nbytes == 0:
+        # Elements of no bytes (dtype [] or V0): numpy swaps nothing but draws as for any
+        # rows, so a stand-in of n one-byte rows takes the same draws.
+        data, row = np.zeros(n, np.uint8), 1
+    else:
+        data, row = x.reshape(-1).view(np.uint8), x.nbytes // n
+    # numpy's shuffle holds the generator's (reentrant) lock from its first draw to its
+    # last: a thread sharing random_state waits for the state this shuffle leaves.
+    with random_state._bit_generator.lock:
+        # ("MT19937", key, pos, has_gauss, cached_gaussian): checked to be MT19937 above.
+        legacy = cast("tuple[Any, ...]", random_state.get_state(legacy=True))
+        key = np.array(legacy[1], dtype=np.uint32)
+        pos = _core.legacy_shuffle(data, row, key, int(legacy[2]))
+        random_state.set_state((legacy[0], key, pos, legacy[3], legacy[4]))

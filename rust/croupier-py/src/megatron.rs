@@ -96,7 +96,7 @@ pub(crate) fn sample_index<'py>(
     wide: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let sizes = readonly(&sizes, "sizes")?;
-    let docs = readonly(&document_index, "document_index")?;
+    let docs = readonly(&document_index, "document_indices")?;
     let spec = croupier_core::SampleIndexSpec {
         seq_length,
         num_epochs,
@@ -123,7 +123,8 @@ pub(crate) fn sample_index<'py>(
             // (and the core's prefault helper) first touches it.
             let mut flat = vec![T::of(0); 2 * rows];
             croupier_core::advise_huge(&flat);
-            croupier_core::sample_index(sizes, docs, &spec, &mut flat)?;
+            croupier_core::sample_index(sizes, docs, &spec, &mut flat)
+                .map_err(named_document_indices)?;
             Ok(flat)
         })?;
         let array = numpy::PyArray1::from_vec(py, flat);
@@ -133,6 +134,23 @@ pub(crate) fn sample_index<'py>(
         build::<i64>(py, sizes, docs, spec, rows, big)
     } else {
         build::<i32>(py, sizes, docs, spec, rows, big)
+    }
+}
+
+/// A core error about its `document_index` argument, named as megatron-core's
+/// `build_sample_idx` (and croupier's) names it: `document_indices`.
+fn named_document_indices(e: croupier_core::Error) -> croupier_core::Error {
+    match e {
+        croupier_core::Error::OutOfRange {
+            name: "document_index",
+            allowed,
+            got,
+        } => croupier_core::Error::OutOfRange {
+            name: "document_indices",
+            allowed,
+            got: got.replacen("document_index", "document_indices", 1),
+        },
+        e => e,
     }
 }
 

@@ -56,6 +56,9 @@ FIRST = 1 << 8
 
 _SEED_LIMIT = 1 << 64
 _SIZE_LIMIT = 1 << 63
+# The blend's positions, at most: its second rounding, from the shares count / size as
+# float64, gives back the counts only while size is exact in a float64.
+_BLEND_LIMIT = 1 << 53
 
 
 class _Chunks:
@@ -213,11 +216,13 @@ def _values(weights: object) -> list[Any]:
 
 
 def _sizes(weights: object) -> list[int]:
-    """An exhaustive blend's weights: each dataset's samples, positive integers summing to
-    less than ``2**63``."""
+    """An exhaustive blend's weights: each dataset's samples, positive integers summing to at
+    most ``2**53``."""
     sizes = [check_int(f"weights[{i}]", w, 1) for i, w in enumerate(_values(weights))]
-    if sum(sizes) >= _SIZE_LIMIT:
-        raise ValueError(f"weights (samples per dataset) must sum below 2**63, got {sum(sizes)}")
+    if sum(sizes) > _BLEND_LIMIT:
+        raise ValueError(
+            f"weights (samples per dataset) must sum to at most 2**53, got {sum(sizes)}"
+        )
     return sizes
 
 
@@ -258,7 +263,8 @@ class IndexFreeBlend:
     Args:
         weights: one positive number per dataset (normalized here), or with ``size=None``
             each dataset's number of samples (positive integers).
-        size: positions of the blend, in ``[1, 2**63)``, or ``None``.
+        size: positions of the blend, in ``[1, 2**53]``, or ``None`` (the sizes then sum to at
+            most ``2**53``).
         seed: any integer in ``[0, 2**64)``.
 
     Raises:
@@ -281,7 +287,7 @@ class IndexFreeBlend:
             length = sum(counts)
         else:
             values = _shares(weights)
-            length = check_int("size", size, 1, _SIZE_LIMIT - 1)
+            length = check_int("size", size, 1, _BLEND_LIMIT)
         self.seed = check_int("seed", seed, 0, _SEED_LIMIT - 1)
         """The key of the order."""
         if size is not None:

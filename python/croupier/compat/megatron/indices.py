@@ -189,7 +189,10 @@ def build_blending_indices(
     length = _count(size, "size", 0)
     index = _out_array(dataset_index, "dataset_index", np.int16, length)
     samples = _out_array(dataset_sample_index, "dataset_sample_index", np.int64, length)
-    w = np.ascontiguousarray(weights, dtype=np.float64)
+    try:
+        w = np.ascontiguousarray(weights, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"weights must be a 1-D array of numbers ({e})") from None
     if w.ndim != 1 or len(w) < datasets:
         raise ValueError(
             f"weights must be 1-D with at least num_datasets = {datasets} values, got shape "
@@ -245,7 +248,10 @@ def build_exhaustive_blending_indices(
         ([0, 1, 0, 1, 0], [0, 0, 1, 1, 2])
     """
     datasets = _datasets(num_datasets)
-    raw = np.asarray(sizes)
+    try:
+        raw = np.asarray(sizes)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"sizes must be a 1-D array of integers ({e})") from None
     if raw.ndim != 1 or not (np.issubdtype(raw.dtype, np.integer) or raw.size == 0):
         raise TypeError(f"sizes must be a 1-D array of integers, got {raw.ndim}-D {raw.dtype}")
     if len(raw) < datasets:
@@ -275,7 +281,10 @@ def _int32_values(
     """``values`` as a C-contiguous, aligned ``int32`` array (a copy only where needed), or
     the error naming ``name``: a 1-D integer array of ``kind`` in ``[0, 2**31)``. An ``int32``
     array whose values the core checks itself (``core_checks_range``) is not read here."""
-    array = np.asarray(values)
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be a 1-D array of integers ({e})") from None
     if array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
         raise TypeError(f"{name} must be a 1-D array of integers, got {array.ndim}-D {array.dtype}")
     if core_checks_range and array.dtype == np.int32:
@@ -317,7 +326,7 @@ def build_sample_idx(
         [[0, 0], [0, 4], [2, 0]]
     """
     # An int32 array is read once, by the core, which refuses a negative length or an id
-    # outside sizes (naming sizes or document_index).
+    # outside sizes (naming sizes or document_indices).
     lengths = _int32_values(sizes, "sizes", "lengths", core_checks_range=True)
     docs = _int32_values(document_indices, "document_indices", "ids", core_checks_range=True)
     if docs.size == 0 or lengths.size == 0:
