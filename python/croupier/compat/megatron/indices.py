@@ -162,7 +162,7 @@ def build_blending_indices(
     goes to the dataset ``d`` (``dataset_index[i]``) whose error ``weights[d] * max(i, 1) -
     count[d]`` is the largest, the first on a tie, computed in ``float64`` exactly as
     megatron-core's C++ does; ``dataset_sample_index[i]`` is that dataset's count before it.
-    With ``verbose``, prints megatron-core's lines of achieved ratios.
+    With ``verbose``, prints megatron-core's lines: its heading, then the achieved ratios.
 
     Args:
         dataset_index: ``int16`` array of at least ``size`` elements, written in place.
@@ -207,6 +207,8 @@ def build_blending_indices(
             f"weights must sum to 1 (within {_core.BLEND_WEIGHT_SUM_TOLERANCE}; megatron-core "
             f"normalises them), got a sum of {total!r}"
         )
+    if verbose:
+        print("> building indices for blended datasets ...", flush=True)
     if length == 0:
         return
     positions = index[:length].view(np.uint16)
