@@ -123,6 +123,15 @@ def build_shuffle_index(
     return index
 
 
+def _array(values: object, name: str, what: str, dtype: type | None = None) -> np.ndarray:
+    """``values`` as a numpy array (of ``dtype``), or the ``TypeError`` naming ``name`` where
+    numpy cannot convert them (ragged, or not ``what``)."""
+    try:
+        return np.asarray(values, dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be a 1-D array of {what} ({e})") from None
+
+
 def _out_array(array: object, name: str, dtype: type, length: int) -> np.ndarray:
     """``array`` if it is a writeable, C-contiguous 1-D ``dtype`` array of at least ``length``
     elements (megatron-core writes into it), else the error naming ``name``."""
@@ -189,10 +198,7 @@ def build_blending_indices(
     length = _count(size, "size", 0)
     index = _out_array(dataset_index, "dataset_index", np.int16, length)
     samples = _out_array(dataset_sample_index, "dataset_sample_index", np.int64, length)
-    try:
-        w = np.ascontiguousarray(weights, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"weights must be a 1-D array of numbers ({e})") from None
+    w = np.ascontiguousarray(_array(weights, "weights", "numbers", np.float64))
     if w.ndim != 1 or len(w) < datasets:
         raise ValueError(
             f"weights must be 1-D with at least num_datasets = {datasets} values, got shape "
@@ -250,10 +256,7 @@ def build_exhaustive_blending_indices(
         ([0, 1, 0, 1, 0], [0, 0, 1, 1, 2])
     """
     datasets = _datasets(num_datasets)
-    try:
-        raw = np.asarray(sizes)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"sizes must be a 1-D array of integers ({e})") from None
+    raw = _array(sizes, "sizes", "integers")
     if raw.ndim != 1 or not (np.issubdtype(raw.dtype, np.integer) or raw.size == 0):
         raise TypeError(f"sizes must be a 1-D array of integers, got {raw.ndim}-D {raw.dtype}")
     if len(raw) < datasets:
@@ -283,10 +286,7 @@ def _int32_values(
     """``values`` as a C-contiguous, aligned ``int32`` array (a copy only where needed), or
     the error naming ``name``: a 1-D integer array of ``kind`` in ``[0, 2**31)``. An ``int32``
     array whose values the core checks itself (``core_checks_range``) is not read here."""
-    try:
-        array = np.asarray(values)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{name} must be a 1-D array of integers ({e})") from None
+    array = _array(values, name, "integers")
     if array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
         raise TypeError(f"{name} must be a 1-D array of integers, got {array.ndim}-D {array.dtype}")
     if core_checks_range and array.dtype == np.int32:
